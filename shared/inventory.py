@@ -1,0 +1,161 @@
+"""The fleet as the decision core sees it: devices per node, built from ResourceSlices.
+
+DRA rules applied here, once, so the allocator never sees them: only the newest generation of a pool
+counts, an incomplete pool is held back, unqualified attribute names belong to the driver's domain.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from shared import dra
+from shared.cel import SemVer, device_activation
+from shared.quantity import Quantity
+
+AttributeValue = int | bool | str | SemVer
+
+
+def qualify(name: str, driver: str) -> str:
+    return name if "/" in name else f"{driver}/{name}"
+
+
+def _split(qualified: str) -> tuple[str, str]:
+    domain, _, name = qualified.rpartition("/")
+    return domain, name
+
+
+@dataclass(frozen=True)
+class FleetDevice:
+    """One allocatable device; `key` (driver, pool, device) is what the ledger makes unique."""
+
+    node: str
+    driver: str
+    pool: str
+    name: str
+    attributes: Mapping[str, AttributeValue]  # fully qualified names
+    capacity: Mapping[str, Quantity]  # fully qualified names
+    taints: tuple[dra.DeviceTaint, ...] = ()
+    consumes_counters: tuple[dra.DeviceCounterConsumption, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.name)
+
+    @property
+    def memory(self) -> Quantity | None:
+        return self.capacity.get(f"{self.driver}/memory")
+
+    def attribute_text(self, qualified: str) -> str | None:
+        value = self.attributes.get(qualified)
+        if value is None:
+            return None
+        if isinstance(value, SemVer):
+            return f"{value.major}.{value.minor}.{value.patch}"
+        return str(value)
+
+    @cached_property
+    def activation(self) -> Any:
+        attributes: dict[str, dict[str, Any]] = defaultdict(dict)
+        for qualified, value in self.attributes.items():
+            domain, name = _split(qualified)
+            attributes[domain][name] = value
+        capacity: dict[str, dict[str, Quantity]] = defaultdict(dict)
+        for qualified, quantity in self.capacity.items():
+            domain, name = _split(qualified)
+            capacity[domain][name] = quantity
+        return device_activation(self.driver, attributes, capacity)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FleetDevice) and self.key == other.key
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """A node's full inventory as the watcher publishes it; `sequence` orders updates per node."""
+
+    node: str
+    devices: tuple[FleetDevice, ...]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    sequence: int = 0
+    observed_at: float = 0.0
+    removed: bool = False
+
+
+def _attribute_value(attribute: dra.DeviceAttribute) -> AttributeValue:
+    if attribute.version is not None:
+        return SemVer.parse(attribute.version)
+    return attribute.value
+
+
+def devices_from_slices(slices: Iterable[dra.ResourceSlice]) -> dict[str, list[FleetDevice]]:
+    """Node-local devices per node, from the newest generation of each complete pool."""
+    newest: dict[tuple[str, str], int] = {}
+    slices = list(slices)
+    for s in slices:
+        key = (s.spec.driver, s.spec.pool.name)
+        newest[key] = max(newest.get(key, s.spec.pool.generation), s.spec.pool.generation)
+    current: dict[tuple[str, str], list[dra.ResourceSlice]] = defaultdict(list)
+    for s in slices:
+        key = (s.spec.driver, s.spec.pool.name)
+        if s.spec.pool.generation == newest[key]:
+            current[key].append(s)
+    by_node: dict[str, list[FleetDevice]] = defaultdict(list)
+    for (driver, pool), members in sorted(current.items()):
+        if len(members) != members[0].spec.pool.resource_slice_count:
+            continue  # incomplete pool: the driver is still publishing it
+        for s in sorted(members, key=lambda m: m.metadata.name):
+            for device in s.spec.devices:
+                node = device.node_name or s.spec.node_name
+                if node is None:
+                    continue  # network-attached devices are not node-local; not brokered yet
+                by_node[node].append(
+                    FleetDevice(
+                        node=node,
+                        driver=driver,
+                        pool=pool,
+                        name=device.name,
+                        attributes={
+                            qualify(k, driver): _attribute_value(v) for k, v in device.attributes.items()
+                        },
+                        capacity={qualify(k, driver): Quantity(v.value) for k, v in device.capacity.items()},
+                        taints=device.taints,
+                        consumes_counters=device.consumes_counters,
+                    )
+                )
+    return dict(by_node)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Immutable view of every node's inventory; the allocator builds a new one per change."""
+
+    nodes: Mapping[str, NodeInventory] = field(default_factory=dict)
+
+    def with_node(self, inventory: NodeInventory) -> Fleet:
+        nodes = dict(self.nodes)
+        if inventory.removed:
+            nodes.pop(inventory.node, None)
+        else:
+            nodes[inventory.node] = inventory
+        return Fleet(nodes)
+
+    @cached_property
+    def devices(self) -> tuple[FleetDevice, ...]:
+        return tuple(d for name in sorted(self.nodes) for d in self.nodes[name].devices)
+
+    @classmethod
+    def from_slices(cls, slices: Iterable[dra.ResourceSlice], labels: Mapping[str, Mapping[str, str]]) -> Fleet:
+        by_node = devices_from_slices(slices)
+        return cls(
+            {
+                node: NodeInventory(node=node, devices=tuple(devices), labels=dict(labels.get(node, {})))
+                for node, devices in by_node.items()
+            }
+        )

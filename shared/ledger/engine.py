@@ -1,0 +1,79 @@
+"""Async engines for SQLite (embedded default) and PostgreSQL, with the transaction semantics we need.
+
+SQLite: pysqlite sends no BEGIN before a SELECT, so read-then-write would lose updates; we take
+control of transactions and start every one with BEGIN IMMEDIATE, which serialises writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def normalise_url(url: str) -> str:
+    """Accept plain postgresql:// and sqlite:// URLs and pick the async drivers."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite://") and not url.startswith("sqlite+"):
+        return "sqlite+aiosqlite://" + url.split("://", 1)[1]
+    return url
+
+
+def create_engine(url: str) -> AsyncEngine:
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000", "foreign_keys=ON"):
+                cursor.execute(f"PRAGMA {pragma}")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _begin(connection: Any) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_async_engine(url, pool_pre_ping=True)
+
+
+def sessions(engine: AsyncEngine) -> async_sessionmaker[Any]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def _upgrade(url: str, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
+    command.upgrade(config, revision)
+
+
+def _downgrade(url: str, revision: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
+    command.downgrade(config, revision)
+
+
+async def migrate(url: str, revision: str = "head") -> None:
+    """Alembic's async env.py calls asyncio.run, so it must run off the event loop's thread."""
+    await asyncio.to_thread(_upgrade, url, revision)
+
+
+async def downgrade(url: str, revision: str = "base") -> None:
+    await asyncio.to_thread(_downgrade, url, revision)

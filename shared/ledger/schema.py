@@ -1,0 +1,126 @@
+"""Tables of the ledger. The primary key of device_allocations is what makes double allocation
+impossible: two allocators racing for one device cannot both commit."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, MetaData, String, Text
+from sqlalchemy import UniqueConstraint, func
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Cohort(Base):
+    __tablename__ = "cohorts"
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    cohort: Mapped[str | None] = mapped_column(ForeignKey("cohorts.name"), nullable=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    pending_alert_after_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Flavor(Base):
+    __tablename__ = "flavors"
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    selector: Mapped[str] = mapped_column(Text)
+    value: Mapped[float] = mapped_column(Float, default=1.0)
+    position: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Quota(Base):
+    __tablename__ = "quotas"
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name", ondelete="CASCADE"), primary_key=True)
+    flavor: Mapped[str] = mapped_column(String(253), primary_key=True)
+    nominal: Mapped[int] = mapped_column(Integer, default=0)
+    borrowing_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    lending_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class Claim(Base):
+    __tablename__ = "claims"
+    __table_args__ = (UniqueConstraint("namespace", "name"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(String(253))
+    name: Mapped[str] = mapped_column(String(253))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    allocation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    sequence: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class DeviceAllocation(Base):
+    __tablename__ = "device_allocations"
+    driver: Mapped[str] = mapped_column(String(63), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(253), primary_key=True)
+    device: Mapped[str] = mapped_column(String(253), primary_key=True)
+    claim_id: Mapped[int] = mapped_column(ForeignKey("claims.id", ondelete="CASCADE"), index=True)
+    node: Mapped[str] = mapped_column(String(253))
+    request: Mapped[str] = mapped_column(String(253))
+    allocated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class InboxMessage(Base):
+    """Ids of messages whose effects are committed; a redelivery finds its id here and changes nothing."""
+
+    __tablename__ = "inbox"
+    consumer: Mapped[str] = mapped_column(String(64), primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    processed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class OutboxEvent(Base):
+    """Events committed with the decision that caused them; published after commit, with Nats-Msg-Id."""
+
+    __tablename__ = "outbox"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    subject: Mapped[str] = mapped_column(String(512))
+    message_id: Mapped[str] = mapped_column(String(255), unique=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True, index=True)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    tenant: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    actor: Mapped[str] = mapped_column(String(253))
+    action: Mapped[str] = mapped_column(String(32))
+    entity: Mapped[str] = mapped_column(String(512))
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

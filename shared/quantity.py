@@ -1,0 +1,78 @@
+"""Kubernetes resource quantities ("80Gi", "500m", "1.5e3") as exact rationals.
+
+Capacities in ResourceSlices and CEL's ``quantity()`` compare by value, so "1Gi" equals
+"1024Mi"; Fraction keeps that exact without float rounding.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from functools import total_ordering
+
+_SUFFIXES: dict[str, Fraction] = {
+    "": Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
+}
+_PATTERN = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$")
+
+
+@total_ordering
+class Quantity:
+    """An exact Kubernetes quantity; keeps the text it was parsed from for display."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, text: str) -> None:
+        match = _PATTERN.match(text.strip()) if isinstance(text, str) else None
+        if match is None:
+            raise ValueError(f"invalid quantity {text!r}: expected a number with an optional suffix like 80Gi")
+        number, exponent, suffix = match.groups()
+        value = Fraction(number)
+        if exponent:
+            value *= Fraction(10) ** int(exponent[1:])
+        else:
+            value *= _SUFFIXES[suffix or ""]
+        self.text = text.strip()
+        self.value = value
+
+    @classmethod
+    def of(cls, value: Fraction | int) -> Quantity:
+        q = cls.__new__(cls)
+        q.value = Fraction(value)
+        q.text = str(q.value) if q.value.denominator == 1 else f"{float(q.value):g}"
+        return q
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Quantity) and self.value == other.value
+
+    def __lt__(self, other: Quantity) -> bool:
+        return self.value < other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"Quantity({self.text!r})"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def humanize(self) -> str:
+        """Bytes as GiB for reasons people read ("79.6 GiB")."""
+        gib = self.value / 2**30
+        return f"{float(gib):.1f} GiB" if gib >= 1 else self.text
