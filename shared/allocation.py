@@ -412,10 +412,8 @@ def decide(
         return Decision(State.REJECTED, reason=str(rejected))
     constraints = _Constraints(claim.spec.devices.constraints)
     usage = node_usage or {}
-    # Partly used nodes first, so whole nodes stay free for big jobs; then by name, deterministically.
-    nodes = sorted(fleet.nodes, key=lambda n: (-usage.get(n, 0), n))
-    budget_left = [budget]
-    for node in nodes:
+    per_node: dict[str, tuple[dict[str, list[FleetDevice]], set[str]]] = {}
+    for node in fleet.nodes:
         candidates: dict[str, list[FleetDevice]] = {}
         all_blocked: set[str] = set()
         for _, alternatives in prepared:
@@ -432,6 +430,18 @@ def decide(
                     ),
                     key=_best_fit_order,
                 )
+        per_node[node] = (candidates, all_blocked)
+
+    def node_order(node: str) -> tuple[Any, ...]:
+        # Partly used nodes first, so whole nodes stay free for big jobs; then the node whose smallest
+        # adequate device is smallest (best fit); then by name, deterministically.
+        smallest = min((_best_fit_order(ds[0]) for ds in per_node[node][0].values() if ds), default=(0, ""))
+        return (-usage.get(node, 0), smallest[0], node)
+
+    nodes = sorted(per_node, key=node_order)
+    budget_left = [budget]
+    for node in nodes:
+        candidates, all_blocked = per_node[node]
         try:
             found = _search_node(prepared, candidates, all_blocked, constraints, budget_left)
         except _BudgetExceeded:

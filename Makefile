@@ -1,0 +1,38 @@
+# claim-broker: `make demo` and `make test` are the quick start.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help install demo up test lint bench clean
+
+help: ## show this help
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install the broker with its dev tools
+
+demo: $(STAMP) ## run the embedded broker (own nats-server + SQLite), replay the lab workload, print a summary
+	$(BIN)/claimbroker demo
+
+up: $(STAMP) ## run the whole broker on the embedded default until Ctrl-C
+	$(BIN)/claimbroker up
+
+test: $(STAMP) ## start what the tests need (PostgreSQL) and run the whole suite
+	@scripts/ensure-postgres.sh
+	$(BIN)/pytest -q
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check shared services tests bench
+	$(BIN)/mypy shared services
+
+bench: $(STAMP) ## allocation benchmarks (print JSON lines)
+	$(BIN)/python bench/bench_allocate.py
+
+clean: ## remove the venv and local data
+	rm -rf $(VENV) .claimbroker .pytest_cache

@@ -1,0 +1,457 @@
+"""The `claimbroker` command line (see the contract): run the broker, talk to it, simulate offline."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import signal
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from shared import dra, subjects
+from shared.settings import BrokerSettings
+
+app = typer.Typer(help="claim-broker: an event-driven GPU claim broker with DRA-exact allocation.",
+                  no_args_is_help=True, add_completion=False)
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+console = Console()
+err = Console(stderr=True)
+
+
+class Globals:
+    nats: str | None = None
+    api: str | None = None
+    token: str | None = None
+    data_dir: Path | None = None
+
+
+G = Globals()
+
+
+@app.callback()
+def _global(
+    nats: Annotated[str | None, typer.Option(envvar="CLAIMBROKER_NATS", help="NATS URL")] = None,
+    api: Annotated[str | None, typer.Option(envvar="CLAIMBROKER_API", help="admin API URL")] = None,
+    token: Annotated[str | None, typer.Option(envvar="CLAIMBROKER_TOKEN", help="API bearer token")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="CLAIMBROKER_DATA_DIR", help="data folder")] = None,
+) -> None:
+    G.nats, G.api, G.token, G.data_dir = nats, api, token, data_dir
+
+
+def _settings(**overrides: Any) -> BrokerSettings:
+    settings = BrokerSettings()
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if G.data_dir is not None:
+        values.setdefault("data_dir", G.data_dir)
+    if G.nats:
+        values.setdefault("nats_url", G.nats)
+    return settings.model_copy(update=values)
+
+
+def _nats_url(settings: BrokerSettings) -> str:
+    if settings.nats_url:
+        return settings.nats_url
+    url_file = settings.data_dir / "nats.url"
+    if url_file.exists():
+        return url_file.read_text().strip()
+    return "nats://127.0.0.1:4222"
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+@app.command()
+def up(
+    inventory: Annotated[list[Path] | None, typer.Option("--inventory", help="inventory file")] = None,
+    kube: Annotated[bool, typer.Option(help="take the fleet from the Kubernetes cluster")] = False,
+    db: Annotated[str | None, typer.Option(help="ledger URL (default: SQLite in the data folder)")] = None,
+    nats: Annotated[str | None, typer.Option(help="external NATS URL (default: embedded)")] = None,
+    api_port: Annotated[int | None, typer.Option(help="admin API port")] = None,
+    pending_alert_after: Annotated[str | None, typer.Option(help="alert after a claim waits this long")] = None,
+) -> None:
+    """Run watcher, allocator, notifier and admin API until Ctrl-C."""
+    _logging(True)
+    if kube:
+        err.print("--kube: the Kubernetes inventory source is not available yet; use --inventory")
+        raise typer.Exit(2)
+    settings = _settings(inventory=inventory or None, db=db, nats_url=nats, api_port=api_port,
+                         pending_alert_after=pending_alert_after)
+    asyncio.run(_up(settings))
+
+
+async def _up(settings: BrokerSettings) -> None:
+    from services.stack import running_stack
+    from shared.ledger.engine import sessions
+    from shared.ledger.tokens import create_token
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_stack(settings) as stack:
+        (settings.data_dir / "nats.url").write_text(stack.nats_url)
+        token_file = settings.data_dir / "admin.token"
+        if not token_file.exists():
+            token = await create_token(sessions(stack.engine), "admin", None)
+            token_file.write_text(token)
+            token_file.chmod(0o600)
+            console.print(f"admin token (shown once, kept in {token_file}): {token}")
+        console.print(f"NATS      {stack.nats_url}")
+        console.print(f"admin API {stack.api_url}")
+        console.print(f"ledger    {stack.db_url}")
+        waiter = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([waiter, *stack.tasks.values()], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not waiter and task.exception():
+                err.print(f"service {task.get_name()} failed: {task.exception()!r}")
+        waiter.cancel()
+    console.print("stopped")
+
+
+@app.command()
+def serve(
+    service: Annotated[str, typer.Argument(help="watcher | allocator | notifier | admin-api")],
+    inventory: Annotated[list[Path] | None, typer.Option("--inventory")] = None,
+    db: Annotated[str | None, typer.Option()] = None,
+    nats: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Run one service against external NATS and database (compose, Kubernetes)."""
+    _logging(True)
+    settings = _settings(inventory=inventory or None, db=db, nats_url=nats)
+    if not settings.nats_url:
+        err.print("serve needs --nats or CLAIMBROKER_NATS_URL")
+        raise typer.Exit(2)
+
+    async def main() -> None:
+        from services.natsio import wait_closed
+        from services.stack import Stack, start_service
+        from shared.ledger.engine import create_engine
+
+        engine = create_engine(settings.database_url())
+        stack = Stack(nats_url=settings.nats_url or "", db_url=settings.database_url(), engine=engine)
+        await start_service(stack, service, settings)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        task = stack.tasks[service]
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        await wait_closed(task)
+        await engine.dispose()
+
+    asyncio.run(main())
+
+
+@app.command()
+def migrate(db: Annotated[str | None, typer.Option()] = None) -> None:
+    """Bring the ledger schema to the newest revision."""
+    from shared.ledger.engine import migrate as run_migrations
+
+    settings = _settings(db=db)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    asyncio.run(run_migrations(settings.database_url()))
+    console.print(f"ledger at head: {settings.database_url()}")
+
+
+def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except (OSError, yaml.YAMLError) as error:
+        err.print(f"{path}: cannot read claims: {error}")
+        raise typer.Exit(1) from None
+    out = []
+    for document in documents:
+        if not isinstance(document, dict) or document.get("kind") != "ResourceClaim":
+            err.print(f"{path}: skipping a document that is not a ResourceClaim")
+            continue
+        metadata = dict(document.get("metadata") or {})
+        metadata["namespace"] = metadata.get("namespace") or tenant or "default"
+        out.append({**document, "metadata": metadata})
+    return out
+
+
+async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int | None) -> list[tuple[str, str]]:
+    from services.natsio import connect, ensure_streams, publish_json
+
+    nc = await connect(url, name="claimbroker-cli")
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        sent = []
+        for document in claims:
+            if priority is not None:
+                metadata = document["metadata"]
+                metadata["annotations"] = {**(metadata.get("annotations") or {}),
+                                           "claimbroker.io/priority": str(priority)}
+            tenant, name = document["metadata"]["namespace"], str(document["metadata"].get("name", ""))
+            digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
+            await publish_json(js, subjects.submit(tenant), document, msg_id=f"submit:{tenant}:{name}:{digest}")
+            sent.append((tenant, name))
+        return sent
+    finally:
+        await nc.close()
+
+
+async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[dict[str, Any]]:
+    """The newest status of every matching claim, from the status stream."""
+    from nats.js.api import DeliverPolicy
+
+    from services.natsio import connect
+
+    nc = await connect(url, name="claimbroker-cli")
+    try:
+        js = nc.jetstream()
+        subject = f"{subjects.PREFIX}.claims.status.{tenant}.{name}"
+        latest: dict[str, dict[str, Any]] = {}
+        try:
+            info = await js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject)
+        except Exception:
+            return []
+        if not info.state.subjects:
+            return []
+        done = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            latest[message.subject] = json.loads(message.data)
+            if message.metadata.num_pending == 0:
+                done.set()
+
+        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                                 cb=on_message)
+        try:
+            await asyncio.wait_for(done.wait(), 10)
+        finally:
+            await sub.unsubscribe()
+        return sorted(latest.values(), key=lambda s: (s["namespace"], s["name"]))
+    finally:
+        await nc.close()
+
+
+def _status_table(statuses: list[dict[str, Any]]) -> Table:
+    table = Table(show_lines=False)
+    for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "REASON"):
+        table.add_column(column, overflow="fold")
+    for s in statuses:
+        allocation = s.get("allocation") or {}
+        devices = ", ".join(r["device"] for r in (allocation.get("devices") or {}).get("results", []))
+        table.add_row(s["namespace"], s["name"], s["state"], allocation.get("nodeName", ""), devices,
+                      s.get("reason") or "")
+    return table
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="YAML with one or more ResourceClaims")],
+    tenant: Annotated[str | None, typer.Option(help="tenant for claims without a namespace")] = None,
+    priority: Annotated[int | None, typer.Option(help="set claimbroker.io/priority")] = None,
+    wait: Annotated[float | None, typer.Option(help="wait this many seconds for each status")] = None,
+) -> None:
+    """Publish each ResourceClaim in FILE to the queue."""
+    settings = _settings()
+    url = _nats_url(settings)
+    claims = _claim_documents(file, tenant)
+    started = time.time()
+    sent = asyncio.run(_publish_claims(url, claims, priority))
+    for tenant_name, name in sent:
+        if wait is None:
+            console.print(f"submitted {tenant_name}/{name}")
+    if wait is None:
+        return
+
+    async def wait_all() -> list[dict[str, Any]]:
+        deadline = time.monotonic() + wait
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        while time.monotonic() < deadline and len(found) < len(sent):
+            for t, n in sent:
+                if (t, n) in found:
+                    continue
+                statuses = await read_statuses(url, t, n)
+                if statuses and _parse_time(statuses[-1]["observedAt"]) >= started - 1:
+                    found[(t, n)] = statuses[-1]
+            if len(found) < len(sent):
+                await asyncio.sleep(0.2)
+        return [found[k] for k in sent if k in found]
+
+    results = asyncio.run(wait_all())
+    for status in results:
+        print(json.dumps(status))
+    if len(results) < len(sent):
+        err.print(f"{len(sent) - len(results)} claim(s) had no status within {wait}s")
+        raise typer.Exit(1)
+
+
+def _parse_time(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@app.command()
+def status(
+    name: Annotated[str | None, typer.Argument()] = None,
+    tenant: Annotated[str | None, typer.Option()] = None,
+    output: Annotated[str, typer.Option(help="table | json")] = "table",
+    watch: Annotated[bool, typer.Option(help="keep printing as statuses change")] = False,
+) -> None:
+    """Print claim states."""
+    url = _nats_url(_settings())
+    while True:
+        statuses = asyncio.run(read_statuses(url, tenant or "*", name or "*"))
+        if output == "json":
+            print(json.dumps(statuses, indent=2))
+        else:
+            console.print(_status_table(statuses))
+        if not watch:
+            return
+        time.sleep(2)
+
+
+@app.command()
+def release(
+    name: Annotated[str, typer.Argument()],
+    tenant: Annotated[str, typer.Option(help="the claim's tenant")] = "default",
+) -> None:
+    """Release an allocated or pending claim."""
+    from services.natsio import connect, ensure_streams, publish_json
+
+    url = _nats_url(_settings())
+
+    async def main() -> None:
+        nc = await connect(url, name="claimbroker-cli")
+        js = nc.jetstream()
+        await ensure_streams(js)
+        await publish_json(js, subjects.release(tenant), {"name": name},
+                           msg_id=f"release:{tenant}:{name}:{time.time_ns()}")
+        await nc.close()
+
+    asyncio.run(main())
+    console.print(f"release requested for {tenant}/{name}")
+
+
+@app.command()
+def simulate(
+    inventory: Annotated[list[Path], typer.Option("--inventory", help="inventory file")],
+    claims: Annotated[list[Path], typer.Option("--claims", help="claims file; each file is one wave")],
+    quotas: Annotated[Path | None, typer.Option(help="Quotas file")] = None,
+    output: Annotated[str, typer.Option(help="json | table")] = "table",
+    tenant: Annotated[str, typer.Option(help="tenant of claims without a namespace")] = "default",
+) -> None:
+    """Run the allocation decisions offline: the same core the allocator runs."""
+    from shared.classes import merge_classes
+    from shared.inventory import Fleet
+    from shared.simulate import read_claim_document, run_waves
+    from shared.sources import InventoryFileError, load_inventory, load_yaml_documents
+
+    try:
+        documents = load_inventory(inventory)
+        waves = [[read_claim_document(d, tenant) for d in load_yaml_documents(path) if d is not None]
+                 for path in claims]
+    except InventoryFileError as error:
+        err.print(str(error))
+        raise typer.Exit(1) from None
+    if quotas is not None:
+        err.print("--quotas: quota enforcement is not available yet; deciding without quotas")
+    fleet = Fleet.from_slices(documents.slices, documents.labels)
+    outcomes = run_waves(fleet, merge_classes(documents.classes), waves)
+    result = {"claims": [o.to_json() for o in outcomes], "events": []}
+    if output == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(_status_table(result["claims"]))
+
+
+@app.command()
+def demo(
+    timeout: Annotated[float, typer.Option(help="seconds to wait for all statuses")] = 60.0,
+) -> None:
+    """Start the embedded stack, replay the lab workload over NATS, print a summary and stop."""
+    import tempfile
+
+    _logging(False)
+    with tempfile.TemporaryDirectory(prefix="claimbroker-demo-") as folder:
+        settings = _settings(data_dir=Path(folder), api_port=0).model_copy(update={"data_dir": Path(folder)})
+        statuses = asyncio.run(_demo(settings, timeout))
+    console.print(_status_table(statuses))
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s["state"]] = counts.get(s["state"], 0) + 1
+    console.print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    if len(statuses) < 8:
+        err.print("demo: not every claim got a status in time")
+        raise typer.Exit(1)
+
+
+async def _demo(settings: BrokerSettings, timeout: float) -> list[dict[str, Any]]:
+    from services.stack import running_stack
+
+    lab = resources.files("shared.workloads").joinpath("lab.yaml").read_text()
+    documents = [d for d in yaml.safe_load_all(lab) if d]
+    for d in documents:
+        d["metadata"]["namespace"] = "lab"
+    async with running_stack(settings, services=("watcher", "allocator", "notifier")) as stack:
+        assert stack.allocator is not None
+        if not await stack.allocator.wait_for_inventory(timeout):
+            raise RuntimeError("no inventory arrived")
+        await _publish_claims(stack.nats_url, documents, None)
+        deadline = time.monotonic() + timeout
+        statuses: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            statuses = await read_statuses(stack.nats_url, "lab")
+            if len(statuses) >= len(documents):
+                break
+            await asyncio.sleep(0.1)
+        return statuses
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option(help="admin | viewer")],
+    tenant: Annotated[str | None, typer.Option(help="limit a viewer to one tenant")] = None,
+    db: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Create an API token in the ledger and print it once."""
+    from shared.ledger.engine import create_engine, sessions
+    from shared.ledger.engine import migrate as run_migrations
+    from shared.ledger.tokens import create_token
+
+    if role not in ("admin", "viewer"):
+        err.print("--role must be admin or viewer")
+        raise typer.Exit(2)
+    settings = _settings(db=db)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> str:
+        await run_migrations(settings.database_url())
+        engine = create_engine(settings.database_url())
+        try:
+            return await create_token(sessions(engine), role, tenant)
+        finally:
+            await engine.dispose()
+
+    print(asyncio.run(main()))
+
+
+def main() -> None:
+    try:
+        app()
+    except dra.DocumentError as error:
+        err.print(str(error))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

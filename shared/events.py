@@ -1,0 +1,116 @@
+"""Payloads on the wire (the contract's JSON), built from domain values. No I/O here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from shared import dra
+from shared.inventory import NodeInventory, devices_from_slices
+
+
+def now_iso(timestamp: float | None = None) -> str:
+    moment = datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else datetime.now(UTC)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def claim_status(
+    *,
+    namespace: str,
+    name: str,
+    state: str,
+    allocation: Mapping[str, Any] | None,
+    reason: str | None,
+    sequence: int,
+    observed_at: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "namespace": namespace,
+        "name": name,
+        "state": state,
+        "allocation": dict(allocation) if allocation else None,
+        "reason": reason,
+        "observedAt": now_iso(observed_at),
+        "sequence": sequence,
+    }
+
+
+def inventory_payload(
+    node: str,
+    slices: Sequence[dra.ResourceSlice],
+    *,
+    labels: Mapping[str, str],
+    sequence: int,
+    observed_at: float,
+    telemetry: Mapping[str, Any] | None = None,
+    removed: bool = False,
+) -> dict[str, Any]:
+    return {
+        "node": node,
+        "sequence": sequence,
+        "observedAt": now_iso(observed_at),
+        "observedAtUnix": observed_at,
+        "removed": removed,
+        "labels": dict(labels),
+        "telemetry": dict(telemetry or {}),
+        "slices": [s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in slices],
+    }
+
+
+def content_id(payload: Mapping[str, Any], *ignore: str) -> str:
+    """A stable digest of a payload without its volatile fields: equal content, equal Nats-Msg-Id."""
+    body = {k: v for k, v in payload.items() if k not in ignore}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def read_inventory(payload: Mapping[str, Any]) -> NodeInventory:
+    """Parse an inventory message; raises dra.DocumentError naming the field."""
+    node = payload.get("node")
+    if not isinstance(node, str) or not node:
+        raise dra.DocumentError("node: required")
+    if payload.get("removed"):
+        return NodeInventory(node=node, devices=(), removed=True, sequence=int(payload.get("sequence", 0)))
+    slices = []
+    for index, document in enumerate(payload.get("slices") or []):
+        obj = dra.parse_object(document)
+        if not isinstance(obj, dra.ResourceSlice):
+            raise dra.DocumentError(f"slices[{index}]: expected ResourceSlice")
+        slices.append(obj)
+    devices = devices_from_slices(slices).get(node, [])
+    return NodeInventory(
+        node=node,
+        devices=tuple(devices),
+        labels=dict(payload.get("labels") or {}),
+        sequence=int(payload.get("sequence", 0)),
+        observed_at=float(payload.get("observedAtUnix", 0.0)),
+    )
+
+
+def alert(
+    *,
+    kind: str,
+    severity: str,
+    key: str,
+    summary: str,
+    details: Mapping[str, Any],
+    labels: Mapping[str, str],
+    first_seen: float,
+    last_seen: float,
+    count: int = 1,
+    resolved: bool = False,
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "severity": severity,
+        "key": key,
+        "summary": summary,
+        "details": dict(details),
+        "labels": dict(labels),
+        "firstSeen": now_iso(first_seen),
+        "lastSeen": now_iso(last_seen),
+        "count": count,
+        "resolved": resolved,
+    }
