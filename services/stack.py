@@ -101,6 +101,10 @@ async def running_stack(
             stack.api_url = f"http://{settings.api_host}:{settings.api_port}"
         yield stack
     finally:
+        if stack.allocator is not None and "allocator" in stack.tasks:
+            stack.allocator.stop()  # let it finish its transaction rather than cut it
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(stack.tasks["allocator"]), 5)
         for task in list(stack.tasks.values())[::-1]:
             await wait_closed(task)
         await engine.dispose()

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from shared import dra, topology
+from shared import dra
 
 
 class InventoryFileError(ValueError):
@@ -56,6 +56,8 @@ def documents_from(raw: Iterable[Any], origin: str) -> InventoryDocuments:
         if document is None:
             continue
         if isinstance(document, dict) and document.get("kind") == "Topology":
+            from shared import topology
+
             try:
                 generated = topology.topology_to_resource_slices(document)
                 labels = topology.topology_node_labels(document)

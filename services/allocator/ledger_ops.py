@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import dra, events, subjects
@@ -108,3 +108,9 @@ async def unpublished(session: AsyncSession, limit: int = 500) -> Sequence[Outbo
         select(OutboxEvent).where(OutboxEvent.published_at.is_(None)).order_by(OutboxEvent.id).limit(limit)
     )
     return list(rows)
+
+
+async def mark_published(session: AsyncSession, ids: Sequence[int]) -> None:
+    await session.execute(
+        update(OutboxEvent).where(OutboxEvent.id.in_(ids)).values(published_at=datetime.now(UTC))
+    )

@@ -58,6 +58,11 @@ class Allocator:
         self._fleet_changed = asyncio.Event()
         self._inventory_seen = asyncio.Event()
         self._publish_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Finish the message in hand, then return from run(); no transaction is cut in half."""
+        self._stopping.set()
 
     async def run(self) -> None:
         """Rebuild from the ledger and the inventory stream, then serve until cancelled."""
@@ -76,7 +81,7 @@ class Allocator:
         )
         log.info("allocator ready")
         try:
-            while True:
+            while not self._stopping.is_set():
                 if self._fleet_changed.is_set():
                     self._fleet_changed.clear()
                     await self._retry_pending()
@@ -85,6 +90,9 @@ class Allocator:
                 except NatsTimeout:
                     continue
                 for message in messages:
+                    if self._stopping.is_set():
+                        await message.nak()
+                        continue
                     await self._handle(message)
         finally:
             await inventory.unsubscribe()
@@ -145,7 +153,7 @@ class Allocator:
         ops.emit_status(session, row)
 
     async def _refuse(self, session: Any, tenant: str, invalid: InvalidClaim, message_id: str) -> None:
-        if invalid.name is not None and (invalid.namespace or tenant) == tenant:
+        if invalid.name is not None:
             row = await ops.find_claim(session, tenant, invalid.name)
             if row is not None and row.state in (State.PENDING.value, State.ALLOCATED.value):
                 return  # never let a bad resubmission touch a good claim
@@ -211,13 +219,17 @@ class Allocator:
         """Publish committed events in order; Nats-Msg-Id makes a re-publish after a crash harmless."""
         async with self._publish_lock:
             while True:
+                # Read, publish, then mark in a second short transaction: no ledger lock is held while
+                # we wait on NATS (SQLite has one writer), and a crash in between only re-publishes
+                # events that JetStream then drops as duplicates.
                 async with self.sessions() as session, session.begin():
-                    rows = await ops.unpublished(session)
-                    if not rows:
-                        return
-                    for row in rows:
-                        await publish_json(self.js, row.subject, row.payload, msg_id=row.message_id)
-                        row.published_at = datetime.now(UTC)
+                    rows = [(r.id, r.subject, r.payload, r.message_id) for r in await ops.unpublished(session)]
+                if not rows:
+                    return
+                for _, subject, payload, message_id in rows:
+                    await publish_json(self.js, subject, payload, msg_id=message_id)
+                async with self.sessions() as session, session.begin():
+                    await ops.mark_published(session, [row_id for row_id, *_ in rows])
 
     async def wait_for_inventory(self, timeout: float) -> bool:
         try:
