@@ -25,7 +25,7 @@ app = typer.Typer(help="claim-broker: an event-driven GPU claim broker with DRA-
                   no_args_is_help=True, add_completion=False)
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 

@@ -70,7 +70,13 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
     config = uvicorn.Config(create_app(stack.engine), host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
-    await server.serve()
+    serving = asyncio.create_task(server.serve())
+    try:
+        await asyncio.shield(serving)
+    except asyncio.CancelledError:
+        server.should_exit = True  # a clean uvicorn shutdown instead of a cancelled lifespan
+        await serving
+        raise
 
 
 SERVICES = ("watcher", "allocator", "notifier", "admin-api")

@@ -1,0 +1,225 @@
+"""Topology documents (in the spirit of fake-gpu-operator) turned into the ResourceSlices that NVIDIA's
+DRA driver (gpu.nvidia.com) would publish: same attribute names, types, capacities and device names.
+
+`gpuModel` becomes `productName` verbatim, as in fake-gpu-operator; architecture, memory, compute
+capability and MIG geometry come from the known model it names (case-insensitive substring match).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+DRIVER = "gpu.nvidia.com"
+DRIVER_VERSION = "580.105.8"
+CUDA_DRIVER_VERSION = "13.0.0"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    name: str  # e.g. "1g.10gb"
+    gi_profile_id: int
+    memory_slices: int
+    starts: tuple[int, ...]
+    multiprocessors: int
+    memory_mi: int
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    key: str
+    product: str
+    architecture: str
+    compute_capability: str
+    memory: str
+    profiles: tuple[MigProfile, ...]
+
+
+def _profiles(sizes: tuple[int, int, int, int, int, int], sms: tuple[int, int, int, int, int, int],
+              memory_mi: tuple[int, int, int, int, int, int]) -> tuple[MigProfile, ...]:
+    """Names from sizes in GB for 1g, 1g(2 slices), 2g, 3g, 4g, 7g; placements are NVIDIA's (dra.md 5.5)."""
+    shapes = (("1g", 19, 1, (0, 1, 2, 3, 4, 5, 6)), ("1g", 15, 2, (0, 2, 4, 6)), ("2g", 14, 2, (0, 2, 4)),
+              ("3g", 9, 4, (0, 4)), ("4g", 5, 4, (0,)), ("7g", 0, 8, (0,)))
+    return tuple(
+        MigProfile(f"{g}.{size}gb", gi, slices, starts, sm, mem)
+        for (g, gi, slices, starts), size, sm, mem in zip(shapes, sizes, sms, memory_mi, strict=True)
+    )
+
+
+_HOPPER_SM = (16, 26, 32, 60, 64, 132)
+GPU_MODELS: tuple[GpuModel, ...] = (
+    GpuModel("A100-40GB", "NVIDIA A100-SXM4-40GB", "Ampere", "8.0.0", "40960Mi",
+             _profiles((5, 10, 10, 20, 20, 40), (14, 14, 28, 42, 56, 98), (4864, 9856, 9856, 19968, 19968, 40192))),
+    GpuModel("A100", "NVIDIA A100-SXM4-80GB", "Ampere", "8.0.0", "81920Mi",
+             _profiles((10, 20, 20, 40, 40, 80), (14, 14, 28, 42, 56, 98), (9856, 19968, 19968, 40192, 40192, 80384))),
+    GpuModel("H100", "NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "81559Mi",
+             _profiles((10, 20, 20, 40, 40, 80), _HOPPER_SM, (9984, 20096, 20096, 40448, 40448, 81152))),
+    GpuModel("H200", "NVIDIA H200", "Hopper", "9.0.0", "143771Mi",
+             _profiles((18, 35, 35, 71, 71, 141), _HOPPER_SM, (16640, 32896, 32896, 65920, 65920, 143360))),
+    GpuModel("B200", "NVIDIA B200", "Blackwell", "10.0.0", "183359Mi",
+             _profiles((23, 45, 45, 90, 90, 180), (18, 36, 36, 72, 72, 148), (23040, 45056, 45056, 90112, 90112, 182272))),
+    GpuModel("B300", "NVIDIA B300 SXM6 AC", "Blackwell", "10.3.0", "275040Mi",
+             _profiles((34, 67, 67, 135, 135, 269), (18, 36, 36, 72, 72, 148),
+                       (34304, 68352, 68352, 137472, 137472, 274432))),
+)
+
+
+def lookup_model(gpu_model: str) -> GpuModel:
+    """'H100', 'h100-sxm' and 'NVIDIA H100 80GB HBM3' are all Hopper 80GB; A100 40GB before plain A100."""
+    text = gpu_model.lower().replace(" ", "-")
+    if "a100" in text and "40gb" in text:
+        return GPU_MODELS[0]
+    for model in sorted(GPU_MODELS[1:], key=lambda m: -len(m.key)):
+        if model.key.lower() in text:
+            return model
+    known = ", ".join(m.key for m in GPU_MODELS)
+    raise ValueError(f"gpuModel {gpu_model!r} is not a known GPU; known models: {known}")
+
+
+def _uuid(prefix: str, *parts: object) -> str:
+    return f"{prefix}-{uuid.uuid5(uuid.NAMESPACE_DNS, '/'.join(map(str, parts)))}"
+
+
+def _node_names(spec: dict[str, Any], index: int) -> list[str]:
+    if "name" in spec:
+        return [str(spec["name"])]
+    prefix, count = spec.get("namePrefix"), spec.get("count", 1)
+    if not prefix:
+        raise ValueError(f"nodes[{index}]: set name, or namePrefix and count")
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"nodes[{index}].count: must be a positive integer, got {count!r}")
+    return [f"{prefix}{i + 1:02d}" for i in range(count)]
+
+
+def _layout(value: Any, model: GpuModel, where: str) -> list[MigProfile]:
+    by_name = {p.name: p for p in model.profiles}
+    if isinstance(value, str):
+        if value == "all-balanced":
+            names = [model.profiles[0].name] * 2 + [model.profiles[2].name, model.profiles[3].name]
+        elif value.startswith("all-") and value[4:] in by_name:
+            profile = by_name[value[4:]]
+            names = [profile.name] * len(profile.starts)
+        else:
+            raise ValueError(f"{where}: unknown MIG layout {value!r}; use all-<profile>, all-balanced or a list")
+    elif isinstance(value, list):
+        names = [str(v) for v in value]
+    else:
+        raise ValueError(f"{where}: a MIG layout is a list of profiles or all-<profile>")
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"{where}: {model.key} has no MIG profile {unknown[0]!r}; it has {', '.join(by_name)}")
+    return [by_name[n] for n in names]
+
+
+def _place(profiles: list[MigProfile], where: str) -> list[tuple[MigProfile, int]]:
+    """First fit over NVIDIA's allowed starts, biggest first, as mig-parted would carve them."""
+    used: set[int] = set()
+    placed = []
+    for profile in sorted(profiles, key=lambda p: -p.memory_slices):
+        for start in profile.starts:
+            span = set(range(start, start + profile.memory_slices))
+            if not span & used:
+                used |= span
+                placed.append((profile, start))
+                break
+        else:
+            raise ValueError(f"{where}: MIG profile {profile.name} does not fit beside the others on this GPU")
+    return sorted(placed, key=lambda item: item[1])
+
+
+def _node_slice(node: str, spec: dict[str, Any], model: GpuModel, index: int) -> dict[str, Any]:
+    count = spec.get("gpuCount", 0)
+    if not isinstance(count, int) or count < 0:
+        raise ValueError(f"node {node}: gpuCount must be a non-negative integer, got {count!r}")
+    numa_nodes = spec.get("numaNodes", 1)
+    if not isinstance(numa_nodes, int) or numa_nodes < 1:
+        raise ValueError(f"node {node}: numaNodes must be at least 1, got {numa_nodes!r}")
+    mig = {int(k): v for k, v in (spec.get("mig") or {}).items()}
+    for gpu_index in mig:
+        if not 0 <= gpu_index < count:
+            raise ValueError(f"node {node}: mig names GPU {gpu_index}, but the node has {count} GPUs")
+    devices = []
+    for i in range(count):
+        gpu_uuid = _uuid("GPU", node, i)
+        bus = f"0000:{0x18 + 0x11 * i:02x}:00.0"
+        common: dict[str, Any] = {
+            "productName": {"string": str(spec["gpuModel"])},
+            "brand": {"string": "Nvidia"},
+            "architecture": {"string": model.architecture},
+            "cudaComputeCapability": {"version": model.compute_capability},
+            "driverVersion": {"version": DRIVER_VERSION},
+            "cudaDriverVersion": {"version": CUDA_DRIVER_VERSION},
+            "numa-node": {"int": i * numa_nodes // count},
+            "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{0x10 + 0x11 * i:02x}"},
+            "resource.kubernetes.io/pciBusID": {"string": bus},
+        }
+        if i not in mig:
+            devices.append({
+                "name": f"gpu-{i}",
+                "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu_uuid}, **common},
+                "capacity": {"memory": {"value": model.memory}},
+            })
+            continue
+        where = f"node {node}: mig[{i}]"
+        for profile, start in _place(_layout(mig[i], model, where), where):
+            capacity: dict[str, Any] = {
+                "multiprocessors": {"value": str(profile.multiprocessors)},
+                "memory": {"value": f"{profile.memory_mi}Mi"},
+            }
+            for s in range(start, start + profile.memory_slices):
+                capacity[f"memorySlice{s}"] = {"value": "1"}
+            devices.append({
+                "name": f"gpu-{i}-mig-{profile.name.replace('.', '')}-{profile.gi_profile_id}-{start}",
+                "attributes": {
+                    "type": {"string": "mig"},
+                    "uuid": {"string": _uuid("MIG", node, i, profile.name, start)},
+                    "parentUUID": {"string": gpu_uuid},
+                    "profile": {"string": profile.name},
+                    **common,
+                },
+                "capacity": capacity,
+            })
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER}"},
+        "spec": {"driver": DRIVER, "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+    }
+
+
+def _nodes(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any], int]]:
+    nodes = doc.get("nodes")
+    if not isinstance(nodes, list):
+        raise ValueError("nodes: a Topology needs a list of nodes")
+    out, seen = [], set()
+    for index, spec in enumerate(nodes):
+        if not isinstance(spec, dict):
+            raise ValueError(f"nodes[{index}]: expected a mapping")
+        for name in _node_names(spec, index):
+            if not _DNS_LABEL.match(name):
+                raise ValueError(f"nodes[{index}].name: {name!r} is not a valid node name")
+            if name in seen:
+                raise ValueError(f"nodes[{index}].name: node {name!r} is listed twice")
+            seen.add(name)
+            out.append((name, spec, index))
+    return out
+
+
+def topology_to_resource_slices(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One ResourceSlice per node with GPUs; nodes without GPUs publish none."""
+    slices = []
+    for name, spec, index in _nodes(doc):
+        if "gpuModel" not in spec:
+            raise ValueError(f"nodes[{index}].gpuModel: required")
+        model = lookup_model(str(spec["gpuModel"]))
+        if spec.get("gpuCount", 0):
+            slices.append(_node_slice(name, spec, model, index))
+    return slices
+
+
+def topology_node_labels(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {name: {str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()} for name, spec, _ in _nodes(doc)}
