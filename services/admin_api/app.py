@@ -2,11 +2,13 @@
 
 Admin tokens write, viewer tokens read (a tenant-scoped viewer sees only its tenant). Every error is
 application/problem+json. Every write is audited in the same transaction as the change itself.
+(No `from __future__ import annotations` here: FastAPI must see the dependency aliases, which are
+local to create_app, as real objects.)
 """
 
-from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -20,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.ledger.engine import sessions
-from shared.ledger.schema import ApiToken, AuditEntry, Claim, Cohort, Quota, Tenant
+from shared.ledger.schema import AuditEntry, Claim, Cohort, Quota, Tenant
 from shared.ledger.tokens import lookup_token
 
 
@@ -61,6 +63,15 @@ class ClaimOut(_Model):
     updated_at: datetime
 
 
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling, read once per request from the token table."""
+
+    id: int
+    role: str
+    tenant: str | None
+
+
 def _problem(status: int, title: str, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(
         {"type": "about:blank", "title": title, "status": status, "detail": detail},
@@ -88,26 +99,27 @@ def create_app(engine: AsyncEngine) -> FastAPI:
 
     Session = Annotated[AsyncSession, Depends(session)]
 
-    async def caller(request: Request, s: Session) -> ApiToken:
+    async def caller(request: Request, s: Session) -> Principal:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         found = await lookup_token(s, token.strip()) if scheme.lower() == "bearer" and token else None
-        await s.rollback()
-        if found is None:
+        principal = Principal(found.id, found.role, found.tenant) if found is not None else None
+        await s.rollback()  # routes open their own transaction
+        if principal is None:
             raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
-        return found
+        return principal
 
-    Caller = Annotated[ApiToken, Depends(caller)]
+    Caller = Annotated[Principal, Depends(caller)]
 
-    def admin(token: ApiToken) -> None:
+    def admin(token: Principal) -> None:
         if token.role != "admin":
             raise HTTPException(403, "this token may only read")
 
-    def visible(token: ApiToken, tenant: str) -> None:
+    def visible(token: Principal, tenant: str) -> None:
         if token.tenant is not None and token.tenant != tenant:
             raise HTTPException(404, f"tenant {tenant!r} not found")
 
-    def audit(s: AsyncSession, token: ApiToken, action: str, entity: str, before: Any, after: Any) -> None:
+    def audit(s: AsyncSession, token: Principal, action: str, entity: str, before: Any, after: Any) -> None:
         s.add(AuditEntry(actor=f"token:{token.id}", action=action, entity=entity, before=before, after=after))
 
     @app.get("/healthz")
