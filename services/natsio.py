@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -103,7 +104,9 @@ class EmbeddedNats:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.process.returncode}; see {self.store}/nats-server.log")
+                raise RuntimeError(
+                    f"nats-server exited with {self.process.returncode}; see {self.store}/nats-server.log"
+                )
             if ports_file.exists():
                 try:
                     self.url = json.loads(ports_file.read_text())["nats"][0]
@@ -132,7 +135,5 @@ class EmbeddedNats:
 
 async def wait_closed(task: asyncio.Task[Any]) -> None:
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-    except (asyncio.CancelledError, Exception):
-        pass

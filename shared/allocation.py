@@ -360,7 +360,7 @@ def _pending_reason(
     classes: Mapping[str, dra.DeviceClass],
 ) -> str:
     parts = []
-    for request_name, alternatives in prepared:
+    for _, alternatives in prepared:
         for alternative in alternatives:
             devices = matching[alternative.result_name]
             free = [d for d in devices if d.key not in in_use]

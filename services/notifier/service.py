@@ -82,9 +82,10 @@ class Notifier:
             entry = self.pending.setdefault(claim, _Pending(since=self.clock(), reason=reason))
             entry.reason = reason
             return
-        entry = self.pending.pop(claim, None)
+        entry: _Pending | None = self.pending.pop(claim, None)
         if entry is not None and entry.alerted:
-            await self._fire("claim-pending-too-long", "warning", claim, f"claim {claim} is no longer pending ({state})",
+            await self._fire("claim-pending-too-long", "warning", claim,
+                             f"claim {claim} is no longer pending ({state})",
                              {"state": state}, labels, resolved=True, first_seen=entry.since)
 
     async def check_pending(self) -> None:

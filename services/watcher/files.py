@@ -60,7 +60,8 @@ class FileWatcher:
             published += 1
         for node in sorted(set(self.published) - set(payloads)):
             removal = events.inventory_payload(node, [], labels={}, sequence=sequence, observed_at=now, removed=True)
-            await publish_json(self.js, subjects.inventory(node), removal, msg_id=f"inventory:{node}:removed:{sequence}")
+            await publish_json(self.js, subjects.inventory(node), removal,
+                               msg_id=f"inventory:{node}:removed:{sequence}")
             del self.published[node]
             published += 1
         return published

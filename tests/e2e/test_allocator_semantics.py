@@ -184,7 +184,8 @@ async def test_restart_rebuilds_state_from_ledger(nats_server: EmbeddedNats, db_
         await submit(nc, claim("c"), "id-c")
         await seen.wait_for(lambda: ("team", "c") in seen.latest())
         assert seen.latest()[("team", "c")]["state"] == "Pending"
-        assert seen.latest()[("team", "c")]["reason"] == "Insufficient nvidia.com/gpu: requested 1, free 0 of 2 on 1 node"
+        reason = seen.latest()[("team", "c")]["reason"]
+        assert reason == "Insufficient nvidia.com/gpu: requested 1, free 0 of 2 on 1 node"
         await publish_json(nc.jetstream(), subjects.release("team"), {"name": "a"}, msg_id="rel-a")
         await seen.wait_for(lambda: seen.latest()[("team", "c")]["state"] == "Allocated")
         await nc.close()
