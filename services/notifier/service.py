@@ -79,14 +79,13 @@ class Notifier:
             await self._fire("claim-rejected", "warning", claim, f"claim {claim} was rejected: {reason}",
                              {"reason": reason, "sequence": status.get("sequence")}, labels)
         if state == "Pending":
-            entry = self.pending.setdefault(claim, _Pending(since=self.clock(), reason=reason))
-            entry.reason = reason
+            self.pending.setdefault(claim, _Pending(since=self.clock(), reason=reason)).reason = reason
             return
-        entry: _Pending | None = self.pending.pop(claim, None)
-        if entry is not None and entry.alerted:
+        waited = self.pending.pop(claim, None)
+        if waited is not None and waited.alerted:
             await self._fire("claim-pending-too-long", "warning", claim,
                              f"claim {claim} is no longer pending ({state})",
-                             {"state": state}, labels, resolved=True, first_seen=entry.since)
+                             {"state": state}, labels, resolved=True, first_seen=waited.since)
 
     async def check_pending(self) -> None:
         now = self.clock()
