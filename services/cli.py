@@ -26,7 +26,7 @@ app = typer.Typer(help="claim-broker: an event-driven GPU claim broker with DRA-
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 class Globals:
