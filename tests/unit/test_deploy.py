@@ -1,0 +1,32 @@
+"""Deployment files parse, and the watcher's RBAC grants exactly what it reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def documents(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def test_every_manifest_parses_and_kustomization_lists_them() -> None:
+    k8s = ROOT / "deploy" / "k8s"
+    listed = set(documents(k8s / "kustomization.yaml")[0]["resources"])
+    assert listed == {p.name for p in k8s.glob("*.yaml")} - {"kustomization.yaml"}
+    for path in k8s.glob("*.yaml"):
+        assert all("kind" in d for d in documents(path)), path
+    compose = documents(ROOT / "compose.yaml")[0]["services"]
+    assert set(compose) == {"nats", "postgres", "migrate", "watcher", "allocator", "notifier", "admin-api"}
+
+
+def test_watcher_rbac_is_read_only_on_nodes_and_resource_slices() -> None:
+    role = next(d for d in documents(ROOT / "deploy" / "k8s" / "rbac-watcher.yaml") if d["kind"] == "ClusterRole")
+    grants = {(g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"]}
+    assert grants == {("", "nodes"): ["get", "list", "watch"],
+                      ("resource.k8s.io", "resourceslices"): ["get", "list", "watch"],
+                      ("resource.k8s.io", "deviceclasses"): ["get", "list", "watch"]}
