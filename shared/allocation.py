@@ -114,6 +114,8 @@ class SelectorMemo:
 
     results: dict[tuple[str, Any], bool] = field(default_factory=dict)
     evaluations: int = 0
+    # Devices a selector list accepts, per fleet snapshot (the fleet is immutable; a new one misses).
+    matching: dict[tuple[str, ...], tuple[Fleet, list[FleetDevice]]] = field(default_factory=dict)
 
     def matches(self, selector: CompiledSelector, device: FleetDevice) -> bool:
         key = (selector.expression, _signature(selector, device))
@@ -206,6 +208,10 @@ def _prepare(
 
 def _matching(alternative: _Alternative, fleet: Fleet, memo: SelectorMemo) -> list[FleetDevice]:
     """Devices the class and request selectors accept; stops at the first false, class first."""
+    key = tuple(s.expression for s in alternative.selectors)
+    cached = memo.matching.get(key)
+    if cached is not None and cached[0] is fleet:
+        return cached[1]
     out = []
     for device in fleet.devices:
         try:
@@ -216,6 +222,9 @@ def _matching(alternative: _Alternative, fleet: Fleet, memo: SelectorMemo) -> li
                 f"request {alternative.result_name!r}: selector on device {device.driver}/{device.pool}/"
                 f"{device.name}: {error}"
             ) from None
+    if len(memo.matching) > 1024:
+        memo.matching.clear()
+    memo.matching[key] = (fleet, out)
     return out
 
 
@@ -412,13 +421,18 @@ def decide(
         return Decision(State.REJECTED, reason=str(rejected))
     constraints = _Constraints(claim.spec.devices.constraints)
     usage = node_usage or {}
+    by_node: dict[str, dict[str, list[FleetDevice]]] = {}
+    for _, alternatives in prepared:
+        for a in alternatives:
+            for d in matching[a.result_name]:
+                by_node.setdefault(d.node, {}).setdefault(a.result_name, []).append(d)
     per_node: dict[str, tuple[dict[str, list[FleetDevice]], set[str]]] = {}
-    for node in fleet.nodes:
+    for node, here_by_alternative in by_node.items():
         candidates: dict[str, list[FleetDevice]] = {}
         all_blocked: set[str] = set()
         for _, alternatives in prepared:
             for a in alternatives:
-                here = [d for d in matching[a.result_name] if d.node == node]
+                here = here_by_alternative.get(a.result_name, [])
                 if a.all_mode and not a.admin_access and any(d.key in in_use for d in here):
                     all_blocked.add(a.result_name)
                 candidates[a.result_name] = sorted(
@@ -430,7 +444,8 @@ def decide(
                     ),
                     key=_best_fit_order,
                 )
-        per_node[node] = (candidates, all_blocked)
+        if all(any(candidates[a.result_name] for a in alternatives) for _, alternatives in prepared):
+            per_node[node] = (candidates, all_blocked)  # a node that lacks any request's devices is skipped
 
     def node_order(node: str) -> tuple[Any, ...]:
         # Partly used nodes first, so whole nodes stay free for big jobs; then the node whose smallest
