@@ -1,0 +1,55 @@
+"""The tenant's CLI against a running broker: submit --wait, status, release, as subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.natsio import EmbeddedNats
+from services.stack import running_stack
+from shared.settings import BrokerSettings
+from tests.builders import a_claim
+
+pytestmark = pytest.mark.e2e
+CLI = [sys.executable, "-m", "services.cli"]
+
+
+async def run(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(*CLI, *args, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_submit_wait_status_release(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data")
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump_all([
+        {**a_claim("one").request().document(), "metadata": {"name": "one"}},  # no namespace: --tenant
+        a_claim("two", "vision").request(count=99).document(),
+    ]))
+    async with running_stack(settings, services=("watcher", "allocator")) as stack:
+        assert stack.allocator is not None and await stack.allocator.wait_for_inventory(20)
+        code, out, err = await run("--nats", nats_server.url, "submit", str(claims), "--tenant", "vision",
+                                   "--wait", "20")
+        assert code == 0, err
+        statuses = {s["name"]: s for s in map(json.loads, out.splitlines())}
+        assert statuses["one"]["state"] == "Allocated" and statuses["one"]["namespace"] == "vision"
+        assert statuses["two"]["state"] == "Rejected" and "over the claim limit of 32" in statuses["two"]["reason"]
+
+        code, out, _ = await run("--nats", nats_server.url, "status", "--tenant", "vision", "--output", "json")
+        assert code == 0 and {s["name"] for s in json.loads(out)} == {"one", "two"}
+
+        code, _, err = await run("--nats", nats_server.url, "release", "one", "--tenant", "vision")
+        assert code == 0, err
+        for _ in range(100):
+            code, out, _ = await run("--nats", nats_server.url, "status", "one", "--tenant", "vision",
+                                     "--output", "json")
+            if json.loads(out)[0]["state"] == "Released":
+                break
+        assert json.loads(out)[0]["state"] == "Released"
