@@ -50,30 +50,20 @@ def sessions(engine: AsyncEngine) -> async_sessionmaker[Any]:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
-def _upgrade(url: str, revision: str) -> None:
+def _alembic(url: str, action: str, revision: str) -> None:
     from alembic import command
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
-    command.upgrade(config, revision)
-
-
-def _downgrade(url: str, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
-    command.downgrade(config, revision)
+    getattr(command, action)(config, revision)
 
 
 async def migrate(url: str, revision: str = "head") -> None:
     """Alembic's async env.py calls asyncio.run, so it must run off the event loop's thread."""
-    await asyncio.to_thread(_upgrade, url, revision)
+    await asyncio.to_thread(_alembic, url, "upgrade", revision)
 
 
 async def downgrade(url: str, revision: str = "base") -> None:
-    await asyncio.to_thread(_downgrade, url, revision)
+    await asyncio.to_thread(_alembic, url, "downgrade", revision)
