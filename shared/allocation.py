@@ -38,9 +38,14 @@ class DeviceResult:
     driver: str
     pool: str
     device: str
+    admin_access: bool = False  # monitoring access: the device stays free for others
 
-    def to_json(self) -> dict[str, str]:
-        return {"request": self.request, "driver": self.driver, "pool": self.pool, "device": self.device}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"request": self.request, "driver": self.driver, "pool": self.pool,
+                               "device": self.device}
+        if self.admin_access:
+            out["adminAccess"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,8 @@ class Allocation:
 
     @property
     def keys(self) -> tuple[DeviceKey, ...]:
-        return tuple((r.driver, r.pool, r.device) for r in self.results)
+        """Devices this allocation holds exclusively (admin-access results hold nothing)."""
+        return tuple((r.driver, r.pool, r.device) for r in self.results if not r.admin_access)
 
     def to_json(self) -> dict[str, Any]:
         """Mirrors ResourceClaim.status.allocation, plus nodeName for convenience."""
@@ -69,7 +75,10 @@ class Allocation:
     def from_json(cls, data: Mapping[str, Any]) -> Allocation:
         return cls(
             node=data["nodeName"],
-            results=tuple(DeviceResult(**r) for r in data["devices"]["results"]),
+            results=tuple(
+                DeviceResult(r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess")))
+                for r in data["devices"]["results"]
+            ),
             config=tuple(data["devices"].get("config", ())),
         )
 
@@ -473,7 +482,8 @@ def decide(
                 )
             used_names = {name for name, _ in found}
             used = [a for _, alts in prepared for a in alts if a.result_name in used_names]
-            results = tuple(DeviceResult(name, d.driver, d.pool, d.name) for name, d in found)
+            admin = {a.result_name for a in used if a.admin_access}
+            results = tuple(DeviceResult(name, d.driver, d.pool, d.name, name in admin) for name, d in found)
             return Decision(State.ALLOCATED, Allocation(node, results, _config_for(claim, classes, used)))
     return Decision(State.PENDING, reason=_pending_reason(prepared, matching, in_use, fleet, classes))
 

@@ -90,6 +90,8 @@ async def apply_decision(session: AsyncSession, row: Claim, decision: Decision) 
     row.node = decision.allocation.node if decision.allocation else None
     if decision.allocation is not None:
         for result in decision.allocation.results:
+            if result.admin_access:
+                continue  # monitoring access holds no device
             session.add(
                 DeviceAllocation(
                     driver=result.driver, pool=result.pool, device=result.device, claim_id=row.id,

@@ -84,6 +84,9 @@ CASES = {
     "best-fit-smallest-memory": Case(
         a_claim().request(), fleet(*node("big", "H200", 1), *node("small", "A100-40GB", 1)),
         State.ALLOCATED, "small"),
+    "admin-access-ignores-allocations": Case(
+        a_claim().request(adminAccess=True), fleet(*node("n1", "H100", 1)), State.ALLOCATED, "n1", ("gpu-0",),
+        in_use=frozenset({("gpu.nvidia.com", "n1", "gpu-0")})),
     "did-you-mean": Case(
         a_claim().request(selectors=(H100,)), fleet(gpu("n1", 0, "NVIDIA H100 80GB HBM3")), State.PENDING,
         reason="did you mean 'NVIDIA H100 80GB HBM3'"),
@@ -112,3 +115,13 @@ def test_settle_sees_earlier_allocations_and_prefers_used_nodes() -> None:
     assert placed == [("n1", "gpu-0"), ("n1", "gpu-1"), ("n2", "gpu-0"), ("n2", "gpu-1")]
     assert outcomes[4].decision.state is State.PENDING
     assert outcomes[4].decision.reason == "Insufficient nvidia.com/gpu: requested 1, free 0 of 4 on 2 nodes"
+
+
+def test_admin_access_results_hold_no_device() -> None:
+    f = fleet(*node("n1", "H100", 1))
+    monitor = a_claim("monitor").request(adminAccess=True).build()
+    worker = a_claim("worker").request().build()
+    first, second = settle([monitor, worker], f, BUILTIN_CLASSES, ())
+    assert first.decision.allocation is not None and first.decision.allocation.keys == ()
+    assert first.decision.allocation.to_json()["devices"]["results"][0]["adminAccess"] is True
+    assert second.decision.state is State.ALLOCATED
