@@ -14,11 +14,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any
 
 from shared import dra
 from shared.cel import CompiledSelector, SelectorError, compile_selector, evaluate
-from shared.inventory import Fleet, FleetDevice
+from shared.inventory import CounterKey, Fleet, FleetDevice, NodeInventory
+from shared.quantity import Quantity
 
 DeviceKey = tuple[str, str, str]
 DEFAULT_SEARCH_BUDGET = 20_000
@@ -272,11 +274,41 @@ class _Constraints:
         return True
 
 
+class _Counters:
+    """Shared counters left on a node: a full GPU and its MIG partitions draw on the same ones, so they
+    exclude each other, and partitions never over-subscribe a GPU (DRA partitionable devices)."""
+
+    def __init__(self, node: NodeInventory, in_use: frozenset[DeviceKey], fleet: Fleet) -> None:
+        self.left: dict[CounterKey, Fraction] = {k: q.value for k, q in node.counters.items()}
+        if not self.left:
+            return  # no partitionable devices here: nothing to subtract
+        for key in in_use:
+            device = fleet.by_key.get(key)
+            if device is not None and device.node == node.node:
+                self.take(device)
+
+    def _draws(self, device: FleetDevice) -> list[tuple[CounterKey, Fraction]]:
+        return [((device.driver, device.pool, c.counter_set, name), Quantity(v.value).value)
+                for c in device.consumes_counters for name, v in c.counters.items()]
+
+    def fits(self, device: FleetDevice) -> bool:
+        return all(key in self.left and self.left[key] >= amount for key, amount in self._draws(device))
+
+    def take(self, device: FleetDevice) -> None:
+        for key, amount in self._draws(device):
+            self.left[key] = self.left.get(key, Fraction(0)) - amount
+
+    def give_back(self, device: FleetDevice) -> None:
+        for key, amount in self._draws(device):
+            self.left[key] = self.left.get(key, Fraction(0)) + amount
+
+
 def _search_node(
     prepared: Sequence[tuple[str, list[_Alternative]]],
     candidates: Mapping[str, list[FleetDevice]],
     all_mode_blocked: set[str],
     constraints: _Constraints,
+    counters: _Counters,
     budget: list[int],
 ) -> list[tuple[str, FleetDevice]] | None:
     chosen: list[tuple[str, FleetDevice]] = []
@@ -304,13 +336,15 @@ def _search_node(
     def choose_all(alternative: _Alternative, pool: list[FleetDevice]) -> bool:
         mark = len(chosen)
         for device in pool:
-            if not constraints.admits(chosen, alternative.result_name, device):
-                del chosen[mark:]
-                for d in pool:
+            if not (counters.fits(device) and constraints.admits(chosen, alternative.result_name, device)):
+                for _, d in chosen[mark:]:
                     taken.discard(d.key)
+                    counters.give_back(d)
+                del chosen[mark:]
                 return False
             chosen.append((alternative.result_name, device))
             taken.add(device.key)
+            counters.take(device)
         return True
 
     def choose(alternative: _Alternative, pool: list[FleetDevice], start: int, remaining: int, index: int) -> bool:
@@ -321,14 +355,18 @@ def _search_node(
             if budget[0] < 0:
                 raise _BudgetExceeded
             device = pool[i]
+            if device.key in taken or not counters.fits(device):
+                continue
             if not constraints.admits(chosen, alternative.result_name, device):
                 continue
             chosen.append((alternative.result_name, device))
             taken.add(device.key)
+            counters.take(device)
             if choose(alternative, pool, i + 1, remaining - 1, index):
                 return True
             chosen.pop()
             taken.discard(device.key)
+            counters.give_back(device)
         return False
 
     return list(chosen) if pick(0) else None
@@ -467,7 +505,8 @@ def decide(
     for node in nodes:
         candidates, all_blocked = per_node[node]
         try:
-            found = _search_node(prepared, candidates, all_blocked, constraints, budget_left)
+            counters = _Counters(fleet.nodes[node], in_use, fleet)
+            found = _search_node(prepared, candidates, all_blocked, constraints, counters, budget_left)
         except _BudgetExceeded:
             return Decision(
                 State.PENDING,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared import dra
-from shared.inventory import NodeInventory, devices_from_slices
+from shared.inventory import NodeInventory, counters_from_slices, devices_from_slices
 
 
 def now_iso(timestamp: float | None = None) -> str:
@@ -84,6 +84,7 @@ def read_inventory(payload: Mapping[str, Any]) -> NodeInventory:
         node=node,
         devices=tuple(devices),
         labels=dict(payload.get("labels") or {}),
+        counters=counters_from_slices(slices).get(node, {}),
         sequence=int(payload.get("sequence", 0)),
         observed_at=float(payload.get("observedAtUnix", 0.0)),
     )

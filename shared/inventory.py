@@ -76,6 +76,9 @@ class FleetDevice:
         return isinstance(other, FleetDevice) and self.key == other.key
 
 
+CounterKey = tuple[str, str, str, str]  # driver, pool, counter set, counter
+
+
 @dataclass(frozen=True)
 class NodeInventory:
     """A node's full inventory as the watcher publishes it; `sequence` orders updates per node."""
@@ -83,6 +86,7 @@ class NodeInventory:
     node: str
     devices: tuple[FleetDevice, ...]
     labels: Mapping[str, str] = field(default_factory=dict)
+    counters: Mapping[CounterKey, Quantity] = field(default_factory=dict)  # partitionable devices (MIG)
     sequence: int = 0
     observed_at: float = 0.0
     removed: bool = False
@@ -94,8 +98,8 @@ def _attribute_value(attribute: dra.DeviceAttribute) -> AttributeValue:
     return attribute.value
 
 
-def devices_from_slices(slices: Iterable[dra.ResourceSlice]) -> dict[str, list[FleetDevice]]:
-    """Node-local devices per node, from the newest generation of each complete pool."""
+def _current_pools(slices: Iterable[dra.ResourceSlice]) -> dict[tuple[str, str], list[dra.ResourceSlice]]:
+    """Per (driver, pool): the slices of its newest generation, only where that generation is complete."""
     newest: dict[tuple[str, str], int] = {}
     slices = list(slices)
     for s in slices:
@@ -106,10 +110,26 @@ def devices_from_slices(slices: Iterable[dra.ResourceSlice]) -> dict[str, list[F
         key = (s.spec.driver, s.spec.pool.name)
         if s.spec.pool.generation == newest[key]:
             current[key].append(s)
+    return {k: v for k, v in sorted(current.items()) if len(v) == v[0].spec.pool.resource_slice_count}
+
+
+def counters_from_slices(slices: Iterable[dra.ResourceSlice]) -> dict[str, dict[CounterKey, Quantity]]:
+    """Shared counters (a MIG-capable GPU's compute and memory slices) per node."""
+    by_node: dict[str, dict[CounterKey, Quantity]] = defaultdict(dict)
+    for (driver, pool), members in _current_pools(slices).items():
+        for s in members:
+            if s.spec.node_name is None:
+                continue
+            for counter_set in s.spec.shared_counters:
+                for name, capacity in counter_set.counters.items():
+                    by_node[s.spec.node_name][(driver, pool, counter_set.name, name)] = Quantity(capacity.value)
+    return dict(by_node)
+
+
+def devices_from_slices(slices: Iterable[dra.ResourceSlice]) -> dict[str, list[FleetDevice]]:
+    """Node-local devices per node, from the newest generation of each complete pool."""
     by_node: dict[str, list[FleetDevice]] = defaultdict(list)
-    for (driver, pool), members in sorted(current.items()):
-        if len(members) != members[0].spec.pool.resource_slice_count:
-            continue  # incomplete pool: the driver is still publishing it
+    for (driver, pool), members in _current_pools(slices).items():  # incomplete pools are held back
         for s in sorted(members, key=lambda m: m.metadata.name):
             for device in s.spec.devices:
                 node = device.node_name or s.spec.node_name
@@ -150,12 +170,19 @@ class Fleet:
     def devices(self) -> tuple[FleetDevice, ...]:
         return tuple(d for name in sorted(self.nodes) for d in self.nodes[name].devices)
 
+    @cached_property
+    def by_key(self) -> Mapping[tuple[str, str, str], FleetDevice]:
+        return {d.key: d for d in self.devices}
+
     @classmethod
     def from_slices(cls, slices: Iterable[dra.ResourceSlice], labels: Mapping[str, Mapping[str, str]]) -> Fleet:
+        slices = list(slices)
         by_node = devices_from_slices(slices)
+        counters = counters_from_slices(slices)
         return cls(
             {
-                node: NodeInventory(node=node, devices=tuple(devices), labels=dict(labels.get(node, {})))
+                node: NodeInventory(node=node, devices=tuple(devices), labels=dict(labels.get(node, {})),
+                                    counters=counters.get(node, {}))
                 for node, devices in by_node.items()
             }
         )
