@@ -473,13 +473,14 @@ def decide(
         for a in alternatives:
             for d in matching[a.result_name]:
                 by_node.setdefault(d.node, {}).setdefault(a.result_name, []).append(d)
-    per_node: dict[str, tuple[dict[str, list[FleetDevice]], set[str]]] = {}
-    for node, here_by_alternative in by_node.items():
+
+    def node_candidates(node: str) -> tuple[dict[str, list[FleetDevice]], set[str]] | None:
+        """Free, untainted matching devices per request alternative, best fit first; None if one lacks any."""
         candidates: dict[str, list[FleetDevice]] = {}
         all_blocked: set[str] = set()
         for _, alternatives in prepared:
             for a in alternatives:
-                here = here_by_alternative.get(a.result_name, [])
+                here = by_node[node].get(a.result_name, [])
                 if a.all_mode and not a.admin_access and any(d.key in in_use for d in here):
                     all_blocked.add(a.result_name)
                 candidates[a.result_name] = sorted(
@@ -492,18 +493,23 @@ def decide(
                     key=_best_fit_order,
                 )
         if all(any(candidates[a.result_name] for a in alternatives) for _, alternatives in prepared):
-            per_node[node] = (candidates, all_blocked)  # a node that lacks any request's devices is skipped
+            return candidates, all_blocked
+        return None
 
     def node_order(node: str) -> tuple[Any, ...]:
         # Partly used nodes first, so whole nodes stay free for big jobs; then the node whose smallest
-        # adequate device is smallest (best fit); then by name, deterministically.
-        smallest = min((_best_fit_order(ds[0]) for ds in per_node[node][0].values() if ds), default=(0, ""))
-        return (-usage.get(node, 0), smallest[0], node)
+        # free matching device is smallest (best fit); then by name, deterministically. Candidates are
+        # built only for the nodes actually tried, in this order.
+        free = (_best_fit_order(d)[0] for ds in by_node[node].values() for d in ds if d.key not in in_use)
+        return (-usage.get(node, 0), min(free, default=0), node)
 
-    nodes = sorted(per_node, key=node_order)
+    nodes = sorted(by_node, key=node_order)
     budget_left = [budget]
     for node in nodes:
-        candidates, all_blocked = per_node[node]
+        built = node_candidates(node)
+        if built is None:
+            continue
+        candidates, all_blocked = built
         try:
             counters = _Counters(fleet.nodes[node], in_use, fleet)
             found = _search_node(prepared, candidates, all_blocked, constraints, counters, budget_left)
