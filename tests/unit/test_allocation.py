@@ -51,6 +51,10 @@ CASES = {
         State.ALLOCATED, "n1"),
     "too-many-devices": Case(a_claim().request(count=33), fleet(*node("n1", "H100", 1)), State.REJECTED,
                              reason="over the claim limit of 32"),
+    "too-many-requests": Case(
+        ClaimBuilder(requests=[{"name": f"r{i}", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                               for i in range(33)]),
+        fleet(*node("n1", "H100", 1)), State.REJECTED, reason="33 requests, over the limit of 32"),
     "match-numa": Case(
         a_claim().request(count=2).match("gpu.nvidia.com/numa-node"),
         fleet(gpu("n1", 0, numa=0), gpu("n1", 1, numa=1), gpu("n1", 2, numa=1)),

@@ -47,6 +47,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     pytest.param(_with("spec.devices.requests.0.exactly.count", 0), "count must be greater than zero", id="zero"),
     pytest.param(_with("spec.devices.requests.0.name", "Not_A_Label"), "DNS label", id="bad-request-name"),
     pytest.param(_with("metadata", {}), "metadata.name is required", id="no-name"),
+    pytest.param(_with("spec.devices.requests.0.exactly.selectors", [{"cel": {"expression": "true || " * 1500}}]),
+                 "over the limit of 10240", id="cel-over-10Ki"),
 ])
 def test_malformed_claims_name_the_field(document: dict[str, Any], message: str) -> None:
     with pytest.raises(dra.DocumentError, match=message.replace(".", r"\.").replace("(", r"\(")):
