@@ -395,6 +395,19 @@ def _config_for(
 _EQUALITY = re.compile(r"""attributes\[\s*["']([^"']+)["']\s*\]\s*\.\s*([A-Za-z_][\w-]*)\s*==\s*["']([^"']*)["']""")
 
 
+def _closest(alternative: _Alternative, fleet: Fleet) -> str:
+    """For a memory ask no device meets (200 Gi), name the biggest device of the class: the closest one."""
+    if not any("memory" in s.expression for s in alternative.selectors):
+        return ""
+    sized = [d for d in fleet.devices if d.memory is not None and d.driver == "gpu.nvidia.com"]
+    if not sized:
+        return ""
+    biggest = max(sized, key=lambda d: (d.memory.value if d.memory else 0, d.key))
+    product = biggest.attribute_text(f"{biggest.driver}/productName") or biggest.name
+    memory = biggest.memory.humanize() if biggest.memory else "?"
+    return f" The closest device is {biggest.node}/{biggest.name} ({product}, {memory} of memory)."
+
+
 def _did_you_mean(alternative: _Alternative, fleet: Fleet) -> str:
     """For `productName == "H100"` against a fleet that says "NVIDIA H100 80GB HBM3", show what exists."""
     hints = []
@@ -431,7 +444,7 @@ def _pending_reason(
                 parts.append(
                     f"{head}, but no device in the fleet ({len(fleet.devices)} devices on {len(fleet.nodes)} "
                     f"node{'s' if len(fleet.nodes) != 1 else ''}) matches its selectors; it waits until one "
-                    f"appears.{_did_you_mean(alternative, fleet)}"
+                    f"appears.{_did_you_mean(alternative, fleet)}{_closest(alternative, fleet)}"
                 )
                 continue
             per_node_free: dict[str, int] = {}

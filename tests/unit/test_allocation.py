@@ -91,6 +91,12 @@ CASES = {
     "admin-access-ignores-allocations": Case(
         a_claim().request(adminAccess=True), fleet(*node("n1", "H100", 1)), State.ALLOCATED, "n1", ("gpu-0",),
         in_use=frozenset({("gpu.nvidia.com", "n1", "gpu-0")})),
+    "no-device-can-ever-fit-names-the-closest": Case(
+        a_claim().request(selectors=(
+            'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("200Gi")) >= 0',)),
+        fleet(*node("a", "A100", 1), *node("b", "B200", 1)), State.PENDING,
+        reason="no device in the fleet (2 devices on 2 nodes) matches its selectors; it waits until one appears. "
+               "The closest device is b/gpu-0 (B200, 179.1 GiB of memory)."),
     "did-you-mean": Case(
         a_claim().request(selectors=(H100,)), fleet(gpu("n1", 0, "NVIDIA H100 80GB HBM3")), State.PENDING,
         reason="did you mean 'NVIDIA H100 80GB HBM3'"),
