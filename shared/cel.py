@@ -17,6 +17,7 @@ import celpy
 import celpy.celtypes as ct
 from celpy.evaluation import CELEvalError
 
+from shared.cel_rewrite import rewrite
 from shared.quantity import Quantity
 
 GUARD_HINT = (
@@ -134,7 +135,9 @@ class CompiledSelector:
 def compile_selector(expression: str) -> CompiledSelector:
     """Compile once per text; a syntax error raises SelectorError with CEL's message."""
     try:
-        ast = _ENV.compile(expression)
+        ast = _ENV.compile(rewrite(expression))
+    except ValueError as error:
+        raise SelectorError(f"CEL compile error: {error}") from None
     except celpy.CELParseError as error:
         raise SelectorError(f"CEL compile error: {str(error).strip()}") from None
     program = _ENV.program(ast, functions=FUNCTIONS)
