@@ -134,6 +134,12 @@ def serve(
     if not settings.nats_url:
         err.print("serve needs --nats or CLAIMBROKER_NATS_URL")
         raise typer.Exit(2)
+    if service == "watcher" and settings.kube:
+        err.print("the Kubernetes inventory source is not available yet; pass --inventory FILE instead")
+        raise typer.Exit(2)
+    if service == "watcher" and not settings.inventory:
+        err.print("serve watcher needs --inventory FILE (a deployed watcher never publishes the demo fleet)")
+        raise typer.Exit(2)
 
     async def main() -> None:
         from services.natsio import wait_closed
