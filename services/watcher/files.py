@@ -1,69 +1,70 @@
-"""Inventory from files: topology documents and ResourceSlices, republished when a file changes."""
+"""Inventory from files: topology documents and ResourceSlices, republished when a file changes and
+at least every heartbeat interval (see publish.py for why)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from nats.js import JetStreamContext
 
-from services.natsio import ensure_streams, publish_json
-from shared import dra, events, subjects
+from services.natsio import ensure_streams
+from services.watcher.publish import InventoryPublisher
+from shared import dra, events
 from shared.sources import InventoryDocuments, InventoryFileError, load_inventory
 
 log = logging.getLogger("claimbroker.watcher")
 
 
-def node_payloads(documents: InventoryDocuments, sequence: int, observed_at: float) -> dict[str, dict[str, Any]]:
-    """One full inventory per node; the message id is a digest of the content, so a republish of the
-    same fleet is a duplicate JetStream drops."""
+def slices_by_node(documents: InventoryDocuments) -> dict[str, list[dra.ResourceSlice]]:
+    """Node-local slices grouped per node; nodes without GPUs have none and publish nothing."""
     by_node: dict[str, list[dra.ResourceSlice]] = {}
     for s in documents.slices:
         if s.spec.node_name:
             by_node.setdefault(s.spec.node_name, []).append(s)
+    return dict(sorted(by_node.items()))
+
+
+def node_payloads(documents: InventoryDocuments, sequence: int, observed_at: float) -> dict[str, dict[str, Any]]:
+    """One full inventory per node, as the watcher would publish it (for callers that want the payloads)."""
     return {
         node: events.inventory_payload(
             node, slices, labels=documents.labels.get(node, {}), sequence=sequence, observed_at=observed_at
         )
-        for node, slices in sorted(by_node.items())
+        for node, slices in slices_by_node(documents).items()
     }
 
 
 class FileWatcher:
-    def __init__(self, js: JetStreamContext, paths: Sequence[Path], *, poll_interval: float = 2.0) -> None:
+    def __init__(self, js: JetStreamContext, paths: Sequence[Path], *, poll_interval: float = 2.0,
+                 heartbeat_interval: float = 30.0, clock: Callable[[], float] = time.time) -> None:
         self.js = js
         self.paths = list(paths)
         self.poll_interval = poll_interval
-        self.published: dict[str, str] = {}
+        self.publisher = InventoryPublisher(js, heartbeat_interval=heartbeat_interval, clock=clock)
         self._stamps: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def published(self) -> set[str]:
+        return self.publisher.nodes()
 
     def _stamp(self) -> tuple[tuple[str, float], ...]:
         return tuple((str(p), p.stat().st_mtime if p.exists() else -1.0) for p in self.paths)
 
     async def publish_once(self) -> int:
-        """Publish every node whose content changed and a removal for every node that went away."""
+        """Publish every node whose content changed or whose heartbeat is due, and a removal for every
+        node that went away; an unchanged node inside the interval is skipped."""
         documents = load_inventory(self.paths)
-        now = time.time()
-        sequence = time.time_ns()
-        payloads = node_payloads(documents, sequence, now)
+        by_node = slices_by_node(documents)
         published = 0
-        for node, payload in payloads.items():
-            digest = events.content_id(payload, "sequence", "observedAt", "observedAtUnix")
-            if self.published.get(node) == digest:
-                continue
-            await publish_json(self.js, subjects.inventory(node), payload, msg_id=f"inventory:{node}:{digest}")
-            self.published[node] = digest
-            published += 1
-        for node in sorted(set(self.published) - set(payloads)):
-            removal = events.inventory_payload(node, [], labels={}, sequence=sequence, observed_at=now, removed=True)
-            await publish_json(self.js, subjects.inventory(node), removal,
-                               msg_id=f"inventory:{node}:removed:{sequence}")
-            del self.published[node]
-            published += 1
+        for node, slices in by_node.items():
+            published += await self.publisher.publish(node, slices, labels=documents.labels.get(node, {}))
+        for node in sorted(self.publisher.nodes() - set(by_node)):
+            published += await self.publisher.remove(node)
         return published
 
     async def run(self) -> None:
@@ -72,9 +73,10 @@ class FileWatcher:
         await self.publish_once()
         log.info("watcher published %d node(s)", len(self.published))
         while True:
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(min(self.poll_interval, self.publisher.due_in()))
             stamps = self._stamp()
             if stamps == self._stamps:
+                await self.publisher.heartbeat()
                 continue
             self._stamps = stamps
             try:
@@ -82,3 +84,4 @@ class FileWatcher:
                 log.info("inventory changed: republished %d node(s)", count)
             except InventoryFileError as error:
                 log.error("inventory file invalid, keeping the last good fleet: %s", error)
+                await self.publisher.heartbeat()  # the last good fleet is still the truth; keep it fresh
