@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
-from pydantic import field_validator
+from pydantic import BaseModel, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -20,6 +21,21 @@ def parse_duration(value: str | float | int) -> float:
         raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 10m, 1h")
     number, unit = float(match[1]), match[2] or "s"
     return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+
+
+class Webhook(BaseModel):
+    """One alert sink. `slack` posts Slack's {"text", "blocks"}; `json` posts the alert payload itself."""
+
+    url: str
+    format: Literal["json", "slack"] = "json"
+    min_severity: Literal["info", "warning", "critical"] = "info"
+
+    @classmethod
+    def parse(cls, value: str) -> Webhook:
+        """The CLI form: `URL` (json) or `slack:URL`."""
+        if value.startswith("slack:"):
+            return cls(url=value.removeprefix("slack:"), format="slack")
+        return cls(url=value)
 
 
 class BrokerSettings(BaseSettings):
@@ -42,6 +58,28 @@ class BrokerSettings(BaseSettings):
     @classmethod
     def _duration(cls, value: str | float) -> float:
         return parse_duration(value)
+
+    # Alerts (notifier). Rates are messages per minute (also the burst); 0 turns a limit off.
+    alert_fold_window: float = 300.0
+    alert_rate_per_key: float = 6.0
+    alert_rate_per_tenant: float = 60.0
+    inventory_ttl: float = 90.0
+    webhooks: list[Webhook] = []
+    webhook_attempts: int = 5
+    webhook_base_delay: float = 0.5
+
+    @field_validator("alert_fold_window", "inventory_ttl", "webhook_base_delay", mode="before")
+    @classmethod
+    def _alert_duration(cls, value: str | float) -> float:
+        return parse_duration(value)
+
+    @field_validator("webhooks", mode="before")
+    @classmethod
+    def _webhooks(cls, value: object) -> object:
+        """Accept `URL` and `slack:URL` strings next to full objects."""
+        if isinstance(value, list):
+            return [Webhook.parse(v) if isinstance(v, str) else v for v in value]
+        return value
 
     def database_url(self) -> str:
         return self.db or f"sqlite+aiosqlite:///{(self.data_dir / 'ledger.db').resolve()}"

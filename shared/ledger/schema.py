@@ -136,3 +136,36 @@ class AuditEntry(Base):
     entity: Mapped[str] = mapped_column(String(512))
     before: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     after: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class AlertRecord(Base):
+    """Alert history: one row per episode (key + first_seen), updated by every message published for it."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (UniqueConstraint("key", "first_seen"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(512))
+    kind: Mapped[str] = mapped_column(String(64), index=True)
+    severity: Mapped[str] = mapped_column(String(16))
+    tenant: Mapped[str | None] = mapped_column(String(253), nullable=True, index=True)
+    summary: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON)
+    first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    resolved: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    resolved_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class WebhookDeadLetter(Base):
+    """A webhook delivery that failed every attempt: kept so an operator can see and replay it."""
+
+    __tablename__ = "webhook_dead_letters"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    url: Mapped[str] = mapped_column(Text)
+    alert_key: Mapped[str] = mapped_column(String(512), index=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer)
+    last_error: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
