@@ -47,7 +47,7 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
                                     ack_wait=settings.ack_wait, max_deliver=settings.max_deliver)
         runner = stack.allocator.run()
     elif name == "notifier":
-        runner = Notifier(nc, pending_alert_after=settings.pending_alert_after).run()
+        runner = Notifier(nc, stack.engine, settings).run()
     elif name == "admin-api":
         runner = _serve_api(stack, settings)
     else:

@@ -1,7 +1,12 @@
-"""The notifier: claim statuses in, actionable alerts out on claimbroker.v1.alerts.<severity>.<kind>.
+"""The notifier: claim statuses and inventory in, actionable alerts out on
+claimbroker.v1.alerts.<severity>.<kind>, into the ledger's alert history and to webhooks.
 
-First version: claim-rejected at once, claim-pending-too-long after a configurable time (resolved
-when the claim leaves Pending). Each alert has a stable key; a repeat of a key is not re-published.
+Rules (shared/alert_rules.py) turn inputs into raise/resolve actions; the AlertBook (shared/alerting.py)
+folds repeats, rate-limits floods and decides what is published. Statuses come from a durable pull
+consumer and are acked only after the alert history and the message's inbox id are committed; a
+redelivery finds its id and changes nothing. Messages go out after the commit with a Nats-Msg-Id made
+from their content, and on start rows written within JetStream's duplicate window are published again,
+so a crash between commit and publish loses nothing and duplicates nothing.
 """
 
 from __future__ import annotations
@@ -10,118 +15,225 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import httpx
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.natsio import ensure_streams, publish_json
-from shared import events, subjects
+from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json
+from services.notifier import history
+from services.notifier.webhooks import WebhookDispatcher
+from shared import subjects
+from shared.alert_rules import (
+    PENDING_TOO_LONG,
+    ClaimRules,
+    InventoryRules,
+    QuotaUsage,
+    UnreadableStatus,
+    idle_larger_flavor,
+    quota_near_limit,
+)
+from shared.alerting import Action, AlertBook, AlertPolicy, Message, alert_key, apply
+from shared.ledger.engine import sessions
+from shared.settings import BrokerSettings
 
 log = logging.getLogger("claimbroker.notifier")
 CONSUMER = "notifier"
-
-
-@dataclass
-class _Pending:
-    since: float
-    reason: str
-    alerted: bool = False
+TENANT_REFRESH_S = 30.0
 
 
 class Notifier:
     def __init__(
-        self, nc: Client, *, pending_alert_after: float, clock: Callable[[], float] = time.time,
+        self,
+        nc: Client,
+        engine: AsyncEngine,
+        settings: BrokerSettings,
+        *,
+        clock: Callable[[], float] = time.time,
         check_interval: float | None = None,
+        http: httpx.AsyncClient | None = None,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
-        self.pending_alert_after = pending_alert_after
+        self.sessions = sessions(engine)
+        self.settings = settings
         self.clock = clock
-        self.check_interval = check_interval or max(0.05, min(5.0, pending_alert_after / 4))
-        self.pending: dict[str, _Pending] = {}
-        self.fired: set[str] = set()
+        self.book = AlertBook(AlertPolicy(settings.alert_fold_window, settings.alert_rate_per_key,
+                                          settings.alert_rate_per_tenant))
+        self.claims = ClaimRules(settings.pending_alert_after)
+        self.fleet = InventoryRules(settings.inventory_ttl)
+        self.webhooks = WebhookDispatcher(settings.webhooks, self.sessions, attempts=settings.webhook_attempts,
+                                          base_delay=settings.webhook_base_delay, client=http)
+        shortest = min(settings.pending_alert_after, settings.inventory_ttl, settings.alert_fold_window or 60.0)
+        self.check_interval = check_interval or max(0.05, min(5.0, shortest / 4))
+        self.handled = 0  # status and inventory messages processed; tests wait on it
+        self._progress = asyncio.Condition()
+        self._lock = asyncio.Lock()  # one writer of book, ledger and subjects at a time: ordered messages
+        self._unpublished: list[Message] = []
+        self._tenants_read_at = float("-inf")
+        self.ready = asyncio.Event()
 
     async def run(self) -> None:
         await ensure_streams(self.js)
+        await self._restore()
+        self.webhooks.start()
+        inventory = await self.js.subscribe(
+            subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
+        )
         statuses = await self.js.pull_subscribe(
             subjects.STATUS_ALL, durable=CONSUMER, stream=subjects.STATUS_STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=10),
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait,
+                                  max_deliver=self.settings.max_deliver),
         )
         log.info("notifier ready")
-        next_check = self.clock() + self.check_interval
-        while True:
-            try:
-                messages = await statuses.fetch(64, timeout=min(0.5, self.check_interval))
-            except NatsTimeout:
-                messages = []
-            for message in messages:
-                await self._on_status(message)
-                await message.ack()
-            if self.clock() >= next_check:
-                await self.check_pending()
-                next_check = self.clock() + self.check_interval
+        self.ready.set()
+        next_check = time.monotonic()  # the cadence is real time; what is due is decided by self.clock
+        try:
+            while True:
+                try:
+                    messages = await statuses.fetch(64, timeout=min(0.5, self.check_interval))
+                except NatsTimeout:
+                    messages = []
+                for message in messages:
+                    await self._on_status(message)
+                if time.monotonic() >= next_check:
+                    await self.tick()
+                    next_check = time.monotonic() + self.check_interval
+        finally:
+            await inventory.unsubscribe()
+            await self.webhooks.close()
+
+    # --- inputs -----------------------------------------------------------------------------------
 
     async def _on_status(self, message: Msg) -> None:
+        message_id = f"status:{message.metadata.sequence.stream}"
         try:
-            status = json.loads(message.data)
-            claim = f"{status['namespace']}/{status['name']}"
-            state = status["state"]
-        except (ValueError, KeyError, TypeError):
+            async with self._lock:
+                async with self.sessions() as session, session.begin():
+                    if await history.already_processed(session, CONSUMER, message_id):
+                        sent: list[Message] = []
+                    else:
+                        sent = apply(self.book, self._status_actions(message), self.clock())
+                        await history.record(session, sent)
+                        history.record_processed(session, CONSUMER, message_id)
+                await self._publish(sent)
+        except Exception:
+            log.exception("status %s not processed; it will be redelivered", message_id)
+            await message.nak(delay=1.0)
+            return
+        await message.ack()
+        await self._handled()
+
+    def _status_actions(self, message: Msg) -> list[Action]:
+        try:
+            return self.claims.on_status(json.loads(message.data), self.clock())
+        except (ValueError, TypeError, UnreadableStatus):
             log.warning("ignoring unreadable status on %s", message.subject)
-            return
-        reason = status.get("reason") or ""
-        labels = {"tenant": status["namespace"], "claim": status["name"]}
-        if state == "Rejected":
-            await self._fire("claim-rejected", "warning", claim, f"claim {claim} was rejected: {reason}",
-                             {"reason": reason, "sequence": status.get("sequence")}, labels)
-        if state == "Pending":
-            self.pending.setdefault(claim, _Pending(since=self.clock(), reason=reason)).reason = reason
-            return
-        waited = self.pending.pop(claim, None)
-        if waited is not None and waited.alerted:
-            await self._fire("claim-pending-too-long", "warning", claim,
-                             f"claim {claim} is no longer pending ({state})",
-                             {"state": state}, labels, resolved=True, first_seen=waited.since)
+            return []
 
-    async def check_pending(self) -> None:
+    async def _on_inventory(self, message: Msg) -> None:
+        """Ordered consumer: no acks; on restart it replays the last message per node."""
+        try:
+            payload = json.loads(message.data)
+            if isinstance(payload, Mapping):
+                async with self._lock:
+                    now = self.clock()
+                    await self._commit_and_publish(apply(self.book, self.fleet.on_inventory(payload, now), now))
+        except ValueError:
+            log.warning("ignoring unreadable inventory on %s", message.subject)
+        except Exception:
+            log.exception("inventory on %s not processed", message.subject)
+        await self._handled()
+
+    async def tick(self) -> list[Message]:
+        """Time-driven rules and the book's fold windows; the loop calls it, tests may call it directly."""
+        async with self._lock:
+            now = self.clock()
+            if now - self._tenants_read_at >= TENANT_REFRESH_S:
+                await self._read_tenants(now)
+            actions = [*self.claims.due(now), *self.fleet.due(now)]
+            sent = apply(self.book, actions, now) + self.book.flush(now)
+            retry, self._unpublished = self._unpublished, []
+            await self._commit_and_publish(sent)
+            await self._publish(retry, notify=True)
+            return sent
+
+    # --- hooks for rules whose inputs live elsewhere ---------------------------------------------
+
+    async def evaluate_quotas(self, usages: Iterable[QuotaUsage], threshold: float = 0.9) -> list[Message]:
+        """quota-near-limit: call with every tenant/flavor's figures (a missing pair is not resolved)."""
+        return await self._evaluate(quota_near_limit(usages, threshold))
+
+    async def evaluate_flavors(self, pending: Mapping[str, int], idle: Mapping[str, int],
+                               values: Mapping[str, float]) -> list[Message]:
+        """idle-larger-flavor: pending demand and idle devices per flavor, and each flavor's value."""
+        return await self._evaluate(idle_larger_flavor(pending, idle, values))
+
+    async def _evaluate(self, actions: Sequence[Action]) -> list[Message]:
+        async with self._lock:
+            now = self.clock()
+            sent = apply(self.book, actions, now)
+            await self._commit_and_publish(sent)
+            return sent
+
+    # --- effects ----------------------------------------------------------------------------------
+
+    async def _commit_and_publish(self, sent: list[Message]) -> None:
+        if not sent:
+            return
+        async with self.sessions() as session, session.begin():
+            await history.record(session, sent)
+        await self._publish(sent)
+
+    async def _publish(self, sent: Sequence[Message], *, notify: bool = True) -> None:
+        for index, message in enumerate(sent):
+            alert = message.alert
+            try:
+                await publish_json(self.js, subjects.alert(alert.severity, alert.kind), message.payload,
+                                   msg_id=message.msg_id)
+            except Exception:
+                log.exception("alert %s not published; will retry", message.msg_id)
+                self._unpublished.extend(sent[index:])
+                return
+            if notify:
+                self.webhooks.submit(message)
+
+    async def _handled(self) -> None:
+        async with self._progress:
+            self.handled += 1
+            self._progress.notify_all()
+
+    async def wait_handled(self, count: int, timeout: float = 20.0) -> None:
+        """Until `count` input messages have been processed (tests use it instead of sleeping)."""
+        async with self._progress:
+            await asyncio.wait_for(self._progress.wait_for(lambda: self.handled >= count), timeout)
+
+    async def _read_tenants(self, now: float) -> None:
+        try:
+            async with self.sessions() as session:
+                self.claims.thresholds = await history.tenant_thresholds(session)
+            self._tenants_read_at = now
+        except Exception:
+            log.exception("tenant thresholds not read; keeping the last ones")
+
+    async def _restore(self) -> None:
+        """Open alerts and waiting claims from the ledger, and a re-publish of recent messages that a
+        crash may have kept from NATS (JetStream drops the ones it already has)."""
         now = self.clock()
-        for claim, entry in self.pending.items():
-            if entry.alerted or now - entry.since < self.pending_alert_after:
-                continue
-            entry.alerted = True
-            tenant, name = claim.split("/", 1)
-            waited = now - entry.since
-            await self._fire(
-                "claim-pending-too-long", "warning", claim,
-                f"claim {claim} has been pending for {waited:.0f}s (threshold {self.pending_alert_after:.0f}s): "
-                f"{entry.reason}",
-                {"reason": entry.reason, "pendingSeconds": round(waited, 1)},
-                {"tenant": tenant, "claim": name}, first_seen=entry.since,
-            )
-
-    async def _fire(
-        self, kind: str, severity: str, subject_key: str, summary: str, details: dict[str, object],
-        labels: dict[str, str], *, resolved: bool = False, first_seen: float | None = None,
-    ) -> None:
-        key = f"{kind}:{subject_key}"
-        if not resolved and key in self.fired:
-            return
-        if resolved:
-            self.fired.discard(key)
-        else:
-            self.fired.add(key)
-        now = self.clock()
-        payload = events.alert(
-            kind=kind, severity=severity, key=key, summary=summary, details=details, labels=labels,
-            first_seen=first_seen or now, last_seen=now, resolved=resolved,
-        )
-        msg_id = f"alert:{key}:{'resolved' if resolved else 'open'}:{int(first_seen or now)}"
-        await publish_json(self.js, subjects.alert(severity, kind), payload, msg_id=msg_id)
-
-
-async def sleep_forever() -> None:
-    await asyncio.Event().wait()
+        async with self.sessions() as session:
+            open_alerts = await history.open_alerts(session)
+            recent = await history.changed_since(session, now - DUPLICATE_WINDOW_S)
+            waiting = await history.waiting_claims(session)
+        for message in open_alerts:
+            self.book.restore(message.alert, first_seen=message.first_seen, last_seen=message.last_seen,
+                              count=message.count)
+        for tenant, name, since, reason in waiting:
+            alerted = self.book.is_open(alert_key(PENDING_TOO_LONG, tenant, name))
+            self.claims.seed(tenant, name, since=since, reason=reason, alerted=alerted)
+        await self._read_tenants(now)
+        await self._publish(recent, notify=False)
