@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.ledger.engine import sessions
-from shared.ledger.schema import AuditEntry, Claim, Cohort, Quota, Tenant
+from shared.ledger.schema import AlertRecord, AuditEntry, Claim, Cohort, Quota, Tenant
 from shared.ledger.tokens import lookup_token
 
 PROBLEM = "application/problem+json"
@@ -83,6 +83,28 @@ class ClaimOut(_Model):
     def _utc(cls, value: datetime) -> datetime:
         """SQLite hands back naive UTC timestamps, PostgreSQL aware ones; clients get the same from both."""
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+class AlertOut(_Model):
+    """One alert episode from the notifier's history, as its latest message said it."""
+
+    key: str
+    kind: str
+    severity: str
+    tenant: str | None
+    summary: str
+    details: dict[str, Any]
+    labels: dict[str, Any]
+    first_seen: datetime
+    last_seen: datetime
+    count: int
+    resolved: bool
+    resolved_at: datetime | None
+
+    @field_validator("first_seen", "last_seen", "resolved_at")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
 @dataclass(frozen=True)
@@ -295,5 +317,21 @@ def create_app(engine: AsyncEngine) -> FastAPI:
         if row is None:
             raise HTTPException(404, f"claim {namespace}/{name} not found")
         return ClaimOut.model_validate(row)
+
+    @app.get("/v1/alerts", response_model=list[AlertOut], response_model_by_alias=True)
+    async def list_alerts(
+        s: Session, token: Caller, kind: str | None = None, resolved: bool | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[AlertOut]:
+        """Newest first. A scoped viewer sees its tenant's alerts only, not fleet-wide ones (nodes,
+        devices), which name no tenant."""
+        query = select(AlertRecord).order_by(AlertRecord.last_seen.desc(), AlertRecord.id.desc()).limit(limit)
+        if token.tenant is not None:
+            query = query.where(AlertRecord.tenant == token.tenant)
+        if kind:
+            query = query.where(AlertRecord.kind == kind)
+        if resolved is not None:
+            query = query.where(AlertRecord.resolved == resolved)
+        return [AlertOut.model_validate(a) for a in await s.scalars(query)]
 
     return app
