@@ -111,3 +111,10 @@ class InventoryPublisher:
         ids[msg_id] = now
         self._ids[node] = ids
         self.state[node] = _Published(digest, now, payload)
+
+
+async def heartbeat_loop(publisher: InventoryPublisher, *, floor: float = 0.05) -> None:
+    """For sources that publish on events (Kubernetes, NVML polls): keep every node fresh in between."""
+    while True:
+        await asyncio.sleep(max(floor, publisher.due_in()))
+        await publisher.heartbeat()
