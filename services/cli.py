@@ -81,14 +81,19 @@ def up(
     nats: Annotated[str | None, typer.Option(help="external NATS URL (default: embedded)")] = None,
     api_port: Annotated[int | None, typer.Option(help="admin API port")] = None,
     pending_alert_after: Annotated[str | None, typer.Option(help="alert after a claim waits this long")] = None,
+    webhook: Annotated[list[str] | None, typer.Option(
+        "--webhook", help="post alerts to this URL as JSON (repeatable); `slack:URL` posts Slack messages")] = None,
 ) -> None:
     """Run watcher, allocator, notifier and admin API until Ctrl-C."""
+    from shared.settings import Webhook
+
     _logging(True)
     if kube:
         err.print("--kube: the Kubernetes inventory source is not available yet; use --inventory")
         raise typer.Exit(2)
     settings = _settings(inventory=inventory or None, db=db, nats_url=nats, api_port=api_port,
-                         pending_alert_after=pending_alert_after)
+                         pending_alert_after=pending_alert_after,
+                         webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
     asyncio.run(_up(settings))
 
 

@@ -39,7 +39,7 @@ from shared.alert_rules import (
 )
 from shared.alerting import Action, AlertBook, AlertPolicy, Message, alert_key, apply
 from shared.ledger.engine import sessions
-from shared.settings import BrokerSettings
+from shared.settings import BrokerSettings, parse_duration
 
 log = logging.getLogger("claimbroker.notifier")
 CONSUMER = "notifier"
@@ -62,13 +62,16 @@ class Notifier:
         self.sessions = sessions(engine)
         self.settings = settings
         self.clock = clock
-        self.book = AlertBook(AlertPolicy(settings.alert_fold_window, settings.alert_rate_per_key,
-                                          settings.alert_rate_per_tenant))
-        self.claims = ClaimRules(settings.pending_alert_after)
-        self.fleet = InventoryRules(settings.inventory_ttl)
+        # Parsed again: settings built with model_copy(update=...) (the CLI) skip validation, so '5m' may
+        # still be a string here.
+        pending_after, ttl = parse_duration(settings.pending_alert_after), parse_duration(settings.inventory_ttl)
+        fold = parse_duration(settings.alert_fold_window)
+        self.book = AlertBook(AlertPolicy(fold, settings.alert_rate_per_key, settings.alert_rate_per_tenant))
+        self.claims = ClaimRules(pending_after)
+        self.fleet = InventoryRules(ttl)
         self.webhooks = WebhookDispatcher(settings.webhooks, self.sessions, attempts=settings.webhook_attempts,
                                           base_delay=settings.webhook_base_delay, client=http)
-        shortest = min(settings.pending_alert_after, settings.inventory_ttl, settings.alert_fold_window or 60.0)
+        shortest = min(pending_after, ttl, fold or 60.0)
         self.check_interval = check_interval or max(0.05, min(5.0, shortest / 4))
         self.handled = 0  # status and inventory messages processed; tests wait on it
         self._progress = asyncio.Condition()
