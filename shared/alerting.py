@@ -131,8 +131,9 @@ class AlertBook:
         if episode is None:
             first = now
             previous = self._last_first_seen.get(alert.key)
-            if previous is not None and first <= previous:
-                first = previous + 0.001  # (key, firstSeen) names an episode: keep them distinct
+            if previous is not None and first < previous + 0.000002:
+                # (key, firstSeen) names an episode, to the microsecond: keep episodes distinct
+                first = previous + 0.001
             self._last_first_seen[alert.key] = first
             episode = _Episode(alert, first, now, window_end=first + self.policy.fold_window)
             self._open[alert.key] = episode
@@ -169,7 +170,20 @@ class AlertBook:
             window_closed = episode.count > episode.reported and now >= episode.window_end
             if unreported or window_closed:
                 out.extend(self._try_send(episode, now))
+        self._forget(now)
         return out
+
+    def _forget(self, now: float) -> None:
+        """Drop what closed keys left behind once it no longer matters (full buckets, old episode starts),
+        so a long-running book does not grow with every claim it ever saw."""
+        for key in [k for k, first in self._last_first_seen.items() if k not in self._open and first < now - 1.0]:
+            del self._last_first_seen[key]
+        for buckets, rate in ((self._key_buckets, self.policy.rate_per_key),
+                              (self._tenant_buckets, self.policy.rate_per_tenant)):
+            for name, bucket in list(buckets.items()):
+                bucket.refill(now, rate)
+                if bucket.tokens >= max(1.0, rate) and name not in self._open:
+                    del buckets[name]
 
     def _try_send(self, episode: _Episode, now: float) -> list[Message]:
         if not self._take(episode.alert, now):

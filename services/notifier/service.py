@@ -122,8 +122,11 @@ class Notifier:
                         sent: list[Message] = []
                     else:
                         sent = apply(self.book, self._status_actions(message), self.clock())
-                        await history.record(session, sent)
-                        history.record_processed(session, CONSUMER, message_id)
+                        if sent:
+                            # Only durable effects are guarded: a status that changed only memory (a
+                            # folded repeat) is applied again after a crash, which is what rebuilds it.
+                            await history.record(session, sent)
+                            history.record_processed(session, CONSUMER, message_id)
                 await self._publish(sent)
         except Exception:
             log.exception("status %s not processed; it will be redelivered", message_id)
