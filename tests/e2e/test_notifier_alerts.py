@@ -19,6 +19,7 @@ from sqlalchemy import select
 from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, wait_closed
 from services.notifier.service import Notifier
 from shared import events, subjects
+from shared.alert_rules import QuotaUsage
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import AlertRecord, Tenant, WebhookDeadLetter
 from shared.settings import BrokerSettings
@@ -271,7 +272,22 @@ async def test_restart_resolves_what_was_open_before(start: Start) -> None:
     await first.wait_seen(("claim-rejected:vision/typo", 1, False))
     await first.stop()
     second = await start()  # a new notifier on the same durable consumer and ledger
+    # It re-published the recent history on start (a crash may have kept it from NATS): a duplicate.
+    assert (await second.nc.jetstream().stream_info(subjects.ALERTS_STREAM)).state.messages == 1
     await second.status("vision", "typo", "Rejected")  # folds into the open alert
     await second.status("vision", "typo", "Released")
     await second.wait_seen(("claim-rejected:vision/typo", 2, True))
     assert second.seen() == [("claim-rejected:vision/typo", 2, True)]
+    assert (await second.nc.jetstream().stream_info(subjects.ALERTS_STREAM)).state.messages == 2
+
+
+async def test_quota_and_flavor_hooks_publish(start: Start) -> None:
+    h = await start()
+    await h.notifier.evaluate_quotas([QuotaUsage("vision", "H100", used=9, nominal=8, borrowing_limit=2)])
+    await h.wait_seen(("quota-near-limit:vision/H100", 1, False))
+    await h.notifier.evaluate_quotas([QuotaUsage("vision", "H100", used=2, nominal=8, borrowing_limit=2)])
+    await h.wait_seen(("quota-near-limit:vision/H100", 1, True))
+    await h.notifier.evaluate_flavors({"A100": 3}, {"H100": 4}, {"A100": 1.0, "H100": 2.0})
+    await h.wait_seen(("idle-larger-flavor:A100", 1, False))
+    assert {s for s, _ in h.alarms.messages} == {"claimbroker.v1.alerts.warning.quota-near-limit",
+                                                 "claimbroker.v1.alerts.info.idle-larger-flavor"}

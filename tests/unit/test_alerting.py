@@ -96,6 +96,16 @@ def test_restored_alert_folds_and_resolves() -> None:
     assert [(m.count, m.resolved) for m in book.resolve("a", 2.0)] == [(5, True)]
 
 
+def test_a_long_running_book_forgets_closed_keys() -> None:
+    book = AlertBook(AlertPolicy(W))
+    for i in range(500):
+        book.raise_(an_alert(f"k{i}", f"t{i % 7}"), float(i))
+        book.resolve(f"k{i}", float(i) + 0.5)
+    book.flush(10_000.0)
+    assert book.open_keys() == []
+    assert (book._key_buckets, book._tenant_buckets, book._last_first_seen) == ({}, {}, {})
+
+
 # --- hypothesis: counts add up, ends are reported ------------------------------------------------
 
 ops = st.lists(st.tuples(st.sampled_from(["raise", "resolve", "wait"]), st.sampled_from(["a", "b", "c"]),
