@@ -44,6 +44,10 @@ class ClaimRules:
         self.thresholds: dict[str, float] = {}  # per tenant, from the ledger's tenants table
         self.waiting: dict[tuple[str, str], _Waiting] = {}
 
+    def seed(self, tenant: str, name: str, *, since: float, reason: str, alerted: bool) -> None:
+        """A claim that was already waiting when the notifier (re)started, as the ledger says."""
+        self.waiting[(tenant, name)] = _Waiting(since=since, reason=reason, alerted=alerted)
+
     def threshold(self, tenant: str) -> float:
         return self.thresholds.get(tenant, self.default_after)
 
