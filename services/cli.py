@@ -76,7 +76,8 @@ def _logging(verbose: bool) -> None:
 @app.command()
 def up(
     inventory: Annotated[list[Path] | None, typer.Option("--inventory", help="inventory file")] = None,
-    kube: Annotated[bool, typer.Option(help="take the fleet from the Kubernetes cluster")] = False,
+    kube: Annotated[bool, typer.Option(help="take the fleet from the Kubernetes cluster only")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for --kube (default: in-cluster)")] = None,
     db: Annotated[str | None, typer.Option(help="ledger URL (default: SQLite in the data folder)")] = None,
     nats: Annotated[str | None, typer.Option(help="external NATS URL (default: embedded)")] = None,
     api_port: Annotated[int | None, typer.Option(help="admin API port")] = None,
@@ -88,10 +89,8 @@ def up(
     from shared.settings import Webhook
 
     _logging(True)
-    if kube:
-        err.print("--kube: the Kubernetes inventory source is not available yet; use --inventory")
-        raise typer.Exit(2)
-    settings = _settings(inventory=inventory or None, db=db, nats_url=nats, api_port=api_port,
+    settings = _settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
+                         nats_url=nats, api_port=api_port,
                          pending_alert_after=pending_alert_after,
                          webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
     asyncio.run(_up(settings))
@@ -132,18 +131,23 @@ def serve(
     inventory: Annotated[list[Path] | None, typer.Option("--inventory")] = None,
     db: Annotated[str | None, typer.Option()] = None,
     nats: Annotated[str | None, typer.Option()] = None,
+    kube: Annotated[bool, typer.Option(help="watcher: the fleet from the Kubernetes cluster")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="watcher: kubeconfig (default: in-cluster)")] = None,
+    nvml: Annotated[bool, typer.Option(help="watcher: this host's GPUs, read with NVML")] = False,
 ) -> None:
     """Run one service against external NATS and database (compose, Kubernetes)."""
     _logging(True)
-    settings = _settings(inventory=inventory or None, db=db, nats_url=nats)
+    settings = _settings(inventory=inventory or None, db=db, nats_url=nats, kube=kube or None,
+                         kubeconfig=kubeconfig, nvml=nvml or None)
     if not settings.nats_url:
         err.print("serve needs --nats or CLAIMBROKER_NATS_URL")
         raise typer.Exit(2)
-    if service == "watcher" and settings.kube:
-        err.print("the Kubernetes inventory source is not available yet; pass --inventory FILE instead")
+    if service == "watcher" and settings.kube and settings.nvml:
+        err.print("serve watcher takes one source: --kube (the cluster) or --nvml (this host), not both")
         raise typer.Exit(2)
-    if service == "watcher" and not settings.inventory:
-        err.print("serve watcher needs --inventory FILE (a deployed watcher never publishes the demo fleet)")
+    if service == "watcher" and not (settings.kube or settings.nvml or settings.inventory):
+        err.print("serve watcher needs --kube, --nvml or --inventory FILE "
+                  "(a deployed watcher never publishes the demo fleet)")
         raise typer.Exit(2)
 
     async def main() -> None:

@@ -38,9 +38,24 @@ class Stack:
 async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> None:
     """Start one service as a task of this process, on its own NATS connection."""
     nc = await connect(stack.nats_url, name=f"claimbroker-{name}")
-    if name == "watcher":
-        watcher = FileWatcher(nc.jetstream(), settings.inventory, poll_interval=settings.inventory_poll_interval)
-        runner: Any = watcher.run()
+    if name == "watcher":  # the source settings name: the cluster, this host's GPUs, else files (or the demo)
+        from services.watcher.publish import InventoryPublisher
+
+        publisher = InventoryPublisher(nc.jetstream(), heartbeat_interval=settings.heartbeat_interval)
+        if settings.kube:
+            from services.watcher.kube import run_kube
+
+            runner: Any = run_kube(publisher, settings.kubeconfig)
+        elif settings.nvml:
+            import socket
+
+            from services.watcher.nvml import NvmlWatcher
+
+            runner = NvmlWatcher(publisher, settings.node_name or socket.gethostname(),
+                                 poll_interval=settings.nvml_poll_interval).run()
+        else:
+            runner = FileWatcher(nc.jetstream(), settings.inventory, poll_interval=settings.inventory_poll_interval,
+                                 heartbeat_interval=settings.heartbeat_interval).run()
     elif name == "allocator":
         classes = merge_classes(load_inventory(settings.inventory).classes)
         stack.allocator = Allocator(nc, stack.engine, classes, batch=settings.allocator_batch,

@@ -81,5 +81,17 @@ class BrokerSettings(BaseSettings):
             return [Webhook.parse(v) if isinstance(v, str) else v for v in value]
         return value
 
+    # Watcher inventory sources. `kube` (above) reads the cluster; `nvml` this host's GPUs.
+    kubeconfig: Path | None = None  # None: in-cluster ServiceAccount, else ~/.kube/config
+    nvml: bool = False
+    node_name: str | None = None  # the NVML source's node (from the downward API); None: the hostname
+    heartbeat_interval: float = 30.0  # republish unchanged nodes this often, well inside inventory_ttl
+    nvml_poll_interval: float = 10.0
+
+    @field_validator("heartbeat_interval", "nvml_poll_interval", mode="before")
+    @classmethod
+    def _watcher_duration(cls, value: str | float) -> float:
+        return parse_duration(value)
+
     def database_url(self) -> str:
         return self.db or f"sqlite+aiosqlite:///{(self.data_dir / 'ledger.db').resolve()}"

@@ -242,3 +242,12 @@ def _parse_slice(item: dict[str, Any]) -> dra.ResourceSlice | None:
         log.warning("ResourceSlice %s skipped: %s", item.get("metadata", {}).get("name"), error)
         return None
     return parsed if isinstance(parsed, dra.ResourceSlice) else None
+
+
+async def run_kube(publisher: InventoryPublisher, kubeconfig: Path | None = None) -> None:
+    """The service entry point: connect as configured, watch until cancelled, close the connection pool."""
+    api = await api_client(kubeconfig)
+    try:
+        await KubeWatcher(publisher, api).run()
+    finally:
+        await api.close()

@@ -11,16 +11,21 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+import yaml
 from kubernetes.aio import client
 
-from services.natsio import EmbeddedNats, connect, ensure_streams
+from services.natsio import EmbeddedNats, connect, ensure_streams, wait_closed
+from services.stack import Stack, start_service
 from services.watcher.kube import NODES, SLICES, KubeWatcher
 from services.watcher.publish import InventoryPublisher
 from shared import subjects
+from shared.ledger.engine import create_engine
+from shared.settings import BrokerSettings
 from tests.e2e.helpers import Collector
 
 PATHS = {"/api/v1/nodes": NODES, "/apis/resource.k8s.io/v1/resourceslices": SLICES}
@@ -316,7 +321,7 @@ async def test_list_then_watch_publishes_each_gpu_node(watched: tuple[FakeApiSer
     assert latest(seen)["dp-1"]["slices"] == []
     api.apply(NODES, "DELETED", node("dra-1", {}, {}))
     await seen.wait_for(lambda: latest(seen)["dra-1"]["removed"])
-    assert "dra-1" not in watcher.publisher.nodes()
+    assert latest(seen)["dra-1"]["slices"] == []
 
 
 async def test_bookmark_drop_resume_and_relist_after_410(watched: tuple[FakeApiServer, Collector, KubeWatcher]
@@ -355,4 +360,34 @@ async def test_bookmark_drop_resume_and_relist_after_410(watched: tuple[FakeApiS
     # a slice deleted under a node that still has its Node object and no device plugin: removed
     api.apply(SLICES, "DELETED", driver_slice("dra-1", 4, generation=3))
     await seen.wait_for(lambda: latest(seen)["dra-1"]["removed"])
-    assert "dra-1" not in watcher.publisher.nodes() and "dp-1" in watcher.publisher.nodes()
+    assert not latest(seen)["dp-1"]["removed"]
+
+
+async def test_stack_runs_the_kube_source_from_settings_and_a_kubeconfig(
+    fake_api: tuple[FakeApiServer, str], nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """`serve watcher --kube --kubeconfig FILE` wiring: settings pick the source, the kubeconfig the server."""
+    api, url = fake_api
+    api.apply(NODES, "ADDED", node("dp-1", GFD, {"nvidia.com/gpu": "2"}))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+        "clusters": [{"name": "lab", "cluster": {"server": url}}],
+        "users": [{"name": "watcher", "user": {"token": "not-checked"}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "watcher"}}],
+    }))
+    settings = BrokerSettings.model_validate({"nats_url": nats_server.url, "kube": True, "kubeconfig": kubeconfig,
+                                              "heartbeat_interval": "1m", "data_dir": tmp_path})
+    nc = await connect(nats_server.url, name="test")
+    await ensure_streams(nc.jetstream())
+    seen = await Collector().start(nc, subjects.INVENTORY_ALL)
+    stack = Stack(nats_url=nats_server.url, db_url="sqlite+aiosqlite://", engine=create_engine("sqlite+aiosqlite://"))
+    await start_service(stack, "watcher", settings)
+    try:
+        await seen.wait_for(lambda: "dp-1" in latest(seen))
+        assert device_names(latest(seen)["dp-1"]) == ["gpu-0", "gpu-1"]
+        assert settings.heartbeat_interval == 60.0
+    finally:
+        await wait_closed(stack.tasks["watcher"])
+        await stack.engine.dispose()
+        await nc.close()
