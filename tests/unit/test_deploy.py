@@ -24,9 +24,20 @@ def test_every_manifest_parses_and_kustomization_lists_them() -> None:
 
 
 def test_watcher_rbac_is_read_only_on_nodes_and_resource_slices() -> None:
-    role = next(d for d in documents(ROOT / "deploy" / "k8s" / "rbac-watcher.yaml") if d["kind"] == "ClusterRole")
-    grants = {(g, r): sorted(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
-              for r in rule["resources"]}
-    assert grants == {("", "nodes"): ["get", "list", "watch"],
-                      ("resource.k8s.io", "resourceslices"): ["get", "list", "watch"],
-                      ("resource.k8s.io", "deviceclasses"): ["get", "list", "watch"]}
+    """Exactly what services/watcher/kube.py lists and watches; no wildcards, no other objects or verbs."""
+    docs = documents(ROOT / "deploy" / "k8s" / "rbac-watcher.yaml")
+    assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])  # no resourceNames etc.
+    grants = [(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+              for v in rule["verbs"]]
+    assert sorted(grants) == [("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
+                              ("resource.k8s.io", "resourceslices", "get"),
+                              ("resource.k8s.io", "resourceslices", "list"),
+                              ("resource.k8s.io", "resourceslices", "watch")]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "claim-broker"}]
