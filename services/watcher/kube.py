@@ -120,15 +120,15 @@ class KubeWatcher:
                 if version is None:
                     listing = await list_fn()
                     self.lists[kind] += 1
-                    version = str(listing.metadata.resource_version)
                     await replace([self._dict(item) for item in listing.items])
+                    version = str(listing.metadata.resource_version)  # only once published: else list again
                 self.watched_from[kind].append(version)
                 async with watch.Watch() as stream:
                     async for event in stream.stream(list_fn, resource_version=version, allow_watch_bookmarks=True,
                                                      timeout_seconds=self.watch_timeout_s):
                         if event["type"] != "BOOKMARK":
                             await apply(event["type"], self._dict(event["object"]))
-                        version = stream.resource_version or version
+                        version = stream.resource_version or version  # after publishing: a failure replays it
                         backoff.reset()
                 continue  # the server ended the watch (its timeout): resume at once from where we are
             except asyncio.CancelledError:

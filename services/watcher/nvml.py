@@ -95,11 +95,22 @@ class NvmlReader:
 
     def read(self) -> HostReading:
         n = self.nvml
-        driver = _version(_text(n.nvmlSystemGetDriverVersion()))
-        cuda = _cuda_version(int(n.nvmlSystemGetCudaDriverVersion()))
+        try:
+            driver = _version(_text(n.nvmlSystemGetDriverVersion()))
+            cuda = _cuda_version(int(n.nvmlSystemGetCudaDriverVersion()))
+            count = int(n.nvmlDeviceGetCount())
+        except n.NVMLError as error:
+            if not self.last_devices:
+                raise
+            # the driver stopped answering: the GPUs we knew are still there, but nobody should get them
+            log.warning("NVML error: %s; marking every known GPU Unhealthy", error)
+            known = [d for i in sorted(self.last_devices) for d in self.last_devices[i]]
+            failed = telemetry.DeviceTelemetry.observe(temperature_c=0, throttle_reasons=(), ecc_uncorrected=0,
+                                                       error=str(error))
+            return HostReading(self._slices(known), {d["name"]: failed for d in known})
         devices: list[dict[str, Any]] = []
         readings: dict[str, telemetry.DeviceTelemetry] = {}
-        for index in range(int(n.nvmlDeviceGetCount())):
+        for index in range(count):
             try:
                 handle = n.nvmlDeviceGetHandleByIndex(index)
                 described = self._describe(handle, index, driver, cuda)
@@ -112,15 +123,18 @@ class NvmlReader:
                                                            ecc_uncorrected=0, error=str(error))
             devices.extend(described)
             readings.update({d["name"]: health for d in described})  # MIG devices share their GPU's health
+        return HostReading(self._slices(devices), readings)
+
+    def _slices(self, devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One slice, one pool named after the node, as the driver publishes a node's GPUs; none without GPUs."""
         if not devices:
-            return HostReading([], {})
-        document = {
+            return []
+        return [{
             "apiVersion": dra.API_VERSION, "kind": "ResourceSlice",
             "metadata": {"name": f"{self.node}-{topology.DRIVER}"},
             "spec": {"driver": topology.DRIVER, "nodeName": self.node,
                      "pool": {"name": self.node, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
-        }
-        return HostReading([document], readings)
+        }]
 
     def _health(self, handle: Any) -> telemetry.DeviceTelemetry:
         n = self.nvml

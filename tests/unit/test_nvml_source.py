@@ -211,6 +211,22 @@ def test_a_gpu_that_fails_nvml_stays_published_as_unhealthy(tmp_path: Path) -> N
     assert reading.telemetry["gpu-1"].health == "Unhealthy"
 
 
+def test_a_driver_that_stops_answering_keeps_known_gpus_as_unhealthy(tmp_path: Path) -> None:
+    nvml = FakeNvml(fleet())
+    reader = NvmlReader(nvml, "gpu-host-1", sysfs=tmp_path)
+    before = reader.read()
+
+    def broken() -> int:
+        raise NVMLError("Driver Not Loaded")
+
+    nvml.nvmlDeviceGetCount = broken  # type: ignore[method-assign]
+    after = reader.read()
+    assert after.slices == before.slices
+    assert {t.health for t in after.telemetry.values()} == {"Unhealthy"}
+    with pytest.raises(NVMLError):
+        NvmlReader(nvml, "gpu-host-2", sysfs=tmp_path).read()  # nothing known yet: the error is the answer
+
+
 def test_pcie_root_and_numa_node_from_sysfs(tmp_path: Path) -> None:
     device = tmp_path / "devices" / "pci0000:10" / "0000:10:01.0" / "0000:18:00.0"
     device.mkdir(parents=True)
