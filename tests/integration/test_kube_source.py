@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -18,10 +19,12 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 from kubernetes.aio import client
+from typer.testing import CliRunner
 
+from services.cli import app
 from services.natsio import EmbeddedNats, connect, ensure_streams, wait_closed
 from services.stack import Stack, start_service
-from services.watcher.kube import NODES, SLICES, KubeWatcher
+from services.watcher.kube import NODES, SLICES, Backoff, KubeWatcher
 from services.watcher.publish import InventoryPublisher
 from shared import subjects
 from shared.ledger.engine import create_engine
@@ -391,3 +394,26 @@ async def test_stack_runs_the_kube_source_from_settings_and_a_kubeconfig(
         await wait_closed(stack.tasks["watcher"])
         await stack.engine.dispose()
         await nc.close()
+
+
+def test_backoff_is_exponential_capped_and_immediate_for_a_first_410() -> None:
+    backoff = Backoff(initial=0.5, cap=4.0, rng=random.Random(7))
+    assert backoff.next_delay(gone=True) == 0.0  # relisting is the normal answer to an expired version
+    delays = [backoff.next_delay(gone=True) for _ in range(6)]  # repeated 410s do wait
+    assert all(0.5 * 2 ** i <= d <= 2 ** i for i, d in enumerate(delays[:3]))  # 1s, 2s, 4s with jitter
+    assert max(delays) <= 4.0 and delays[-1] >= 2.0
+    backoff.reset()
+    assert backoff.next_delay() <= 0.5
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve", "watcher", "--nats", "nats://127.0.0.1:1", "--kube", "--nvml"], "not both"),
+    (["serve", "watcher", "--nats", "nats://127.0.0.1:1"], "needs --kube, --nvml or --inventory"),
+])
+def test_serve_watcher_refuses_no_source_or_two(args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    for name in ("CLAIMBROKER_KUBE", "CLAIMBROKER_NVML", "CLAIMBROKER_INVENTORY"):
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output
