@@ -41,16 +41,17 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
     if name == "watcher":  # the source settings name: the cluster, this host's GPUs, else files (or the demo)
         from services.watcher.publish import InventoryPublisher
 
-        publisher = InventoryPublisher(nc.jetstream(), heartbeat_interval=settings.heartbeat_interval)
         if settings.kube:
             from services.watcher.kube import run_kube
 
+            publisher = InventoryPublisher(nc.jetstream(), heartbeat_interval=settings.heartbeat_interval)
             runner: Any = run_kube(publisher, settings.kubeconfig)
         elif settings.nvml:
             import socket
 
             from services.watcher.nvml import NvmlWatcher
 
+            publisher = InventoryPublisher(nc.jetstream(), heartbeat_interval=settings.heartbeat_interval)
             runner = NvmlWatcher(publisher, settings.node_name or socket.gethostname(),
                                  poll_interval=settings.nvml_poll_interval).run()
         else:

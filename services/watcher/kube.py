@@ -124,8 +124,10 @@ class KubeWatcher:
                     version = str(listing.metadata.resource_version)  # only once published: else list again
                 self.watched_from[kind].append(version)
                 async with watch.Watch() as stream:
+                    # the client's own timeout outlasts the server's, so a quiet watch ends cleanly, not in error
                     async for event in stream.stream(list_fn, resource_version=version, allow_watch_bookmarks=True,
-                                                     timeout_seconds=self.watch_timeout_s):
+                                                     timeout_seconds=self.watch_timeout_s,
+                                                     _request_timeout=float(self.watch_timeout_s + 30)):
                         if event["type"] != "BOOKMARK":
                             await apply(event["type"], self._dict(event["object"]))
                         version = stream.resource_version or version  # after publishing: a failure replays it
