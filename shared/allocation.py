@@ -1,29 +1,44 @@
 """The pure allocation decision: which devices a ResourceClaim gets, or why it waits or is refused.
 
 Semantics follow the Kubernetes structured allocator (resource.k8s.io/v1): class selectors before
-request selectors, ExactCount and All, firstAvailable tried in order, matchAttribute and
-distinctAttribute constraints, NoSchedule/NoExecute taints, 32 devices per claim. Where DRA is
-first-fit we place best-fit: partly used nodes first (whole nodes stay free for big jobs), and the
-smallest adequate device first. The search tries combinations, never permutations, and is bounded:
-running out of budget is a reason, not a hang. No I/O happens here.
+request selectors, ExactCount and All, firstAvailable tried in order (the first subrequest that any
+node can satisfy wins), matchAttribute and distinctAttribute constraints, NoSchedule/NoExecute taints,
+shared counters of partitionable devices (MIG), adminAccess, 32 requests and 32 devices per claim.
+
+Where DRA is first-fit we place best-fit, deterministically (see shared/fleet_index.py): the smallest
+adequate healthy device first, then the group (node, or node and matchAttribute value) with the fewest
+free devices that still has room, so partly used nodes fill before empty ones; MIG partitions are
+placed where they leave the most other partitions possible. Unhealthy devices and nodes with stale
+inventory are never used, throttled devices last.
+
+Speed: a claim of one request (the common case) is placed from the index without search. Other
+claims search one node at a time, combinations not permutations, pruned by counts, under a step
+budget; running out of budget is a reason, not a hang. No I/O happens here.
 """
 
 from __future__ import annotations
 
-import re
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
 from shared import dra
-from shared.cel import CompiledSelector, SelectorError, compile_selector, evaluate
-from shared.inventory import CounterKey, Fleet, FleetDevice, NodeInventory
-from shared.quantity import Quantity
+from shared.cel import CompiledSelector, SelectorError, compile_selector
+from shared.fleet_index import DeviceIndex, Group
+from shared.inventory import UNHEALTHY, CounterKey, Fleet, FleetDevice
+from shared.matching import SelectorMemo
+from shared.quantity import exact
 
 DeviceKey = tuple[str, str, str]
+Amount = int | Fraction
 DEFAULT_SEARCH_BUDGET = 20_000
+MAX_VARIANTS = 256  # firstAvailable combinations tried across nodes, in order
+
+__all__ = ["Allocation", "Decision", "DeviceResult", "FleetState", "Outcome", "SelectorMemo", "State", "decide",
+           "settle"]
 
 
 class State(StrEnum):
@@ -42,6 +57,10 @@ class DeviceResult:
     device: str
     admin_access: bool = False  # monitoring access: the device stays free for others
 
+    @property
+    def key(self) -> DeviceKey:
+        return (self.driver, self.pool, self.device)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"request": self.request, "driver": self.driver, "pool": self.pool,
                                "device": self.device}
@@ -59,7 +78,7 @@ class Allocation:
     @property
     def keys(self) -> tuple[DeviceKey, ...]:
         """Devices this allocation holds exclusively (admin-access results hold nothing)."""
-        return tuple((r.driver, r.pool, r.device) for r in self.results if not r.admin_access)
+        return tuple(r.key for r in self.results if not r.admin_access)
 
     def to_json(self) -> dict[str, Any]:
         """Mirrors ResourceClaim.status.allocation, plus nodeName for convenience."""
@@ -90,9 +109,10 @@ class Decision:
     state: State
     allocation: Allocation | None = None
     reason: str | None = None
+    unsatisfiable: bool = False  # Pending, and no device of today's fleet could ever satisfy it
 
 
-class _Rejected(Exception):
+class Rejected(Exception):
     """The claim is wrong as written; carries the reason."""
 
 
@@ -101,7 +121,7 @@ class _BudgetExceeded(Exception):
 
 
 @dataclass(frozen=True)
-class _Alternative:
+class Alternative:
     """One way to satisfy a request: the request itself, or one firstAvailable subrequest."""
 
     result_name: str
@@ -115,66 +135,49 @@ class _Alternative:
     def all_mode(self) -> bool:
         return self.body.allocation_mode == "All"
 
+    @property
+    def wanted(self) -> int:
+        """Devices needed at least (All mode: one, and then every match on the node)."""
+        return 1 if self.all_mode else self.body.wanted
 
-@dataclass
-class SelectorMemo:
-    """Selector results per distinct tuple of the device values an expression reads.
-
-    Kept across decisions by the caller; it holds only derived data, so it never changes an answer.
-    """
-
-    results: dict[tuple[str, Any], bool] = field(default_factory=dict)
-    evaluations: int = 0
-    # Devices a selector list accepts, per fleet snapshot (the fleet is immutable; a new one misses).
-    matching: dict[tuple[str, ...], tuple[Fleet, list[FleetDevice]]] = field(default_factory=dict)
-
-    def matches(self, selector: CompiledSelector, device: FleetDevice) -> bool:
-        key = (selector.expression, _signature(selector, device))
-        hit = self.results.get(key)
-        if hit is None:
-            self.evaluations += 1
-            hit = evaluate(selector, device.activation)
-            if len(self.results) > 200_000:
-                self.results.clear()
-            self.results[key] = hit
-        return hit
+    def index_key(self, group_attribute: str | None = None) -> tuple[Any, ...]:
+        return (tuple(s.expression for s in self.selectors), self.body.tolerations, group_attribute)
 
 
-def _signature(selector: CompiledSelector, device: FleetDevice) -> Any:
-    if selector.names is None:
-        return device.key
-    names = selector.names
-    return (
-        device.driver,
-        tuple(sorted((k, str(v)) for k, v in device.attributes.items() if k.rpartition("/")[2] in names)),
-        tuple(sorted((k, v.value) for k, v in device.capacity.items() if k.rpartition("/")[2] in names)),
-    )
+@dataclass(frozen=True)
+class Plan:
+    """A claim made ready to decide: compiled selectors per alternative, its constraints, and the
+    concrete variants (one alternative per request) in the order firstAvailable prefers them."""
+
+    requests: tuple[tuple[str, tuple[Alternative, ...]], ...]
+    constraints: tuple[dra.DeviceConstraint, ...]
+    variants: tuple[tuple[Alternative, ...], ...]
+    more_variants: bool  # firstAvailable allowed more combinations than MAX_VARIANTS
+
+    def group_attribute(self, variant: Sequence[Alternative]) -> str | None | bool:
+        """For a single-request variant, the one matchAttribute to group by (None: no constraint); False
+        when the variant needs the general search."""
+        if len(variant) != 1 or variant[0].admin_access or variant[0].all_mode:
+            return False
+        name = variant[0].result_name
+        attribute: str | None = None
+        for c in self.constraints:
+            if c.requests and name not in c.requests and name.split("/", 1)[0] not in c.requests:
+                continue
+            if c.distinct_attribute is not None or attribute is not None:
+                return False
+            attribute = c.match_attribute
+        return attribute
 
 
-def _tolerated(taint: dra.DeviceTaint, tolerations: Sequence[dra.Toleration]) -> bool:
-    for t in tolerations:
-        if t.effect not in (None, "") and t.effect != taint.effect:
-            continue
-        if t.operator == "Exists" and (t.key is None or t.key == taint.key):
-            return True
-        if t.operator == "Equal" and t.key == taint.key and (t.value or None) == (taint.value or None):
-            return True
-    return False
-
-
-def _blocked_by_taint(device: FleetDevice, tolerations: Sequence[dra.Toleration]) -> bool:
-    return any(
-        t.effect in ("NoSchedule", "NoExecute") and not _tolerated(t, tolerations) for t in device.taints
-    )
-
-
-def _prepare(
-    claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass]
-) -> list[tuple[str, list[_Alternative]]]:
+def prepare(claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass]) -> Plan:
+    """Compile and check a claim once; raises Rejected with the reason a person can act on."""
     requests = claim.spec.devices.requests
+    if not requests:
+        raise Rejected("claim has no device requests")
     if len(requests) > dra.MAX_REQUESTS:
-        raise _Rejected(f"claim has {len(requests)} requests, over the limit of {dra.MAX_REQUESTS}")
-    prepared: list[tuple[str, list[_Alternative]]] = []
+        raise Rejected(f"claim has {len(requests)} requests, over the limit of {dra.MAX_REQUESTS}")
+    prepared: list[tuple[str, tuple[Alternative, ...]]] = []
     minimum_devices = 0
     for request in requests:
         bodies: list[tuple[str, dra.ExactDeviceRequest | dra.DeviceSubRequest, bool]]
@@ -186,7 +189,7 @@ def _prepare(
         for result_name, body, admin in bodies:
             device_class = classes.get(body.device_class_name)
             if device_class is None:
-                raise _Rejected(
+                raise Rejected(
                     f"request {result_name!r}: unknown device class {body.device_class_name!r}; "
                     f"known classes: {', '.join(sorted(classes))}"
                 )
@@ -197,52 +200,30 @@ def _prepare(
                 try:
                     selectors.append(compile_selector(selector.cel.expression))
                 except SelectorError as error:
-                    raise _Rejected(f"request {result_name!r}: {origin} selector: {error}") from None
+                    raise Rejected(f"request {result_name!r}: {origin} selector: {error}") from None
             alternatives.append(
-                _Alternative(result_name, request.name, body.device_class_name, body, tuple(selectors), admin)
+                Alternative(result_name, request.name, body.device_class_name, body, tuple(selectors), admin)
             )
-        first = alternatives[0].body
-        minimum_devices += 1 if first.allocation_mode == "All" else first.wanted
-        if all(a.body.allocation_mode == "ExactCount" and a.body.wanted > dra.MAX_DEVICES_PER_CLAIM
-               for a in alternatives):
-            raise _Rejected(
-                f"request {request.name!r} asks for {first.wanted} devices, over the claim limit of "
+        first = alternatives[0]
+        minimum_devices += first.wanted
+        if all(not a.all_mode and a.body.wanted > dra.MAX_DEVICES_PER_CLAIM for a in alternatives):
+            raise Rejected(
+                f"request {request.name!r} asks for {first.body.wanted} devices, over the claim limit of "
                 f"{dra.MAX_DEVICES_PER_CLAIM}"
             )
-        prepared.append((request.name, alternatives))
+        prepared.append((request.name, tuple(alternatives)))
     if minimum_devices > dra.MAX_DEVICES_PER_CLAIM:
-        raise _Rejected(
+        raise Rejected(
             f"claim asks for at least {minimum_devices} devices, over the claim limit of {dra.MAX_DEVICES_PER_CLAIM}"
         )
-    return prepared
-
-
-def _matching(alternative: _Alternative, fleet: Fleet, memo: SelectorMemo) -> list[FleetDevice]:
-    """Devices the class and request selectors accept; stops at the first false, class first."""
-    key = tuple(s.expression for s in alternative.selectors)
-    cached = memo.matching.get(key)
-    if cached is not None and cached[0] is fleet:
-        return cached[1]
-    out = []
-    for device in fleet.devices:
-        try:
-            if all(memo.matches(s, device) for s in alternative.selectors):
-                out.append(device)
-        except SelectorError as error:
-            raise _Rejected(
-                f"request {alternative.result_name!r}: selector on device {device.driver}/{device.pool}/"
-                f"{device.name}: {error}"
-            ) from None
-    if len(memo.matching) > 1024:
-        memo.matching.clear()
-    memo.matching[key] = (fleet, out)
-    return out
-
-
-def _best_fit_order(device: FleetDevice) -> tuple[Any, ...]:
-    """Smallest adequate device first, so a 20 GB job does not take an H200."""
-    memory = device.memory
-    return (memory.value if memory is not None else 0, device.name)
+    names = {name for name, _ in prepared} | {a.result_name for _, alts in prepared for a in alts}
+    for constraint in claim.spec.devices.constraints:
+        unknown = [r for r in constraint.requests if r not in names]
+        if unknown:
+            raise Rejected(f"constraint names request {unknown[0]!r}, which the claim does not have")
+    variants = tuple(itertools.islice(itertools.product(*(alts for _, alts in prepared)), MAX_VARIANTS + 1))
+    return Plan(tuple(prepared), claim.spec.devices.constraints, variants[:MAX_VARIANTS],
+                len(variants) > MAX_VARIANTS)
 
 
 class _Constraints:
@@ -274,108 +255,99 @@ class _Constraints:
         return True
 
 
-class _Counters:
-    """Shared counters left on a node: a full GPU and its MIG partitions draw on the same ones, so they
-    exclude each other, and partitions never over-subscribe a GPU (DRA partitionable devices)."""
+class _NodeCounters:
+    """Shared counters left on one node during a search: take and give back as devices are tried."""
 
-    def __init__(self, node: NodeInventory, in_use: frozenset[DeviceKey], fleet: Fleet) -> None:
-        self.left: dict[CounterKey, Fraction] = {k: q.value for k, q in node.counters.items()}
-        if not self.left:
-            return  # no partitionable devices here: nothing to subtract
-        for key in in_use:
-            device = fleet.by_key.get(key)
-            if device is not None and device.node == node.node:
-                self.take(device)
-
-    def _draws(self, device: FleetDevice) -> list[tuple[CounterKey, Fraction]]:
-        return [((device.driver, device.pool, c.counter_set, name), Quantity(v.value).value)
-                for c in device.consumes_counters for name, v in c.counters.items()]
+    def __init__(self, left: dict[CounterKey, Amount]) -> None:
+        self.left = left
 
     def fits(self, device: FleetDevice) -> bool:
-        return all(key in self.left and self.left[key] >= amount for key, amount in self._draws(device))
+        left = self.left
+        return all(left.get(key, -1) >= amount for key, amount in device.counter_draws)
 
     def take(self, device: FleetDevice) -> None:
-        for key, amount in self._draws(device):
-            self.left[key] = self.left.get(key, Fraction(0)) - amount
+        for key, amount in device.counter_draws:
+            self.left[key] = self.left.get(key, 0) - amount
 
     def give_back(self, device: FleetDevice) -> None:
-        for key, amount in self._draws(device):
-            self.left[key] = self.left.get(key, Fraction(0)) + amount
+        for key, amount in device.counter_draws:
+            self.left[key] = self.left.get(key, 0) + amount
 
 
 def _search_node(
-    prepared: Sequence[tuple[str, list[_Alternative]]],
+    variant: Sequence[Alternative],
     candidates: Mapping[str, list[FleetDevice]],
-    all_mode_blocked: set[str],
     constraints: _Constraints,
-    counters: _Counters,
+    counters: _NodeCounters,
     budget: list[int],
 ) -> list[tuple[str, FleetDevice]] | None:
+    """Depth-first over the variant's requests on one node; combinations within a request, never
+    permutations; a request with fewer candidates than it needs is pruned before trying anything."""
     chosen: list[tuple[str, FleetDevice]] = []
     taken: set[DeviceKey] = set()
 
-    def pick(request_index: int) -> bool:
-        if request_index == len(prepared):
-            return True
-        for alternative in prepared[request_index][1]:
-            if alternative.result_name in all_mode_blocked:
-                continue
-            pool = [d for d in candidates.get(alternative.result_name, ()) if d.key not in taken]
-            if alternative.all_mode:
-                if not pool or len(pool) != len(candidates.get(alternative.result_name, ())):
-                    continue
-                if choose_all(alternative, pool) and pick(request_index + 1):
-                    return True
-                continue
-            if len(pool) < alternative.body.wanted:
-                continue  # prune by counts before trying anything
-            if choose(alternative, pool, 0, alternative.body.wanted, request_index):
-                return True
-        return False
+    def step() -> None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _BudgetExceeded
 
-    def choose_all(alternative: _Alternative, pool: list[FleetDevice]) -> bool:
+    def pick(index: int) -> bool:
+        if index == len(variant):
+            return True
+        alternative = variant[index]
+        pool = [d for d in candidates[alternative.result_name] if d.key not in taken]
+        if alternative.all_mode:
+            return choose_all(alternative, pool, index)
+        if len(pool) < alternative.body.wanted:
+            return False
+        return choose(alternative, pool, 0, alternative.body.wanted, index)
+
+    def add(name: str, device: FleetDevice) -> None:
+        chosen.append((name, device))
+        taken.add(device.key)
+        counters.take(device)
+
+    def remove() -> None:
+        _, device = chosen.pop()
+        taken.discard(device.key)
+        counters.give_back(device)
+
+    def choose_all(alternative: Alternative, pool: list[FleetDevice], index: int) -> bool:
         mark = len(chosen)
         for device in pool:
+            step()
             if not (counters.fits(device) and constraints.admits(chosen, alternative.result_name, device)):
-                for _, d in chosen[mark:]:
-                    taken.discard(d.key)
-                    counters.give_back(d)
-                del chosen[mark:]
-                return False
-            chosen.append((alternative.result_name, device))
-            taken.add(device.key)
-            counters.take(device)
-        return True
+                break
+            add(alternative.result_name, device)
+        else:
+            if pick(index + 1):
+                return True
+        while len(chosen) > mark:
+            remove()
+        return False
 
-    def choose(alternative: _Alternative, pool: list[FleetDevice], start: int, remaining: int, index: int) -> bool:
+    def choose(alternative: Alternative, pool: list[FleetDevice], start: int, remaining: int, index: int) -> bool:
         if remaining == 0:
             return pick(index + 1)
-        for i in range(start, len(pool) - remaining + 1):  # combinations, not permutations
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise _BudgetExceeded
+        for i in range(start, len(pool) - remaining + 1):
+            step()
             device = pool[i]
-            if device.key in taken or not counters.fits(device):
+            if not counters.fits(device) or not constraints.admits(chosen, alternative.result_name, device):
                 continue
-            if not constraints.admits(chosen, alternative.result_name, device):
-                continue
-            chosen.append((alternative.result_name, device))
-            taken.add(device.key)
-            counters.take(device)
+            add(alternative.result_name, device)
             if choose(alternative, pool, i + 1, remaining - 1, index):
                 return True
-            chosen.pop()
-            taken.discard(device.key)
-            counters.give_back(device)
+            remove()
         return False
 
     return list(chosen) if pick(0) else None
 
 
 def _config_for(
-    claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass], used: Sequence[_Alternative]
+    claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass], used: Sequence[Alternative]
 ) -> tuple[dict[str, Any], ...]:
-    """Class configs first (FromClass), then the claim's own (FromClaim), as DRA writes them."""
+    """Class configs first (FromClass), then the claim's own (FromClaim), as DRA writes them; a class
+    config that covers every request of the claim names none (it applies to all)."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for alternative in used:
@@ -383,8 +355,9 @@ def _config_for(
             continue
         seen.add(alternative.class_name)
         names = [a.result_name for a in used if a.class_name == alternative.class_name]
+        covered = [] if len(names) == len(used) else names
         for config in classes[alternative.class_name].spec.config:
-            out.append({"source": "FromClass", "requests": names,
+            out.append({"source": "FromClass", "requests": covered,
                         "opaque": config.opaque.model_dump(by_alias=True, exclude_none=True)})
     for claim_config in claim.spec.devices.config:
         out.append({"source": "FromClaim", "requests": list(claim_config.requests),
@@ -392,158 +365,297 @@ def _config_for(
     return tuple(out)
 
 
-_EQUALITY = re.compile(r"""attributes\[\s*["']([^"']+)["']\s*\]\s*\.\s*([A-Za-z_][\w-]*)\s*==\s*["']([^"']*)["']""")
+def _spec_key(claim: dra.ResourceClaim) -> Any:
+    try:
+        return hash(claim.spec), claim.spec
+    except TypeError:  # opaque parameters hold dicts
+        return claim.spec.model_dump_json()
 
 
-def _closest(alternative: _Alternative, fleet: Fleet) -> str:
-    """For a memory ask no device meets (200 Gi), name the biggest device of the class: the closest one."""
-    if not any("memory" in s.expression for s in alternative.selectors):
-        return ""
-    sized = [d for d in fleet.devices if d.memory is not None and d.driver == "gpu.nvidia.com"]
-    if not sized:
-        return ""
-    biggest = max(sized, key=lambda d: (d.memory.value if d.memory else 0, d.key))
-    product = biggest.attribute_text(f"{biggest.driver}/productName") or biggest.name
-    memory = biggest.memory.humanize() if biggest.memory else "?"
-    return f" The closest device is {biggest.node}/{biggest.name} ({product}, {memory} of memory)."
+class FleetState:
+    """The fleet during one decision cycle: what is taken, what each kind of request may still use.
 
+    Built from immutable inputs (a Fleet, the classes, the devices already allocated); decisions are
+    seen by the ones after them through take() and give_back(). Indexes are built on first use, so a
+    cycle pays only for the kinds of request it meets.
+    """
 
-def _did_you_mean(alternative: _Alternative, fleet: Fleet) -> str:
-    """For `productName == "H100"` against a fleet that says "NVIDIA H100 80GB HBM3", show what exists."""
-    hints = []
-    for selector in alternative.selectors[1:] if alternative.selectors else ():
-        for domain, name, wanted in _EQUALITY.findall(selector.expression):
-            values = sorted({v for d in fleet.devices if (v := d.attribute_text(f"{domain}/{name}")) is not None})
-            if values and wanted not in values:
-                close = [v for v in values if wanted.lower() in v.lower()]
-                listed = ", ".join(repr(v) for v in (close or values)[:6])
-                hints.append(f"{domain}/{name} is never {wanted!r} in the fleet; did you mean {listed}?")
-    return (" " + " ".join(hints)) if hints else ""
+    def __init__(
+        self,
+        fleet: Fleet,
+        classes: Mapping[str, dra.DeviceClass],
+        in_use: Iterable[DeviceKey] = (),
+        *,
+        memo: SelectorMemo | None = None,
+        unusable_nodes: Mapping[str, str] | None = None,
+        budget: int = DEFAULT_SEARCH_BUDGET,
+    ) -> None:
+        self.fleet = fleet
+        self.classes = classes
+        self.memo = memo if memo is not None else SelectorMemo()
+        self.unusable_nodes = dict(unusable_nodes or {})  # node -> why (stale inventory)
+        self.budget = budget
+        self.in_use: set[DeviceKey] = set()
+        self.usage: dict[str, int] = {}
+        self._counters: dict[str, dict[CounterKey, Amount]] = {}
+        self._indexes: dict[tuple[Any, ...], DeviceIndex | SelectorError] = {}
+        self._shape_indexes: dict[int, list[DeviceIndex]] = {}
+        self._counter_peers: dict[tuple[str, tuple[str, str, str]], list[FleetDevice]] = {}
+        self.version = 0  # bumped on every take or give back: reasons cached per version stay true
+        self.reason_cache: dict[int, tuple[int, tuple[str, bool]]] = {}
+        self._counter_fit: dict[DeviceKey, bool] = {}  # per device, dropped when its counter set changes
+        for node in fleet.nodes.values():
+            if node.counters:
+                self._counters[node.node] = {k: exact(q.value) for k, q in node.counters.items()}
+        by_key = fleet.by_key
+        for key in in_use:
+            device = by_key.get(key)
+            if device is not None:
+                self._mark(device, taken=True)
 
+    # -- availability -------------------------------------------------------------------------------
 
-def _pending_reason(
-    prepared: Sequence[tuple[str, list[_Alternative]]],
-    matching: Mapping[str, list[FleetDevice]],
-    in_use: frozenset[DeviceKey],
-    fleet: Fleet,
-    classes: Mapping[str, dra.DeviceClass],
-) -> str:
-    parts = []
-    for _, alternatives in prepared:
-        for alternative in alternatives:
-            devices = matching[alternative.result_name]
-            free = [d for d in devices if d.key not in in_use]
-            nodes = len({d.node for d in devices})
-            wanted = "all" if alternative.all_mode else str(alternative.body.wanted)
-            resource = classes[alternative.class_name].spec.extended_resource_name
-            label = f"Insufficient {resource}" if resource else f"Insufficient {alternative.class_name} devices"
-            head = f"{label}: requested {wanted}" + (
-                f" for request {alternative.result_name!r}" if len(prepared) > 1 or len(alternatives) > 1 else ""
-            )
-            if not devices:
-                parts.append(
-                    f"{head}, but no device in the fleet ({len(fleet.devices)} devices on {len(fleet.nodes)} "
-                    f"node{'s' if len(fleet.nodes) != 1 else ''}) matches its selectors; it waits until one "
-                    f"appears.{_did_you_mean(alternative, fleet)}{_closest(alternative, fleet)}"
-                )
+    def idle(self, node: str) -> bool:
+        """Nothing on the node is in use and it may be used: every healthy device of it is free."""
+        return not self.usage.get(node) and node not in self.unusable_nodes
+
+    def unavailable(self, device: FleetDevice) -> str | None:
+        """Why an accepted device cannot be given now, or None when it can."""
+        if device.key in self.in_use:
+            return "in use"
+        if device.node in self.unusable_nodes:
+            return "stale inventory"
+        if device.health == UNHEALTHY:
+            return "unhealthy"
+        if device.counter_draws:
+            fits = self._counter_fit.get(device.key)
+            if fits is None:
+                left = self._counters.get(device.node, {})
+                fits = self._counter_fit[device.key] = all(
+                    left.get(key, -1) >= amount for key, amount in device.counter_draws)
+            if not fits:
+                return "shared counters"
+        return None
+
+    def _mark(self, device: FleetDevice, *, taken: bool) -> None:
+        sign = 1 if taken else -1
+        if taken:
+            self.in_use.add(device.key)
+        else:
+            self.in_use.discard(device.key)
+        self.usage[device.node] = self.usage.get(device.node, 0) + sign
+        left = self._counters.get(device.node)
+        if left is not None and device.counter_draws:
+            for key, amount in device.counter_draws:
+                left[key] = left.get(key, 0) - sign * amount
+            for peer in self._peers(device.node, device):  # their fit may have changed with the counters
+                self._counter_fit.pop(peer.key, None)
+
+    def _changed(self, nodes: Iterable[str]) -> None:
+        self.version += 1
+        for node in set(nodes):
+            inventory = self.fleet.nodes.get(node)
+            if inventory is not None:
+                for index in self._shape_indexes.get(inventory.shape_id, ()):
+                    index.touch(node)
+
+    def take(self, allocation: Allocation) -> None:
+        """Hold an allocation's devices (admin-access results hold none)."""
+        by_key = self.fleet.by_key
+        for key in allocation.keys:
+            device = by_key.get(key)
+            if device is not None and key not in self.in_use:
+                self._mark(device, taken=True)
+        self._changed([allocation.node])
+
+    def give_back(self, allocation: Allocation) -> None:
+        by_key = self.fleet.by_key
+        for key in allocation.keys:
+            device = by_key.get(key)
+            if device is not None and key in self.in_use:
+                self._mark(device, taken=False)
+        self._changed([allocation.node])
+
+    def index(self, alternative: Alternative, group_attribute: str | None = None) -> DeviceIndex:
+        """The index of devices an alternative accepts; raises Rejected on a CEL runtime error."""
+        key = alternative.index_key(group_attribute)
+        found = self._indexes.get(key)
+        if found is None:
+            try:
+                found = DeviceIndex(alternative.selectors, alternative.body.tolerations, group_attribute,
+                                    self.fleet, self.memo, self.unavailable, self.idle)
+            except SelectorError as error:
+                found = error
+            else:
+                for shape in found.shapes:
+                    self._shape_indexes.setdefault(shape, []).append(found)
+            self._indexes[key] = found
+        if isinstance(found, SelectorError):
+            raise Rejected(f"request {alternative.result_name!r}: {found}")
+        return found
+
+    # -- deciding -----------------------------------------------------------------------------------
+
+    def plan(self, claim: dra.ResourceClaim) -> Plan:
+        """Prepared once per distinct claim spec; raises Rejected."""
+        key = _spec_key(claim)
+        cached = self.memo.plans.get(key)
+        if cached is None:
+            try:
+                cached = prepare(claim, self.classes)
+            except Rejected as rejected:
+                cached = rejected
+            if len(self.memo.plans) > 10_000:
+                self.memo.plans.clear()
+            self.memo.plans[key] = cached
+        if isinstance(cached, Rejected):
+            raise cached
+        return cached
+
+    def decide(self, claim: dra.ResourceClaim) -> Decision:
+        """Decide one claim against what is free now; the caller take()s an allocation it keeps."""
+        from shared.reasons import pending_reason  # reasons read the indexes; they import this module
+
+        try:
+            plan = self.plan(claim)
+            budget = [self.budget]
+            for variant in plan.variants:
+                found = self._place(plan, variant, budget)
+                if found is not None:
+                    return self._allocated(claim, plan, found)
+        except Rejected as rejected:
+            return Decision(State.REJECTED, reason=str(rejected))
+        except _BudgetExceeded:
+            return Decision(State.PENDING, reason=(
+                f"search budget of {self.budget} steps exhausted; the claim's constraints leave too many "
+                "combinations on the free devices; simplify them or ask for fewer devices"))
+        try:
+            reason, unsatisfiable = pending_reason(self, plan)
+        except Rejected as rejected:
+            return Decision(State.REJECTED, reason=str(rejected))
+        return Decision(State.PENDING, reason=reason, unsatisfiable=unsatisfiable)
+
+    def _allocated(self, claim: dra.ResourceClaim, plan: Plan, found: tuple[str, list[tuple[str, FleetDevice]]]
+                   ) -> Decision:
+        node, picked = found
+        used_names = {name for name, _ in picked}
+        used = [a for _, alts in plan.requests for a in alts if a.result_name in used_names]
+        if len(picked) > dra.MAX_DEVICES_PER_CLAIM:
+            return Decision(State.REJECTED, reason=(
+                f"claim would get {len(picked)} devices, over the claim limit of {dra.MAX_DEVICES_PER_CLAIM}"))
+        admin = {a.result_name for a in used if a.admin_access}
+        results = tuple(DeviceResult(name, d.driver, d.pool, d.name, name in admin) for name, d in picked)
+        return Decision(State.ALLOCATED, Allocation(node, results, _config_for(claim, self.classes, used)))
+
+    def _place(self, plan: Plan, variant: Sequence[Alternative], budget: list[int]
+               ) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
+        grouping = plan.group_attribute(variant)
+        if grouping is None or isinstance(grouping, str):
+            return self._place_simple(variant[0], grouping, budget, plan)
+        return self._place_searching(plan, variant, budget)
+
+    def _place_simple(self, alternative: Alternative, attribute: str | None, budget: list[int], plan: Plan
+                      ) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
+        """One ExactCount request, at most one matchAttribute: the best group with room is the answer,
+        unless shared counters make its free devices exclude each other."""
+        wanted = alternative.body.wanted
+        for group in self.index(alternative, attribute).best_groups(wanted):
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise _BudgetExceeded
+            picked = self._pick(group, wanted, alternative, plan, budget)
+            if picked is not None:
+                return group.node, [(alternative.result_name, d) for d in picked]
+        return None
+
+    def _pick(self, group: Group, wanted: int, alternative: Alternative, plan: Plan, budget: list[int]
+              ) -> list[FleetDevice] | None:
+        left = self._counters.get(group.node)
+        if left is None or not any(d.counter_draws for d in group.free):
+            return group.free[:wanted]
+        counters = _NodeCounters(dict(left))
+        candidates = self._partition_order(group.node, group.free, counters)
+        found = _search_node([alternative], {alternative.result_name: candidates},
+                             _Constraints(plan.constraints), counters, budget)
+        return [d for _, d in found] if found is not None else None
+
+    def _partition_order(self, node: str, free: list[FleetDevice], counters: _NodeCounters) -> list[FleetDevice]:
+        """Among equally good fits, the partition that leaves the most other partitions possible first:
+        a 1g slice goes where it does not break the 4g and 3g placements (NVIDIA's slot geometry, read
+        from the counters, not hard-coded)."""
+        best = free[0].fit_rank
+        ties = [d for d in free if d.fit_rank == best]
+        if len(ties) < 2 or not ties[0].counter_draws:
+            return free
+        scored = sorted(ties, key=lambda d: (-self._room_left(node, d, counters.left), d.name))
+        return scored + [d for d in free if d.fit_rank != best]
+
+    def _room_left(self, node: str, device: FleetDevice, left: Mapping[CounterKey, Amount]) -> int:
+        """How much partitioning stays possible beside `device`: the placements still open, weighted by
+        their size in slot counters (counters of capacity one, like NVIDIA's memory slices)."""
+        slots = {key for key, amount in device.counter_draws if amount == 1}
+        score = 0
+        for peer in self._peers(node, device):
+            if peer.key in self.in_use or peer is device:
                 continue
-            per_node_free: dict[str, int] = {}
-            for d in free:
-                per_node_free[d.node] = per_node_free.get(d.node, 0) + 1
-            most = max(per_node_free.values(), default=0)
-            text = f"{head}, free {len(free)} of {len(devices)} on {nodes} node{'s' if nodes != 1 else ''}"
-            if not alternative.all_mode and len(free) >= alternative.body.wanted > most:
-                text += f"; at most {most} free on any one node"
-            elif not alternative.all_mode and most >= alternative.body.wanted:
-                text += "; enough free devices exist but the claim's constraints cannot be met together"
-            parts.append(text)
-    return "; ".join(parts) if parts else "no requests"
+            peer_slots = [key for key, amount in peer.counter_draws if amount == 1]
+            if all(left.get(key, 0) >= 1 and key not in slots for key in peer_slots):
+                score += len(peer_slots) ** 2
+        return score
+
+    def _peers(self, node: str, device: FleetDevice) -> list[FleetDevice]:
+        """Devices of the node that draw on any counter set this device draws on."""
+        peers: list[FleetDevice] = []
+        for counter_set in {key[:3] for key, _ in device.counter_draws}:
+            members = self._counter_peers.get((node, counter_set))
+            if members is None:
+                members = self._counter_peers[(node, counter_set)] = [
+                    d for d in self.fleet.nodes[node].devices if any(k[:3] == counter_set for k, _ in d.counter_draws)]
+            peers.extend(members)
+        return peers
+
+    def _place_searching(self, plan: Plan, variant: Sequence[Alternative], budget: list[int]
+                         ) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
+        """The general case: several requests, All mode, adminAccess or distinctAttribute. Nodes come in
+        the first request's preference order; each node is searched on its own."""
+        indexes = [self.index(a) for a in variant]
+        lead = next((i for i, a in enumerate(variant) if not a.admin_access), None)
+        if lead is None:
+            nodes: Iterable[str] = sorted(set.intersection(*(set(ix.node_names()) for ix in indexes)))
+        else:
+            nodes = (g.node for g in indexes[lead].best_groups(variant[lead].wanted))
+        constraints = _Constraints(plan.constraints)
+        for node in nodes:
+            candidates: dict[str, list[FleetDevice]] = {}
+            for alternative, index in zip(variant, indexes, strict=True):
+                if alternative.admin_access:
+                    here = [d for d in index.devices_on(node) if self.unavailable(d) in (None, "in use")]
+                else:
+                    here = index.free_on(node)
+                    if alternative.all_mode and len(here) != len(index.devices_on(node)):
+                        here = []  # All needs every matching device of the node, none of them in use
+                if len(here) < alternative.wanted:
+                    break
+                candidates[alternative.result_name] = here
+            else:
+                counters = _NodeCounters(dict(self._counters.get(node, {})))
+                found = _search_node(variant, candidates, constraints, counters, budget)
+                if found is not None:
+                    return node, found
+        return None
 
 
 def decide(
     claim: dra.ResourceClaim,
     fleet: Fleet,
     classes: Mapping[str, dra.DeviceClass],
-    in_use: frozenset[DeviceKey],
+    in_use: Iterable[DeviceKey],
     *,
     memo: SelectorMemo | None = None,
-    node_usage: Mapping[str, int] | None = None,
     budget: int = DEFAULT_SEARCH_BUDGET,
 ) -> Decision:
     """Decide one claim against the fleet; `in_use` holds devices other claims already have."""
-    memo = memo or SelectorMemo()
-    try:
-        prepared = _prepare(claim, classes)
-        if not prepared:
-            return Decision(State.REJECTED, reason="claim has no device requests")
-        matching = {a.result_name: _matching(a, fleet, memo) for _, alts in prepared for a in alts}
-    except _Rejected as rejected:
-        return Decision(State.REJECTED, reason=str(rejected))
-    constraints = _Constraints(claim.spec.devices.constraints)
-    usage = node_usage or {}
-    by_node: dict[str, dict[str, list[FleetDevice]]] = {}
-    for _, alternatives in prepared:
-        for a in alternatives:
-            for d in matching[a.result_name]:
-                by_node.setdefault(d.node, {}).setdefault(a.result_name, []).append(d)
-
-    def node_candidates(node: str) -> tuple[dict[str, list[FleetDevice]], set[str]] | None:
-        """Free, untainted matching devices per request alternative, best fit first; None if one lacks any."""
-        candidates: dict[str, list[FleetDevice]] = {}
-        all_blocked: set[str] = set()
-        for _, alternatives in prepared:
-            for a in alternatives:
-                here = by_node[node].get(a.result_name, [])
-                if a.all_mode and not a.admin_access and any(d.key in in_use for d in here):
-                    all_blocked.add(a.result_name)
-                candidates[a.result_name] = sorted(
-                    (
-                        d
-                        for d in here
-                        if (a.admin_access or d.key not in in_use)
-                        and not _blocked_by_taint(d, a.body.tolerations)
-                    ),
-                    key=_best_fit_order,
-                )
-        if all(any(candidates[a.result_name] for a in alternatives) for _, alternatives in prepared):
-            return candidates, all_blocked
-        return None
-
-    def node_order(node: str) -> tuple[Any, ...]:
-        # Partly used nodes first, so whole nodes stay free for big jobs; then the node whose smallest
-        # free matching device is smallest (best fit); then by name, deterministically. Candidates are
-        # built only for the nodes actually tried, in this order.
-        free = (_best_fit_order(d)[0] for ds in by_node[node].values() for d in ds if d.key not in in_use)
-        return (-usage.get(node, 0), min(free, default=0), node)
-
-    nodes = sorted(by_node, key=node_order)
-    budget_left = [budget]
-    for node in nodes:
-        built = node_candidates(node)
-        if built is None:
-            continue
-        candidates, all_blocked = built
-        try:
-            counters = _Counters(fleet.nodes[node], in_use, fleet)
-            found = _search_node(prepared, candidates, all_blocked, constraints, counters, budget_left)
-        except _BudgetExceeded:
-            return Decision(
-                State.PENDING,
-                reason=f"search budget of {budget} steps exhausted after {len(nodes)} node(s); the claim's "
-                "constraints leave too many combinations; simplify them or ask for fewer devices",
-            )
-        if found is not None:
-            if len(found) > dra.MAX_DEVICES_PER_CLAIM:
-                return Decision(
-                    State.REJECTED,
-                    reason=f"claim would get {len(found)} devices, over the claim limit of {dra.MAX_DEVICES_PER_CLAIM}",
-                )
-            used_names = {name for name, _ in found}
-            used = [a for _, alts in prepared for a in alts if a.result_name in used_names]
-            admin = {a.result_name for a in used if a.admin_access}
-            results = tuple(DeviceResult(name, d.driver, d.pool, d.name, name in admin) for name, d in found)
-            return Decision(State.ALLOCATED, Allocation(node, results, _config_for(claim, classes, used)))
-    return Decision(State.PENDING, reason=_pending_reason(prepared, matching, in_use, fleet, classes))
+    return FleetState(fleet, classes, in_use, memo=memo, budget=budget).decide(claim)
 
 
 @dataclass(frozen=True)
@@ -559,20 +671,14 @@ def settle(
     in_use: Iterable[DeviceKey],
     *,
     memo: SelectorMemo | None = None,
+    unusable_nodes: Mapping[str, str] | None = None,
 ) -> list[Outcome]:
-    """Decide claims in the given (arrival) order; each allocation is seen by the claims after it."""
-    memo = memo or SelectorMemo()
-    taken = set(in_use)
-    usage: dict[str, int] = {}
-    by_key = {d.key: d for d in fleet.devices}
-    for key in taken:
-        if key in by_key:
-            usage[by_key[key].node] = usage.get(by_key[key].node, 0) + 1
+    """Decide claims in the given order; each allocation is seen by the claims after it."""
+    state = FleetState(fleet, classes, in_use, memo=memo, unusable_nodes=unusable_nodes)
     outcomes = []
     for claim in claims:
-        decision = decide(claim, fleet, classes, frozenset(taken), memo=memo, node_usage=usage)
+        decision = state.decide(claim)
         if decision.allocation is not None:
-            taken.update(decision.allocation.keys)
-            usage[decision.allocation.node] = usage.get(decision.allocation.node, 0) + len(decision.allocation.keys)
+            state.take(decision.allocation)
         outcomes.append(Outcome(claim, decision))
     return outcomes

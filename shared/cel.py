@@ -7,8 +7,11 @@ a fleet of 1,000 identical H100s costs one evaluation, not 1,000 (cel-python nee
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+import signal
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import celpy
 import celpy.celtypes as ct
 from celpy.evaluation import CELEvalError
+from lark import Token, Tree
 
 from shared.cel_rewrite import rewrite
 from shared.quantity import Quantity
@@ -124,6 +128,63 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _ITERATES = re.compile(r"\.(exists|exists_one|all|map|filter)\s*\(|\bin\s+device\b|\bsize\s*\(")
 
 
+# Kubernetes refuses selectors whose estimated cost exceeds 1,000,000 and stops a runaway at run time.
+# cel-python has neither, so: a static estimate over the parse tree (each comprehension multiplies its
+# body by the size of what it iterates), and a wall-clock guard per evaluation.
+MAX_COST = 1_000_000
+EVALUATION_TIME_LIMIT_S = 1.0
+_MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+_UNKNOWN_SIZE = 48  # DRA's most values in one list attribute; maps of attributes hold at most 32
+
+
+def _iterable_size(node: Any) -> int:
+    """How many elements a comprehension over `node` may visit: a list literal's length, a map() or
+    filter() result's source size, otherwise DRA's largest list."""
+    while isinstance(node, Tree) and len(node.children) == 1 and node.data != "list_lit":
+        node = node.children[0]
+    if isinstance(node, Tree) and node.data == "list_lit":
+        items = node.children[0] if node.children else None
+        return len(items.children) if isinstance(items, Tree) else 0
+    if isinstance(node, Tree) and node.data == "member_dot_arg" and str(node.children[1]) in ("map", "filter"):
+        return _iterable_size(node.children[0])
+    return _UNKNOWN_SIZE
+
+
+def estimate_cost(node: Any) -> int:
+    """Tree nodes visited in the worst case; comprehensions multiply their body by the target's size."""
+    if isinstance(node, Token) or not isinstance(node, Tree):
+        return 1
+    if node.data == "member_dot_arg" and len(node.children) == 3 and str(node.children[1]) in _MACROS:
+        target, _, arguments = node.children
+        body = arguments.children[-1] if isinstance(arguments, Tree) and arguments.children else arguments
+        return 1 + estimate_cost(target) + _iterable_size(target) * (1 + estimate_cost(body))
+    return 1 + sum(estimate_cost(child) for child in node.children)
+
+
+class _Expired(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """SIGALRM interrupts a runaway evaluation; only the main thread can take signals, elsewhere the
+    static cost estimate is the guard."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(_signum: int, _frame: Any) -> None:
+        raise _Expired
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @dataclass(frozen=True)
 class CompiledSelector:
     expression: str
@@ -140,6 +201,10 @@ def compile_selector(expression: str) -> CompiledSelector:
         raise SelectorError(f"CEL compile error: {error}") from None
     except celpy.CELParseError as error:
         raise SelectorError(f"CEL compile error: {str(error).strip()}") from None
+    cost = estimate_cost(ast)
+    if cost > MAX_COST:
+        raise SelectorError(f"CEL expression is too complex: estimated cost {cost:,} exceeds the limit of "
+                            f"{MAX_COST:,}; iterate over fewer elements or nest fewer comprehensions")
     program = _ENV.program(ast, functions=FUNCTIONS)
     names = None if _ITERATES.search(expression) else frozenset(_IDENTIFIER.findall(expression))
     return CompiledSelector(expression, program, names)
@@ -184,7 +249,11 @@ def device_activation(
 def evaluate(selector: CompiledSelector, activation: ct.MapType) -> bool:
     """True or False; a runtime error or a non-bool result raises SelectorError with a hint."""
     try:
-        result = selector.program.evaluate({"device": activation})
+        with _time_limit(EVALUATION_TIME_LIMIT_S):
+            result = selector.program.evaluate({"device": activation})
+    except _Expired:
+        raise SelectorError(f"CEL evaluation stopped after {EVALUATION_TIME_LIMIT_S:g}s: the expression is too "
+                            "expensive to evaluate") from None
     except CELEvalError as error:
         message = error.args[0] if error.args else str(error)
         raise SelectorError(f"CEL runtime error: {message}; {GUARD_HINT}") from None

@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from shared import dra
+from shared import dra, telemetry
 from shared.inventory import NodeInventory, counters_from_slices, devices_from_slices
 
 
@@ -79,7 +80,10 @@ def read_inventory(payload: Mapping[str, Any]) -> NodeInventory:
         if not isinstance(obj, dra.ResourceSlice):
             raise dra.DocumentError(f"slices[{index}]: expected ResourceSlice")
         slices.append(obj)
+    health = {name: reading.health for name, reading in telemetry.from_json(payload.get("telemetry")).items()}
     devices = devices_from_slices(slices).get(node, [])
+    if health:  # telemetry marks devices throttled or unhealthy; placement reads it from the device
+        devices = [replace(d, health=health.get(d.name, d.health)) for d in devices]
     return NodeInventory(
         node=node,
         devices=tuple(devices),

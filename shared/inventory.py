@@ -9,14 +9,33 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
 from shared import dra
 from shared.cel import SemVer, device_activation
-from shared.quantity import Quantity
+from shared.quantity import Quantity, exact, parse_quantity
 
 AttributeValue = int | bool | str | SemVer
+HEALTHY, THROTTLED, UNHEALTHY = "Healthy", "Throttled", "Unhealthy"
+# Attributes that name one physical device rather than a kind of device; selectors that read them are
+# evaluated per device, everything else per distinct device kind.
+IDENTITY_ATTRIBUTES = frozenset({"uuid", "parentUUID", "pciBusID", "pcieBusID", "pcieRoot", "minor", "index",
+                                 "parentIndex"})
+_INTERNED: dict[Any, int] = {}
+
+
+def intern_id(value: Any) -> int:
+    """A small int per distinct value, so that cache keys built from device kinds hash in O(1).
+
+    Process-wide and append-only: it grows with the number of distinct device kinds and node layouts
+    ever seen, not with the fleet's size.
+    """
+    found = _INTERNED.get(value)
+    if found is None:
+        found = _INTERNED[value] = len(_INTERNED)
+    return found
 
 
 def qualify(name: str, driver: str) -> str:
@@ -40,10 +59,35 @@ class FleetDevice:
     capacity: Mapping[str, Quantity]  # fully qualified names
     taints: tuple[dra.DeviceTaint, ...] = ()
     consumes_counters: tuple[dra.DeviceCounterConsumption, ...] = ()
+    health: str = HEALTHY  # from the node's telemetry: placement takes Throttled last, Unhealthy never
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.driver, self.pool, self.name)
+
+    @cached_property
+    def profile_id(self) -> int:
+        """What kind of device this is: everything but its identity (uuid, PCI address, name)."""
+        return intern_id((
+            self.driver,
+            tuple((k, v) for k, v in self.attributes.items() if k.rpartition("/")[2] not in IDENTITY_ATTRIBUTES),
+            tuple((k, v.text) for k, v in self.capacity.items()),
+            self.taints,
+            tuple((key[2:], amount) for key, amount in self.counter_draws),  # not the pool: nodes alike share
+            self.health,
+        ))
+
+    @cached_property
+    def fit_rank(self) -> tuple[int, int]:
+        """Best fit: healthy before throttled, then the smallest memory, so a 20 GB job takes a 1g MIG slice
+        or an A100-40GB before an H200."""
+        memory = self.memory
+        return (1 if self.health == THROTTLED else 0, int(memory.value) if memory is not None else 0)
+
+    @cached_property
+    def counter_draws(self) -> tuple[tuple[CounterKey, int | Fraction], ...]:
+        return tuple(((self.driver, self.pool, c.counter_set, name), exact(parse_quantity(v.value).value))
+                     for c in self.consumes_counters for name, v in c.counters.items())
 
     @property
     def memory(self) -> Quantity | None:
@@ -91,6 +135,11 @@ class NodeInventory:
     observed_at: float = 0.0
     removed: bool = False
 
+    @cached_property
+    def shape_id(self) -> int:
+        """Nodes of one shape (same kinds of device in the same order) match selectors alike."""
+        return intern_id(tuple(d.profile_id for d in self.devices))
+
 
 def _attribute_value(attribute: dra.DeviceAttribute) -> AttributeValue:
     if attribute.version is not None:
@@ -122,7 +171,7 @@ def counters_from_slices(slices: Iterable[dra.ResourceSlice]) -> dict[str, dict[
                 continue
             for counter_set in s.spec.shared_counters:
                 for name, capacity in counter_set.counters.items():
-                    by_node[s.spec.node_name][(driver, pool, counter_set.name, name)] = Quantity(capacity.value)
+                    by_node[s.spec.node_name][(driver, pool, counter_set.name, name)] = parse_quantity(capacity.value)
     return dict(by_node)
 
 
@@ -144,7 +193,7 @@ def devices_from_slices(slices: Iterable[dra.ResourceSlice]) -> dict[str, list[F
                         attributes={
                             qualify(k, driver): _attribute_value(v) for k, v in device.attributes.items()
                         },
-                        capacity={qualify(k, driver): Quantity(v.value) for k, v in device.capacity.items()},
+                        capacity={qualify(k, driver): parse_quantity(v.value) for k, v in device.capacity.items()},
                         taints=device.taints,
                         consumes_counters=device.consumes_counters,
                     )
@@ -173,6 +222,14 @@ class Fleet:
     @cached_property
     def by_key(self) -> Mapping[tuple[str, str, str], FleetDevice]:
         return {d.key: d for d in self.devices}
+
+    @cached_property
+    def nodes_by_shape(self) -> Mapping[int, tuple[str, ...]]:
+        """Node names per node shape, each list sorted: selectors are matched once per shape."""
+        out: dict[int, list[str]] = defaultdict(list)
+        for name in sorted(self.nodes):
+            out[self.nodes[name].shape_id].append(name)
+        return {shape: tuple(names) for shape, names in out.items()}
 
     @classmethod
     def from_slices(cls, slices: Iterable[dra.ResourceSlice], labels: Mapping[str, Mapping[str, str]]) -> Fleet:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 
 _SUFFIXES: dict[str, Fraction] = {
     "": Fraction(1),
@@ -76,3 +76,14 @@ class Quantity:
         """Bytes as GiB for reasons people read ("79.6 GiB")."""
         gib = self.value / 2**30
         return f"{float(gib):.1f} GiB" if gib >= 1 else self.text
+
+
+@lru_cache(maxsize=65_536)
+def parse_quantity(text: str) -> Quantity:
+    """Quantities are immutable and fleets repeat the same few texts ("81559Mi", "1"): parse each once."""
+    return Quantity(text)
+
+
+def exact(value: Fraction) -> int | Fraction:
+    """An int where the quantity is whole: counters are compared millions of times, ints compare fast."""
+    return value.numerator if value.denominator == 1 else value

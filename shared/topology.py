@@ -3,6 +3,8 @@ DRA driver (gpu.nvidia.com) would publish: same attribute names, types, capaciti
 
 `gpuModel` becomes `productName` verbatim, as in fake-gpu-operator; architecture, memory, compute
 capability and MIG geometry come from the known model it names (case-insensitive substring match).
+A `mig` layout per GPU gives static MIG devices (as mig-parted carves them), or with `dynamic` NVIDIA's
+DynamicMIG form: every placement of every profile, drawing on the GPU's shared counters.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ class MigProfile:
     starts: tuple[int, ...]
     multiprocessors: int
     memory_mi: int
+    engines: tuple[int, int, int, int, int]  # copy engines, decoders, encoders, JPEG, OFA
+
+    @property
+    def device_token(self) -> str:
+        """'3g.40gb' -> '3g40gb', '1g.10gb+me' -> '1g10gbme': device names are DNS labels."""
+        return re.sub(r"[^a-z0-9]", "", self.name)
 
 
 @dataclass(frozen=True)
@@ -37,24 +45,47 @@ class GpuModel:
     memory: str
     profiles: tuple[MigProfile, ...]
 
+    @property
+    def whole(self) -> MigProfile:
+        """The 7g profile: what the full GPU holds, so its counters are the counter set's totals."""
+        return self.profiles[-1]
+
+
+# (GI profile id, memory slices, allowed starts) per profile shape; placements are NVIDIA's (dra.md 5.5).
+_SHAPES = (("1g", 19, 1, (0, 1, 2, 3, 4, 5, 6)), ("1g", 20, 1, (0, 1, 2, 3, 4, 5, 6)),
+           ("1g", 15, 2, (0, 2, 4, 6)), ("2g", 14, 2, (0, 2, 4)), ("3g", 9, 4, (0, 4)), ("4g", 5, 4, (0,)),
+           ("7g", 0, 8, (0,)))
+# Copy engines, decoders, encoders, JPEG and OFA per shape, from NVIDIA's MIG user guide tables.
+_AMPERE_ENGINES = ((1, 0, 0, 0, 0), (1, 1, 0, 1, 1), (1, 1, 0, 0, 0), (2, 1, 0, 0, 0), (3, 2, 0, 0, 0),
+                   (4, 2, 0, 0, 0), (7, 5, 0, 1, 1))
+_HOPPER_ENGINES = ((1, 1, 0, 1, 0), (1, 1, 0, 1, 1), (1, 1, 0, 1, 0), (2, 2, 0, 2, 0), (3, 3, 0, 3, 0),
+                   (4, 4, 0, 4, 0), (8, 7, 0, 7, 1))
+
 
 def _profiles(sizes: tuple[int, int, int, int, int, int], sms: tuple[int, int, int, int, int, int],
-              memory_mi: tuple[int, int, int, int, int, int]) -> tuple[MigProfile, ...]:
-    """Names from sizes in GB for 1g, 1g(2 slices), 2g, 3g, 4g, 7g; placements are NVIDIA's (dra.md 5.5)."""
-    shapes = (("1g", 19, 1, (0, 1, 2, 3, 4, 5, 6)), ("1g", 15, 2, (0, 2, 4, 6)), ("2g", 14, 2, (0, 2, 4)),
-              ("3g", 9, 4, (0, 4)), ("4g", 5, 4, (0,)), ("7g", 0, 8, (0,)))
+              memory_mi: tuple[int, int, int, int, int, int],
+              engines: tuple[tuple[int, int, int, int, int], ...] = _HOPPER_ENGINES) -> tuple[MigProfile, ...]:
+    """Names from sizes in GB for 1g, 1g(2 slices), 2g, 3g, 4g, 7g; the 1g+me profile mirrors 1g."""
+    def widen(values: tuple[int, ...]) -> tuple[int, ...]:
+        return (values[0], values[0], *values[1:])
+
+    names = [f"1g.{sizes[0]}gb", f"1g.{sizes[0]}gb+me", f"1g.{sizes[1]}gb", f"2g.{sizes[2]}gb",
+             f"3g.{sizes[3]}gb", f"4g.{sizes[4]}gb", f"7g.{sizes[5]}gb"]
     return tuple(
-        MigProfile(f"{g}.{size}gb", gi, slices, starts, sm, mem)
-        for (g, gi, slices, starts), size, sm, mem in zip(shapes, sizes, sms, memory_mi, strict=True)
+        MigProfile(name, gi, slices, starts, sm, mem, engine)
+        for name, (_, gi, slices, starts), sm, mem, engine in zip(
+            names, _SHAPES, widen(sms), widen(memory_mi), engines, strict=True)
     )
 
 
 _HOPPER_SM = (16, 26, 32, 60, 64, 132)
 GPU_MODELS: tuple[GpuModel, ...] = (
     GpuModel("A100-40GB", "NVIDIA A100-SXM4-40GB", "Ampere", "8.0.0", "40960Mi",
-             _profiles((5, 10, 10, 20, 20, 40), (14, 14, 28, 42, 56, 98), (4864, 9856, 9856, 19968, 19968, 40192))),
+             _profiles((5, 10, 10, 20, 20, 40), (14, 14, 28, 42, 56, 98), (4864, 9856, 9856, 19968, 19968, 40192),
+                       _AMPERE_ENGINES)),
     GpuModel("A100", "NVIDIA A100-SXM4-80GB", "Ampere", "8.0.0", "81920Mi",
-             _profiles((10, 20, 20, 40, 40, 80), (14, 14, 28, 42, 56, 98), (9856, 19968, 19968, 40192, 40192, 80384))),
+             _profiles((10, 20, 20, 40, 40, 80), (14, 14, 28, 42, 56, 98), (9856, 19968, 19968, 40192, 40192, 80384),
+                       _AMPERE_ENGINES)),
     GpuModel("H100", "NVIDIA H100 80GB HBM3", "Hopper", "9.0.0", "81559Mi",
              _profiles((10, 20, 20, 40, 40, 80), _HOPPER_SM, (9984, 20096, 20096, 40448, 40448, 81152))),
     GpuModel("H200", "NVIDIA H200", "Hopper", "9.0.0", "143771Mi",
@@ -95,20 +126,24 @@ def _node_names(spec: dict[str, Any], index: int) -> list[str]:
     return [f"{prefix}{i + 1:02d}" for i in range(count)]
 
 
+DYNAMIC = "dynamic"
+
+
 def _layout(value: Any, model: GpuModel, where: str) -> list[MigProfile]:
     by_name = {p.name: p for p in model.profiles}
     if isinstance(value, str):
-        if value == "all-balanced":
-            names = [model.profiles[0].name] * 2 + [model.profiles[2].name, model.profiles[3].name]
+        if value == "all-balanced":  # mig-parted's preset: 2 x 1g, 1 x 2g, 1 x 3g
+            names = [model.profiles[0].name] * 2 + [model.profiles[3].name, model.profiles[4].name]
         elif value.startswith("all-") and value[4:] in by_name:
             profile = by_name[value[4:]]
-            names = [profile.name] * len(profile.starts)
+            names = [profile.name] * (1 if profile.name.endswith("+me") else len(profile.starts))
         else:
-            raise ValueError(f"{where}: unknown MIG layout {value!r}; use all-<profile>, all-balanced or a list")
+            raise ValueError(f"{where}: unknown MIG layout {value!r}; use all-<profile>, all-balanced, "
+                             f"{DYNAMIC} or a list")
     elif isinstance(value, list):
         names = [str(v) for v in value]
     else:
-        raise ValueError(f"{where}: a MIG layout is a list of profiles or all-<profile>")
+        raise ValueError(f"{where}: a MIG layout is a list of profiles, all-<profile> or {DYNAMIC}")
     unknown = [n for n in names if n not in by_name]
     if unknown:
         raise ValueError(f"{where}: {model.key} has no MIG profile {unknown[0]!r}; it has {', '.join(by_name)}")
@@ -116,36 +151,89 @@ def _layout(value: Any, model: GpuModel, where: str) -> list[MigProfile]:
 
 
 def _place(profiles: list[MigProfile], where: str) -> list[tuple[MigProfile, int]]:
-    """First fit over NVIDIA's allowed starts, biggest first, as mig-parted would carve them."""
-    used: set[int] = set()
-    placed = []
-    for profile in sorted(profiles, key=lambda p: -p.memory_slices):
+    """Biggest profile first over NVIDIA's allowed starts, backtracking when a later one cannot fit
+    (all-balanced on an H100 needs 3g at 4 and 2g at 0, not 3g at 0)."""
+    ordered = sorted(profiles, key=lambda p: -p.memory_slices)
+
+    def place(index: int, used: frozenset[int]) -> list[tuple[MigProfile, int]] | None:
+        if index == len(ordered):
+            return []
+        profile = ordered[index]
         for start in profile.starts:
-            span = set(range(start, start + profile.memory_slices))
-            if not span & used:
-                used |= span
-                placed.append((profile, start))
-                break
-        else:
-            raise ValueError(f"{where}: MIG profile {profile.name} does not fit beside the others on this GPU")
+            span = frozenset(range(start, start + profile.memory_slices))
+            if not span & used and (rest := place(index + 1, used | span)) is not None:
+                return [(profile, start), *rest]
+        return None
+
+    placed = place(0, frozenset())
+    if placed is None:
+        names = ", ".join(p.name for p in ordered)
+        raise ValueError(f"{where}: the MIG layout {names} does not fit on one GPU")
     return sorted(placed, key=lambda item: item[1])
 
 
-def _node_slice(node: str, spec: dict[str, Any], model: GpuModel, index: int) -> dict[str, Any]:
+_ENGINE_NAMES = ("copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
+_ENGINE_COUNTERS = ("copy-engines", "decoders", "encoders", "jpeg-engines", "ofa-engines")
+
+
+def _mig_capacity(profile: MigProfile, start: int) -> dict[str, Any]:
+    """What NVIDIA's driver publishes for a MIG device: SMs, engines, memory and its memory slices."""
+    capacity: dict[str, Any] = {"multiprocessors": {"value": str(profile.multiprocessors)}}
+    capacity.update({name: {"value": str(n)} for name, n in zip(_ENGINE_NAMES, profile.engines, strict=True)})
+    capacity["memory"] = {"value": f"{profile.memory_mi}Mi"}
+    for s in range(start, start + profile.memory_slices):
+        capacity[f"memorySlice{s}"] = {"value": "1"}
+    return capacity
+
+
+def _counters(profile: MigProfile, start: int, slices: int) -> dict[str, Any]:
+    """DynamicMIG counters a placement consumes; the 7g profile at 0 gives the counter set's totals."""
+    counters: dict[str, Any] = {"multiprocessors": {"value": str(profile.multiprocessors)}}
+    counters.update({name: {"value": str(n)} for name, n in zip(_ENGINE_COUNTERS, profile.engines, strict=True)})
+    counters["memory"] = {"value": f"{profile.memory_mi}Mi"}
+    counters.update({f"memory-slice-{s}": {"value": "1"} for s in range(start, start + slices)})
+    return counters
+
+
+def _mig_device(node: str, i: int, profile: MigProfile, start: int, gpu_uuid: str, common: dict[str, Any],
+                dynamic: bool) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"type": {"string": "mig"}}
+    if not dynamic:  # an abstract DynamicMIG partition has no MIG UUID until it is created
+        attributes["uuid"] = {"string": _uuid("MIG", node, i, profile.name, start)}
+    attributes.update({"parentUUID": {"string": gpu_uuid}, "profile": {"string": profile.name}, **common})
+    device: dict[str, Any] = {
+        "name": f"gpu-{i}-mig-{profile.device_token}-{profile.gi_profile_id}-{start}",
+        "attributes": attributes,
+        "capacity": _mig_capacity(profile, start),
+    }
+    if dynamic:
+        device["consumesCounters"] = [{"counterSet": f"gpu-{i}-counter-set",
+                                       "counters": _counters(profile, start, profile.memory_slices)}]
+    return device
+
+
+def _node_slices(node: str, spec: dict[str, Any], model: GpuModel) -> list[dict[str, Any]]:
+    """One slice for full GPUs and static MIG; with DynamicMIG, NVIDIA's Kubernetes 1.35+ layout: one
+    slice of counter sets plus one device slice per GPU, all in one pool (G+1 slices)."""
     count = spec.get("gpuCount", 0)
     if not isinstance(count, int) or count < 0:
         raise ValueError(f"node {node}: gpuCount must be a non-negative integer, got {count!r}")
     numa_nodes = spec.get("numaNodes", 1)
     if not isinstance(numa_nodes, int) or numa_nodes < 1:
         raise ValueError(f"node {node}: numaNodes must be at least 1, got {numa_nodes!r}")
-    mig = {int(k): v for k, v in (spec.get("mig") or {}).items()}
+    raw_mig = spec.get("mig") or {}
+    if raw_mig == DYNAMIC:
+        raw_mig = {g: DYNAMIC for g in range(count)}
+    if not isinstance(raw_mig, dict):
+        raise ValueError(f"node {node}: mig is a map of GPU index to layout, or {DYNAMIC!r}")
+    mig = {int(k): v for k, v in raw_mig.items()}
     for gpu_index in mig:
         if not 0 <= gpu_index < count:
             raise ValueError(f"node {node}: mig names GPU {gpu_index}, but the node has {count} GPUs")
-    devices = []
+    per_gpu: list[list[dict[str, Any]]] = []
+    counter_sets = []
     for i in range(count):
         gpu_uuid = _uuid("GPU", node, i)
-        bus = f"0000:{0x18 + 0x11 * i:02x}:00.0"
         common: dict[str, Any] = {
             "productName": {"string": str(spec["gpuModel"])},
             "brand": {"string": "Nvidia"},
@@ -155,41 +243,35 @@ def _node_slice(node: str, spec: dict[str, Any], model: GpuModel, index: int) ->
             "cudaDriverVersion": {"version": CUDA_DRIVER_VERSION},
             "numa-node": {"int": i * numa_nodes // count},
             "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{0x10 + 0x11 * i:02x}"},
-            "resource.kubernetes.io/pciBusID": {"string": bus},
+            "resource.kubernetes.io/pciBusID": {"string": f"0000:{0x18 + 0x11 * i:02x}:00.0"},
         }
-        if i not in mig:
-            devices.append({
-                "name": f"gpu-{i}",
-                "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu_uuid}, **common},
-                "capacity": {"memory": {"value": model.memory}},
-            })
-            continue
-        where = f"node {node}: mig[{i}]"
-        for profile, start in _place(_layout(mig[i], model, where), where):
-            capacity: dict[str, Any] = {
-                "multiprocessors": {"value": str(profile.multiprocessors)},
-                "memory": {"value": f"{profile.memory_mi}Mi"},
-            }
-            for s in range(start, start + profile.memory_slices):
-                capacity[f"memorySlice{s}"] = {"value": "1"}
-            devices.append({
-                "name": f"gpu-{i}-mig-{profile.name.replace('.', '')}-{profile.gi_profile_id}-{start}",
-                "attributes": {
-                    "type": {"string": "mig"},
-                    "uuid": {"string": _uuid("MIG", node, i, profile.name, start)},
-                    "parentUUID": {"string": gpu_uuid},
-                    "profile": {"string": profile.name},
-                    **common,
-                },
-                "capacity": capacity,
-            })
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}"},
-        "spec": {"driver": DRIVER, "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
-    }
+        full: dict[str, Any] = {
+            "name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu_uuid}, **common},
+            "capacity": {"memory": {"value": model.memory}}}
+        if mig.get(i) == DYNAMIC:
+            counter_set = f"gpu-{i}-counter-set"
+            counter_sets.append({"name": counter_set, "counters": _counters(model.whole, 0, 8)})
+            full["consumesCounters"] = [{"counterSet": counter_set, "counters": _counters(model.whole, 0, 8)}]
+            partitions = [_mig_device(node, i, p, start, gpu_uuid, common, dynamic=True)
+                          for p in model.profiles[:-1] for start in p.starts]
+            per_gpu.append([full, *sorted(partitions, key=lambda d: d["name"])])
+        elif i in mig:
+            where = f"node {node}: mig[{i}]"
+            per_gpu.append([_mig_device(node, i, p, start, gpu_uuid, common, dynamic=False)
+                            for p, start in _place(_layout(mig[i], model, where), where)])
+        else:
+            per_gpu.append([full])
+
+    def slice_doc(name: str, total: int, **spec_fields: Any) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+                "spec": {"driver": DRIVER, "nodeName": node,
+                         "pool": {"name": node, "generation": 1, "resourceSliceCount": total}, **spec_fields}}
+
+    if not counter_sets:
+        return [slice_doc(f"{node}-{DRIVER}", 1, devices=[d for devices in per_gpu for d in devices])]
+    total = count + 1
+    return [slice_doc(f"{node}-{DRIVER}-counters", total, sharedCounters=counter_sets)] + [
+        slice_doc(f"{node}-{DRIVER}-gpu-{i}", total, devices=devices) for i, devices in enumerate(per_gpu)]
 
 
 def _nodes(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any], int]]:
@@ -218,7 +300,7 @@ def topology_to_resource_slices(doc: dict[str, Any]) -> list[dict[str, Any]]:
             raise ValueError(f"nodes[{index}].gpuModel: required")
         model = lookup_model(str(spec["gpuModel"]))
         if spec.get("gpuCount", 0):
-            slices.append(_node_slice(name, spec, model, index))
+            slices.extend(_node_slices(name, spec, model))
     return slices
 
 

@@ -29,9 +29,14 @@ CASES = {
     "simple": Case(a_claim().request(), fleet(*node("n1", "H100", 2)), State.ALLOCATED, "n1", ("gpu-0",)),
     "count-two": Case(a_claim().request(count=2), fleet(*node("n1", "H100", 2)), State.ALLOCATED, "n1",
                       ("gpu-0", "gpu-1")),
-    "not-enough-on-one-node": Case(
+    "no-node-big-enough": Case(
         a_claim().request(count=3), fleet(*node("n1", "H100", 2), *node("n2", "H100", 2)), State.PENDING,
-        reason="requested 3, free 4 of 4 on 2 nodes; at most 2 free on any one node"),
+        reason="requested 3, free 4 of 4 on 2 nodes; no node has 3 such devices (most: 2), so it cannot be "
+               "placed until the fleet changes"),
+    "not-enough-free-on-one-node": Case(
+        a_claim().request(count=3), fleet(*node("n1", "H100", 3), *node("n2", "H100", 2)), State.PENDING,
+        reason="requested 3, free 4 of 5 on 2 nodes; at most 2 free on any one node",
+        in_use=frozenset({("gpu.nvidia.com", "n1", "gpu-0")})),
     "selector-picks-model": Case(
         a_claim().request(selectors=(H100,)), fleet(*node("a", "A100", 2), *node("b", "H100", 1)),
         State.ALLOCATED, "b", ("gpu-0",)),

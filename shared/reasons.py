@@ -1,0 +1,125 @@
+"""Why a claim waits, in numbers a person can act on.
+
+Per request: what it asked, how many devices of the fleet its selectors accept, how many of those are
+free, and what holds the rest (use, taints, shared counters, health, stale inventory, a constraint).
+A claim no device of today's fleet could ever satisfy says so, with the closest device or a
+did-you-mean for an equality selector that matches nothing. Read from the indexes: no fleet scan,
+except for the hints of a claim that nothing matches.
+"""
+
+from __future__ import annotations
+
+import re
+
+from shared.allocation import Alternative, FleetState, Plan
+from shared.fleet_index import DeviceIndex
+
+_EQUALITY = re.compile(r"""attributes\[\s*["']([^"']+)["']\s*\]\s*\.\s*([A-Za-z_][\w-]*)\s*==\s*["']([^"']*)["']""")
+_HELD = (("stale inventory", "on nodes with stale inventory"), ("unhealthy", "unhealthy"),
+         ("shared counters", "blocked by shared counters (a GPU and its MIG partitions exclude each other)"))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _held_back(index: DeviceIndex) -> str:
+    parts = [f"{index.blocked[why]} {text}" for why, text in _HELD if index.blocked[why]]
+    if index.tainted:
+        parts.append(f"{index.tainted} held back by taints it does not tolerate")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _label(state: FleetState, alternative: Alternative) -> str:
+    resource = state.classes[alternative.class_name].spec.extended_resource_name
+    return f"Insufficient {resource}" if resource else f"Insufficient {alternative.class_name} devices"
+
+
+def _did_you_mean(state: FleetState, alternative: Alternative) -> str:
+    """For `productName == "H100"` against a fleet that says "NVIDIA H100 80GB HBM3", show what exists."""
+    hints = []
+    for selector in alternative.selectors:
+        for domain, name, wanted in _EQUALITY.findall(selector.expression):
+            values = sorted({v for d in state.fleet.devices if (v := d.attribute_text(f"{domain}/{name}")) is not None})
+            if values and wanted not in values:
+                close = [v for v in values if wanted.lower() in v.lower()]
+                listed = ", ".join(repr(v) for v in (close or values)[:6])
+                hints.append(f"{domain}/{name} is never {wanted!r} in the fleet; did you mean {listed}?")
+    return (" " + " ".join(hints)) if hints else ""
+
+
+def _closest(state: FleetState, alternative: Alternative) -> str:
+    """For a memory ask no device meets (200 Gi), name the device with the most memory: the closest."""
+    if not any("memory" in s.expression for s in alternative.selectors):
+        return ""
+    sized = [d for d in state.fleet.devices if d.memory is not None]
+    if not sized:
+        return ""
+    biggest = max(sized, key=lambda d: (d.memory.value if d.memory else 0, d.key))
+    product = biggest.attribute_text(f"{biggest.driver}/productName") or biggest.name
+    memory = biggest.memory.humanize() if biggest.memory else "?"
+    return f" The closest device is {biggest.node}/{biggest.name} ({product}, {memory} of memory)."
+
+
+def _constraint_text(state: FleetState, plan: Plan, alternative: Alternative) -> tuple[str, bool]:
+    attribute = plan.group_attribute([alternative])
+    if not isinstance(attribute, str):
+        return "; enough free devices exist but the claim's constraints cannot be met together", False
+    grouped = state.index(alternative, attribute)
+    wanted = alternative.body.wanted
+    if grouped.largest_group < wanted:
+        lacking = (f"; {grouped.lacking} of them lack {attribute}" if grouped.lacking else "")
+        return (f"; the claim's constraints cannot be met: no node has {wanted} such devices with one "
+                f"{attribute} value (most: {grouped.largest_group}){lacking}", True)
+    return (f"; the claim's constraints cannot be met now: at most {grouped.most_free()} free devices share "
+            f"one {attribute} value on any node", False)
+
+
+def _alternative_reason(state: FleetState, plan: Plan, alternative: Alternative, named: bool) -> tuple[str, bool]:
+    index = state.index(alternative)
+    wanted = "all" if alternative.all_mode else str(alternative.body.wanted)
+    head = f"{_label(state, alternative)}: requested {wanted}" + (
+        f" for request {alternative.result_name!r}" if named else "")
+    fleet = state.fleet
+    if not index.matching:
+        nodes = len(fleet.nodes)
+        return (f"{head}, but no device in the fleet ({len(fleet.devices)} devices on {_plural(nodes, 'node')}) "
+                f"matches its selectors; it waits until one appears."
+                f"{_did_you_mean(state, alternative)}{_closest(state, alternative)}", True)
+    text = (f"{head}, free {index.free_total} of {index.matching} on {_plural(index.nodes_with_matches, 'node')}"
+            f"{_held_back(index)}")
+    if alternative.all_mode:
+        if index.free_total < index.matching:
+            text += "; All mode needs every matching device of a node, none of them in use"
+        return text, False
+    need = alternative.body.wanted
+    if index.largest_group < need:
+        return (f"{text}; no node has {need} such devices (most: {index.largest_group}), so it cannot be "
+                "placed until the fleet changes", True)
+    most = index.most_free()
+    if index.free_total >= need > most:
+        return f"{text}; at most {most} free on any one node", False
+    if most >= need:
+        extra, never = _constraint_text(state, plan, alternative)
+        return text + extra, never
+    return text, False
+
+
+def pending_reason(state: FleetState, plan: Plan) -> tuple[str, bool]:
+    """The reason text, and whether no device of today's fleet could ever satisfy the claim."""
+    cached = state.reason_cache.get(id(plan))
+    if cached is not None and cached[0] == state.version:
+        return cached[1]
+    parts = []
+    never_any = False
+    named = len(plan.requests) > 1
+    for _, alternatives in plan.requests:
+        never_all = True
+        for alternative in alternatives:
+            text, never = _alternative_reason(state, plan, alternative, named or len(alternatives) > 1)
+            parts.append(text)
+            never_all = never_all and never
+        never_any = never_any or never_all
+    result = ("; ".join(parts), never_any)
+    state.reason_cache[id(plan)] = (state.version, result)
+    return result
