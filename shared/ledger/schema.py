@@ -84,6 +84,12 @@ class Claim(Base):
     sequence: Mapped[int] = mapped_column(Integer, default=0)
     submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # Arrival order for fair share; a preempted claim keeps its place. None until first queued.
+    arrival: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    allocated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Why it waits, as structured data (blocking quotas, shortfall, what preemption would take, what
+    # change would let it in), written by the allocator with each Pending decision; served by the API.
+    explain: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class DeviceAllocation(Base):
@@ -95,6 +101,10 @@ class DeviceAllocation(Base):
     node: Mapped[str] = mapped_column(String(253))
     request: Mapped[str] = mapped_column(String(253))
     allocated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # The quota flavor the device counts against (None: no flavor accepts it) and its GPU units, so
+    # usage per tenant and flavor is one GROUP BY, without the fleet.
+    flavor: Mapped[str | None] = mapped_column(String(253), nullable=True, index=True)
+    units: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class InboxMessage(Base):
@@ -169,3 +179,28 @@ class WebhookDeadLetter(Base):
     attempts: Mapped[int] = mapped_column(Integer)
     last_error: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ClaimEvent(Base):
+    """A claim's history: every status it was given, with who preempted it when it was."""
+
+    __tablename__ = "claim_events"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    claim_id: Mapped[int] = mapped_column(ForeignKey("claims.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    sequence: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    by: Mapped[str | None] = mapped_column(String(512), nullable=True)  # the preemptor, "tenant/claim"
+
+
+class AllocatorLease(Base):
+    """One active decider per shard: the holder renews `expires_at`; every decision transaction locks
+    this row and bumps `revision`, so a second allocator waits, then sees what the first wrote."""
+
+    __tablename__ = "allocator_leases"
+    shard: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revision: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,0 +1,220 @@
+"""Quotas as the contract's Quotas format has them: flavors in GPU units, cohorts, tenants with weights
+and per-flavor nominal, borrowing and lending limits. Pure data, parsing and export; no I/O.
+
+A flavor is a named CEL selector over devices with a `value` in GPU units; a device counts against the
+first flavor that accepts it. The built-in flavors cover each generation and each of its MIG profiles,
+MIG profiles first (they are the more specific), and a MIG slice weighs its share of its parent (its
+memory slices out of eight). A `flavors:` list is merged with the built-ins: listed flavors first, in
+their order, then the built-ins not redefined by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.topology import GPU_MODELS, GpuModel
+
+KIND = "Quotas"
+# GPU units per whole device: what each generation is worth next to an A100 80GB (1.0), roughly its
+# training throughput; a quota admin overrides any of them with a flavor of the same name.
+GENERATION_VALUES: Mapping[str, float] = {
+    "A100-40GB": 0.8, "A100": 1.0, "H100": 2.0, "H200": 2.5, "B200": 4.0, "B300": 5.0,
+}
+
+
+class QuotaFileError(ValueError):
+    """A Quotas document that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Flavor:
+    name: str
+    selector: str  # CEL over `device`, as in DRA selectors
+    value: float = 1.0  # GPU units one device of this flavor weighs
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "selector": self.selector, "value": self.value}
+
+
+@dataclass(frozen=True)
+class QuotaLimit:
+    """Kueue's three numbers, in devices of the flavor. None for borrowingLimit: may borrow whatever its
+    cohort lends; None for lendingLimit: lends all of its unused nominal quota."""
+
+    nominal: int = 0
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"nominal": self.nominal}
+        if self.borrowing_limit is not None:
+            out["borrowingLimit"] = self.borrowing_limit
+        if self.lending_limit is not None:
+            out["lendingLimit"] = self.lending_limit
+        return out
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    name: str
+    cohort: str | None = None
+    weight: float = 1.0
+    pending_alert_after: float | None = None  # seconds; None: the broker's default
+    quotas: Mapping[str, QuotaLimit] = field(default_factory=dict)
+
+    def limit(self, flavor: str) -> QuotaLimit | None:
+        return self.quotas.get(flavor)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.cohort is not None:
+            out["cohort"] = self.cohort
+        out["weight"] = self.weight
+        if self.pending_alert_after is not None:
+            out["pendingAlertAfter"] = f"{self.pending_alert_after:g}s"
+        out["quotas"] = {flavor: limit.to_json() for flavor, limit in sorted(self.quotas.items())}
+        return out
+
+
+def _gpu_selector(model: GpuModel) -> str:
+    """Matches the real driver's productName and the topology's verbatim gpuModel alike."""
+    if model.key == "A100-40GB":
+        product = 'p.matches("(?i)a100.*40gb")'
+    elif model.key == "A100":
+        product = 'p.matches("(?i)a100") && !p.matches("(?i)40gb")'
+    else:
+        product = f'p.matches("(?i){model.key.lower()}")'
+    return (f"device.driver == 'gpu.nvidia.com' && cel.bind(p, device.attributes['gpu.nvidia.com'].productName, "
+            f"{product})")
+
+
+def builtin_flavors() -> tuple[Flavor, ...]:
+    """MIG profiles of every generation first, then whole GPUs, so each device lands in its own flavor."""
+    mig, whole = [], []
+    for model in GPU_MODELS:
+        value = GENERATION_VALUES[model.key]
+        base = _gpu_selector(model)
+        for profile in model.profiles[:-1]:
+            selector = (f"{base} && device.attributes['gpu.nvidia.com'].type == 'mig' && "
+                        f"device.attributes['gpu.nvidia.com'].profile == '{profile.name}'")
+            mig.append(Flavor(f"{model.key}-{profile.name}", selector, round(value * profile.memory_slices / 8, 4)))
+        whole.append(Flavor(model.key, f"{base} && device.attributes['gpu.nvidia.com'].type == 'gpu'", value))
+    return tuple(mig + whole)
+
+
+BUILTIN_FLAVORS = builtin_flavors()
+
+
+def merge_flavors(listed: Sequence[Flavor]) -> tuple[Flavor, ...]:
+    names = {f.name for f in listed}
+    return tuple(listed) + tuple(f for f in BUILTIN_FLAVORS if f.name not in names)
+
+
+@dataclass(frozen=True)
+class QuotaConfig:
+    """Everything quota decisions read: flavors in order, cohorts and tenants."""
+
+    flavors: tuple[Flavor, ...] = BUILTIN_FLAVORS
+    cohorts: tuple[str, ...] = ()
+    tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
+    listed_flavors: tuple[Flavor, ...] = ()  # the ones the admin wrote, for export
+
+    @property
+    def enforced(self) -> bool:
+        """With no quota anywhere the fleet is open: any tenant may use any free device."""
+        return any(t.quotas for t in self.tenants.values())
+
+    def tenant(self, name: str) -> TenantQuota:
+        return self.tenants.get(name) or TenantQuota(name)
+
+    def flavor(self, name: str) -> Flavor | None:
+        return next((f for f in self.flavors if f.name == name), None)
+
+    def to_document(self) -> dict[str, Any]:
+        """The contract's Quotas YAML, for export; parse_quotas(to_document()) gives the same config."""
+        doc: dict[str, Any] = {"kind": KIND}
+        if self.listed_flavors:
+            doc["flavors"] = [f.to_json() for f in self.listed_flavors]
+        doc["cohorts"] = [{"name": c} for c in self.cohorts]
+        doc["tenants"] = [self.tenants[name].to_json() for name in sorted(self.tenants)]
+        return doc
+
+
+def _number(value: Any, where: str, *, integer: bool = False, minimum: float = 0, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+        raise QuotaFileError(f"{where}: expected {'an integer' if integer else 'a number'}, got {value!r}")
+    if value < minimum:
+        raise QuotaFileError(f"{where}: must be at least {minimum:g}, got {value!r}")
+    return value
+
+
+def _limit(value: Any, where: str) -> QuotaLimit:
+    if not isinstance(value, Mapping):
+        raise QuotaFileError(f"{where}: expected a mapping with nominal, borrowingLimit, lendingLimit")
+    unknown = set(value) - {"nominal", "borrowingLimit", "lendingLimit"}
+    if unknown:
+        raise QuotaFileError(f"{where}.{sorted(unknown)[0]}: unknown field; use nominal, borrowingLimit, lendingLimit")
+    nominal = _number(value.get("nominal", 0), f"{where}.nominal", integer=True)
+    lending = _number(value.get("lendingLimit"), f"{where}.lendingLimit", integer=True, allow_none=True)
+    if lending is not None and lending > nominal:
+        raise QuotaFileError(f"{where}.lendingLimit: {lending} is more than the nominal quota {nominal}")
+    return QuotaLimit(nominal, _number(value.get("borrowingLimit"), f"{where}.borrowingLimit", integer=True,
+                                       allow_none=True), lending)
+
+
+def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
+    """Read a Quotas document; raises QuotaFileError naming the field. CEL selectors are checked by the
+    caller (shared.cel.compile_selector), which knows how to report them."""
+    from shared.settings import parse_duration
+
+    if not isinstance(document, Mapping) or document.get("kind") != KIND:
+        raise QuotaFileError(f"{where}: kind: expected {KIND!r}")
+    listed = []
+    for i, raw in enumerate(document.get("flavors") or []):
+        at = f"{where}: flavors[{i}]"
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str) or not raw["name"]:
+            raise QuotaFileError(f"{at}.name: required")
+        if not isinstance(raw.get("selector"), str) or not raw["selector"].strip():
+            raise QuotaFileError(f"{at}.selector: a CEL expression is required")
+        listed.append(Flavor(raw["name"], raw["selector"], float(_number(raw.get("value", 1.0), f"{at}.value"))))
+    if len({f.name for f in listed}) != len(listed):
+        raise QuotaFileError(f"{where}: flavors: a flavor name is listed twice")
+    flavors = merge_flavors(listed)
+    flavor_names = {f.name for f in flavors}
+    cohorts = []
+    for i, raw in enumerate(document.get("cohorts") or []):
+        name = raw.get("name") if isinstance(raw, Mapping) else raw
+        if not isinstance(name, str) or not name:
+            raise QuotaFileError(f"{where}: cohorts[{i}].name: required")
+        cohorts.append(name)
+    tenants: dict[str, TenantQuota] = {}
+    for i, raw in enumerate(document.get("tenants") or []):
+        at = f"{where}: tenants[{i}]"
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str) or not raw["name"]:
+            raise QuotaFileError(f"{at}.name: required")
+        name = raw["name"]
+        if name in tenants:
+            raise QuotaFileError(f"{at}.name: tenant {name!r} is listed twice")
+        cohort = raw.get("cohort")
+        if cohort is not None and not isinstance(cohort, str):
+            raise QuotaFileError(f"{at}.cohort: expected a cohort name")
+        if cohort is not None and cohort not in cohorts:
+            cohorts.append(cohort)  # naming a cohort creates it, as the admin API does
+        quotas = {}
+        for flavor, limit in (raw.get("quotas") or {}).items():
+            if flavor not in flavor_names:
+                raise QuotaFileError(f"{at}.quotas.{flavor}: unknown flavor; define it under flavors: or use a "
+                                     f"built-in one such as H100 or H100-3g.40gb")
+            quotas[str(flavor)] = _limit(limit, f"{at}.quotas.{flavor}")
+        pending = raw.get("pendingAlertAfter")
+        try:
+            pending_s = parse_duration(pending) if pending is not None else None
+        except ValueError as error:
+            raise QuotaFileError(f"{at}.pendingAlertAfter: {error}") from None
+        tenants[name] = TenantQuota(name, cohort, float(_number(raw.get("weight", 1.0), f"{at}.weight",
+                                                                minimum=0.001)), pending_s, quotas)
+    return QuotaConfig(flavors, tuple(cohorts), tenants, tuple(listed))
