@@ -239,17 +239,17 @@ async def test_not_found_and_wrong_method_are_problems(api: Api) -> None:
 async def test_claims_read_and_filter(api: Api) -> None:
     await add_claims(api)
     everything = await api.client.get("/v1/claims", headers=api.viewer)
-    assert [(c["namespace"], c["name"]) for c in everything.json()] == [
+    assert [(c["namespace"], c["name"]) for c in everything.json()["items"]] == [
         ("vision", "train"), ("vision", "eval"), ("speech", "asr")]
     pending = await api.client.get("/v1/claims", params={"state": "Pending"}, headers=api.viewer)
-    assert [c["name"] for c in pending.json()] == ["eval", "asr"]
+    assert [c["name"] for c in pending.json()["items"]] == ["eval", "asr"]
     both = await api.client.get("/v1/claims", params={"state": "Pending", "namespace": "vision"},
                                 headers=api.viewer)
-    assert [c["name"] for c in both.json()] == ["eval"]
+    assert [c["name"] for c in both.json()["items"]] == ["eval"]
 
     one = (await api.client.get("/v1/claims/vision/train", headers=api.viewer)).json()
-    assert set(one) == {"namespace", "name", "state", "reason", "allocation", "priority", "preemptible",
-                        "submittedAt", "updatedAt"}
+    assert set(one) == {"namespace", "name", "state", "reason", "allocation", "node", "priority", "preemptible",
+                        "submittedAt", "updatedAt", "history"}
     assert one["state"] == "Allocated" and one["reason"] is None and one["priority"] == 5
     assert one["preemptible"] is False and one["allocation"] == {"devices": [{"device": "gpu-0"}]}
     for stamp in (one["submittedAt"], one["updatedAt"]):
@@ -263,9 +263,9 @@ async def test_scoped_viewer_sees_only_its_tenant(api: Api) -> None:
         await api.client.put(f"/v1/tenants/{name}/quotas/H100", json={"nominal": 1}, headers=api.admin)
 
     claims = await api.client.get("/v1/claims", headers=api.scoped)
-    assert {c["namespace"] for c in claims.json()} == {"vision"} and len(claims.json()) == 2
+    assert {c["namespace"] for c in claims.json()["items"]} == {"vision"} and len(claims.json()["items"]) == 2
     other = await api.client.get("/v1/claims", params={"namespace": "speech"}, headers=api.scoped)
-    assert other.json() == []
+    assert other.json() == {"items": [], "next": None}
     assert (await api.client.get("/v1/claims/vision/eval", headers=api.scoped)).json()["reason"] == (
         "quota exhausted")
     assert_problem(await api.client.get("/v1/claims/speech/asr", headers=api.scoped), 404)

@@ -88,9 +88,9 @@ async def test_validation_errors_are_problems(api: Api) -> None:
 
 async def test_claims_are_scoped_to_the_viewers_tenant(api: Api) -> None:
     everyone = await api.client.get("/v1/claims", headers=api.viewer)
-    assert [(c["namespace"], c["name"]) for c in everyone.json()] == [("vision", "a"), ("speech", "b")]
+    assert [(c["namespace"], c["name"]) for c in everyone.json()["items"]] == [("vision", "a"), ("speech", "b")]
     scoped = await api.client.get("/v1/claims", headers=api.vision_viewer)
-    assert [(c["namespace"], c["name"]) for c in scoped.json()] == [("vision", "a")]
+    assert [(c["namespace"], c["name"]) for c in scoped.json()["items"]] == [("vision", "a")]
     assert (await api.client.get("/v1/claims/speech/b", headers=api.vision_viewer)).status_code == 404
     one = await api.client.get("/v1/claims/vision/a", headers=api.vision_viewer)
     assert one.json()["state"] == "Pending" and one.json()["reason"] == "waits"

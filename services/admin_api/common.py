@@ -1,0 +1,123 @@
+"""What every route module shares: camelCase models, problem responses, the session and the caller.
+
+The session factory lives on `app.state`, so the dependencies below are module-level objects that
+routers in several modules can use. (No `from __future__ import annotations`: FastAPI must see the
+dependency aliases as real objects.)
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http import HTTPStatus
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Path, Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from shared.ledger.schema import AuditEntry
+from shared.ledger.tokens import lookup_token
+
+PROBLEM = "application/problem+json"
+Name = Annotated[str, Path(min_length=1, max_length=253)]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, from_attributes=True)
+
+
+class Input(Model):
+    """Unknown fields are refused, so a misspelt limit is a 422 rather than a silently ignored one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _aware(value: datetime) -> datetime:
+    """SQLite hands back naive UTC timestamps, PostgreSQL aware ones; clients get the same from both."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+Stamp = Annotated[datetime, AfterValidator(_aware)]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling, read once per request from the token table."""
+
+    id: int
+    role: str
+    tenant: str | None
+
+    @property
+    def actor(self) -> str:
+        return f"token:{self.id}"
+
+
+def problem(status: int, title: str, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"type": "about:blank", "title": title, "status": status, "detail": detail},
+        status_code=status, media_type=PROBLEM, headers=headers,
+    )
+
+
+def phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "error"
+
+
+class Problem(HTTPException):
+    """An error whose title is short and whose detail carries the specifics (CEL's message, known names)."""
+
+    def __init__(self, status: int, title: str, detail: str) -> None:
+        super().__init__(status, detail)
+        self.title = title
+
+
+def dump(model: BaseModel | None) -> dict[str, Any] | None:
+    """Audit rows hold what a client would have seen, camelCase, so before/after read like the API."""
+    return model.model_dump(mode="json", by_alias=True) if model is not None else None
+
+
+bearer = HTTPBearer(auto_error=False, description="an API token from `claimbroker token create`")
+
+
+async def session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with request.app.state.sessions() as s:
+        yield s
+
+
+Session = Annotated[AsyncSession, Depends(session)]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+async def caller(s: Session, credentials: Credentials) -> Principal:
+    found = await lookup_token(s, credentials.credentials) if credentials is not None else None
+    principal = Principal(found.id, found.role, found.tenant) if found is not None else None
+    await s.rollback()  # routes open their own transaction
+    if principal is None:
+        raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+Caller = Annotated[Principal, Depends(caller)]
+
+
+def admin(token: Principal) -> None:
+    if token.role != "admin":
+        raise HTTPException(403, "this token may only read")
+
+
+def visible(token: Principal, tenant: str) -> None:
+    """A scoped viewer gets 404, not 403, for other tenants: it must not learn which ones exist."""
+    if token.tenant is not None and token.tenant != tenant:
+        raise HTTPException(404, f"tenant {tenant!r} not found")
+
+
+def audit(s: AsyncSession, token: Principal, action: str, entity: str,
+          before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
+    s.add(AuditEntry(actor=token.actor, action=action, entity=entity, before=before, after=after))

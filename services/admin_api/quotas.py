@@ -1,0 +1,240 @@
+"""The Quotas document as a whole (export, import with a dry run) and usage per tenant and flavor.
+
+An import is applied and checked in one transaction; a dry run is that same transaction rolled back, so
+what it reports is exactly what the import would do.
+"""
+
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
+
+import yaml
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.admin_api.common import Caller, Model, Problem, Session, admin
+from shared.cel import SelectorError, compile_selector
+from shared.ledger.quota_store import apply_quota_config, load_quota_config
+from shared.ledger.schema import Claim, DeviceAllocation
+from shared.quota import QuotaConfig, QuotaFileError, parse_quotas
+
+router = APIRouter(tags=["quotas"])
+YAML = "application/yaml"
+
+
+class ChangeOut(Model):
+    kind: str = Field(description="cohort | flavor | tenant | quota")
+    entity: str = Field(description="as in the audit log, e.g. quota/vision/H100")
+    action: str = Field(description="create | update | delete")
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+class HolderOut(Model):
+    namespace: str
+    name: str
+    devices: int = Field(description="devices of the flavor this claim holds")
+
+
+class ExceedingOut(Model):
+    """A tenant that holds more devices of a flavor than its new nominal quota plus borrowing limit."""
+
+    tenant: str
+    flavor: str
+    used: int
+    nominal: int
+    borrowing_limit: int
+    claims: list[HolderOut]
+
+
+class ImportOut(Model):
+    dry_run: bool
+    changes: list[ChangeOut]
+    exceeding: list[ExceedingOut] = Field(description="running claims over their new quota")
+
+
+class UsageRow(Model):
+    tenant: str
+    cohort: str | None
+    flavor: str | None = Field(description="null: devices no flavor's selector accepts")
+    nominal: int
+    borrowing_limit: int | None
+    lending_limit: int | None
+    used: int = Field(description="allocated devices")
+    used_units: float = Field(description="their GPU units")
+    borrowed: int = Field(description="devices in use beyond the nominal quota")
+    lent: int = Field(description="unused nominal quota that others in the cohort use")
+
+
+class PendingDemand(Model):
+    tenant: str
+    claims: int = Field(description="Pending claims")
+    devices: int = Field(description="devices they request (count per request, 1 for allocationMode All)")
+
+
+class UsageOut(Model):
+    enforced: bool = Field(description="false while no quota exists: the fleet is open")
+    items: list[UsageRow]
+    pending: list[PendingDemand]
+
+
+def _count(request: Any) -> int:
+    if not isinstance(request, dict):
+        return 0
+    if request.get("allocationMode") == "All":
+        return 1
+    count = request.get("count", 1)
+    return count if isinstance(count, int) and count > 0 else 1
+
+
+def requested_devices(document: Any) -> int:
+    """Devices a stored claim asks for: `exactly` (v1) or the request itself (v1beta1), or the first of
+    `firstAvailable`, which is what the allocator tries first."""
+    spec = document.get("spec", document) if isinstance(document, dict) else {}
+    requests = ((spec or {}).get("devices") or {}).get("requests") or [] if isinstance(spec, dict) else []
+    total = 0
+    for request in requests if isinstance(requests, list) else []:
+        if not isinstance(request, dict):
+            continue
+        if isinstance(request.get("exactly"), dict):
+            total += _count(request["exactly"])
+        elif isinstance(request.get("firstAvailable"), list) and request["firstAvailable"]:
+            total += _count(request["firstAvailable"][0])
+        else:
+            total += _count(request)
+    return total
+
+
+async def _usage(s: AsyncSession) -> dict[tuple[str, str | None], tuple[int, float]]:
+    units = func.coalesce(func.sum(DeviceAllocation.units), 0)
+    query = (select(Claim.namespace, DeviceAllocation.flavor, func.count(), units)
+             .join(Claim, Claim.id == DeviceAllocation.claim_id)
+             .group_by(Claim.namespace, DeviceAllocation.flavor))
+    return {(ns, flavor): (int(n), float(units)) for ns, flavor, n, units in await s.execute(query)}
+
+
+def _visible(rows: Iterable[Any], tenant: str | None) -> list[Any]:
+    return [r for r in rows if tenant is None or r.tenant == tenant]
+
+
+@router.get("/v1/usage", response_model=UsageOut)
+async def usage(s: Session, token: Caller) -> UsageOut:
+    """Per tenant and flavor. `lent`, per cohort and flavor: a tenant's unused nominal quota (at most its
+    lendingLimit) that the others' borrowing uses, min(unused, borrowed by the others)."""
+    config = await load_quota_config(s)
+    used = await _usage(s)
+    pending: dict[str, list[int]] = {}
+    for ns, spec in await s.execute(select(Claim.namespace, Claim.spec).where(Claim.state == "Pending")):
+        entry = pending.setdefault(ns, [0, 0])
+        entry[0] += 1
+        entry[1] += requested_devices(spec)
+    pairs = {(t.name, f) for t in config.tenants.values() for f in t.quotas} | set(used)
+    rows = []
+    for tenant_name, flavor in sorted(pairs, key=lambda p: (p[0], p[1] or "")):
+        tenant = config.tenant(tenant_name)
+        limit = tenant.limit(flavor) if flavor is not None else None
+        nominal = limit.nominal if limit else 0
+        n, units = used.get((tenant_name, flavor), (0, 0.0))
+        rows.append(UsageRow(tenant=tenant_name, cohort=tenant.cohort, flavor=flavor, nominal=nominal,
+                             borrowing_limit=limit.borrowing_limit if limit else None,
+                             lending_limit=limit.lending_limit if limit else None, used=n,
+                             used_units=round(units, 4), borrowed=max(0, n - nominal), lent=0))
+    for row in rows:
+        if row.cohort is None or row.flavor is None:
+            continue
+        others = sum(o.borrowed for o in rows
+                     if o.cohort == row.cohort and o.flavor == row.flavor and o.tenant != row.tenant)
+        lendable = max(0, row.nominal - row.used)
+        if row.lending_limit is not None:
+            lendable = min(lendable, row.lending_limit)
+        row.lent = min(lendable, others)
+    demand = [PendingDemand(tenant=t, claims=c, devices=d) for t, (c, d) in sorted(pending.items())]
+    return UsageOut(enforced=config.enforced, items=_visible(rows, token.tenant),
+                    pending=_visible(demand, token.tenant))
+
+
+@router.get("/v1/quotas/export", responses={200: {"content": {YAML: {}, "application/json": {}},
+                                                  "description": "the contract's Quotas document"}})
+async def export_quotas(s: Session, token: Caller,
+                        format: Annotated[Literal["yaml", "json"], Query()] = "yaml") -> Response:
+    """The contract's Quotas YAML (or JSON); importing it gives back the same configuration. A scoped
+    viewer gets its own tenant only."""
+    config = await load_quota_config(s)
+    if token.tenant is not None:
+        config = QuotaConfig(config.flavors, config.cohorts,
+                             {k: v for k, v in config.tenants.items() if k == token.tenant}, config.listed_flavors)
+    document = config.to_document()
+    if format == "json":
+        return JSONResponse(document)
+    return Response(yaml.safe_dump(document, sort_keys=False), media_type=YAML)
+
+
+_IMPORT_BODY = {"requestBody": {"required": True, "content": {
+    YAML: {"schema": {"type": "string", "description": "a Quotas document"}},
+    "application/json": {"schema": {"type": "object", "description": "a Quotas document"}}}}}
+
+
+def _parse(body: bytes) -> QuotaConfig:
+    try:
+        document = yaml.safe_load(body.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as error:
+        raise Problem(422, "invalid Quotas document", f"cannot read the body as YAML or JSON: {error}") from None
+    try:
+        config = parse_quotas(document)
+    except QuotaFileError as error:
+        raise Problem(422, "invalid Quotas document", str(error)) from None
+    for i, flavor in enumerate(config.listed_flavors):
+        try:
+            compile_selector(flavor.selector)
+        except SelectorError as error:
+            raise Problem(422, "invalid selector", f"Quotas: flavors[{i}] {flavor.name}: selector: {error}") from None
+    return config
+
+
+async def exceeding(s: AsyncSession, config: QuotaConfig) -> list[ExceedingOut]:
+    """Tenants holding more devices of a flavor than nominal + borrowingLimit (an unset borrowingLimit
+    has no cap), with the claims that hold them."""
+    query = (select(Claim.namespace, Claim.name, DeviceAllocation.flavor, func.count())
+             .join(Claim, Claim.id == DeviceAllocation.claim_id)
+             .where(DeviceAllocation.flavor.is_not(None))
+             .group_by(Claim.namespace, Claim.name, DeviceAllocation.flavor)
+             .order_by(Claim.namespace, DeviceAllocation.flavor, Claim.name))
+    holders: dict[tuple[str, str], list[HolderOut]] = {}
+    for ns, name, flavor, n in await s.execute(query):
+        assert flavor is not None
+        holders.setdefault((ns, flavor), []).append(HolderOut(namespace=ns, name=name, devices=int(n)))
+    out = []
+    for (tenant, flavor), claims in holders.items():
+        limit = config.tenant(tenant).limit(flavor)
+        if limit is None or limit.borrowing_limit is None:
+            continue
+        total = sum(c.devices for c in claims)
+        if total > limit.nominal + limit.borrowing_limit:
+            out.append(ExceedingOut(tenant=tenant, flavor=flavor, used=total, nominal=limit.nominal,
+                                    borrowing_limit=limit.borrowing_limit, claims=claims))
+    return out
+
+
+@router.post("/v1/quotas/import", response_model=ImportOut, openapi_extra=_IMPORT_BODY,
+             responses={422: {"description": "the document is invalid; the detail names the field"}})
+async def import_quotas(request: Request, s: Session, token: Caller,
+                        dry_run: Annotated[bool, Query(alias="dryRun")] = False) -> ImportOut:
+    """Make the ledger hold exactly this Quotas document: flavors, cohorts, tenants and quotas it does
+    not name are deleted. With dryRun=true nothing is written; the answer is the same."""
+    admin(token)
+    config = _parse(await request.body())
+    transaction = await s.begin()
+    try:
+        changes = await apply_quota_config(s, config, token.actor)
+        over = await exceeding(s, config)
+        result = ImportOut(dry_run=dry_run, changes=[ChangeOut(**c.to_json()) for c in changes], exceeding=over)
+    except BaseException:
+        await transaction.rollback()
+        raise
+    if dry_run:
+        await transaction.rollback()
+    else:
+        await transaction.commit()
+    return result

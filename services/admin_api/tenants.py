@@ -1,0 +1,291 @@
+"""Tenants, cohorts, flavors and quotas: the rows the allocator reads at each decision cycle.
+
+Every write is audited in its own transaction; a quota refers to a known flavor and lends at most its
+nominal quota, the same rules an imported Quotas file must follow.
+"""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, HTTPException
+from pydantic import Field
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.admin_api.common import Caller, Input, Model, Name, Problem, Session, admin, audit, dump, visible
+from shared.cel import SelectorError, compile_selector
+from shared.ledger.quota_store import cohort_json, flavor_json, load_quota_config, quota_json, tenant_json
+from shared.ledger.schema import Cohort, Quota, Tenant
+from shared.ledger.schema import Flavor as FlavorRow
+from shared.quota import BUILTIN_FLAVORS
+
+router = APIRouter()
+BUILTIN = {f.name: f for f in BUILTIN_FLAVORS}
+
+
+class TenantIn(Input):
+    cohort: str | None = Field(default=None, min_length=1, max_length=253)
+    weight: float = Field(default=1.0, gt=0)
+    pending_alert_after: float | None = Field(default=None, gt=0, description="seconds")
+
+
+class TenantOut(Model):
+    name: str
+    cohort: str | None
+    weight: float
+    pending_alert_after: float | None = Field(description="seconds")
+
+
+class QuotaIn(Input):
+    nominal: int = Field(default=0, ge=0)
+    borrowing_limit: int | None = Field(default=None, ge=0)
+    lending_limit: int | None = Field(default=None, ge=0)
+
+
+class QuotaOut(Model):
+    tenant: str
+    flavor: str
+    nominal: int
+    borrowing_limit: int | None
+    lending_limit: int | None
+
+
+class CohortIn(Input):
+    """A cohort has nothing but its name today; the body is optional and empty."""
+
+
+class CohortOut(Model):
+    name: str
+    tenants: list[str] = Field(description="tenants in this cohort")
+
+
+class FlavorIn(Input):
+    selector: str = Field(min_length=1, description="CEL over `device`, as in DRA selectors")
+    value: float = Field(default=1.0, ge=0, description="GPU units one device of this flavor weighs")
+    position: int | None = Field(default=None, ge=0,
+                                 description="place among the custom flavors (default: last, or unchanged)")
+
+
+class FlavorOut(Model):
+    name: str
+    selector: str
+    value: float
+    built_in: bool = Field(description="a built-in flavor not redefined in the ledger")
+    position: int | None = Field(description="place among the custom flavors; null for a built-in")
+
+
+def tenant_out(row: Tenant) -> TenantOut:
+    return TenantOut(name=row.name, cohort=row.cohort, weight=row.weight, pending_alert_after=row.pending_alert_after_s)
+
+
+async def _tenant_or_404(s: AsyncSession, name: str) -> Tenant:
+    row = await s.get(Tenant, name)
+    if row is None:
+        raise HTTPException(404, f"tenant {name!r} not found")
+    return row
+
+
+# --- tenants ------------------------------------------------------------------------------------------
+
+
+@router.get("/v1/tenants", response_model=list[TenantOut], tags=["tenants"])
+async def list_tenants(s: Session, token: Caller) -> list[TenantOut]:
+    query = select(Tenant).order_by(Tenant.name)
+    if token.tenant is not None:
+        query = query.where(Tenant.name == token.tenant)
+    return [tenant_out(t) for t in await s.scalars(query)]
+
+
+@router.get("/v1/tenants/{name}", response_model=TenantOut, tags=["tenants"])
+async def get_tenant(name: Name, s: Session, token: Caller) -> TenantOut:
+    visible(token, name)
+    return tenant_out(await _tenant_or_404(s, name))
+
+
+@router.put("/v1/tenants/{name}", response_model=TenantOut, tags=["tenants"])
+async def put_tenant(name: Name, body: TenantIn, s: Session, token: Caller) -> TenantOut:
+    """Create or replace. A cohort named for the first time is created here, in the same write (and
+    audit row) as the tenant, so no separate step is needed."""
+    admin(token)
+    async with s.begin():
+        if body.cohort is not None and await s.get(Cohort, body.cohort) is None:
+            s.add(Cohort(name=body.cohort))
+            await s.flush()
+        row = await s.get(Tenant, name)
+        before = tenant_json(row) if row is not None else None
+        if row is None:
+            row = Tenant(name=name)
+            s.add(row)
+        row.cohort, row.weight = body.cohort, body.weight
+        row.pending_alert_after_s = body.pending_alert_after
+        after = tenant_out(row)
+        audit(s, token, "put", f"tenant/{name}", before, dump(after))
+    return after
+
+
+@router.delete("/v1/tenants/{name}", status_code=204, tags=["tenants"])
+async def delete_tenant(name: Name, s: Session, token: Caller) -> None:
+    """The tenant's quotas go with it, each audited, rather than vanishing by cascade unrecorded."""
+    admin(token)
+    async with s.begin():
+        row = await _tenant_or_404(s, name)
+        for quota in await s.scalars(select(Quota).where(Quota.tenant == name).order_by(Quota.flavor)):
+            audit(s, token, "delete", f"quota/{name}/{quota.flavor}", quota_json(quota), None)
+            await s.delete(quota)
+        audit(s, token, "delete", f"tenant/{name}", tenant_json(row), None)
+        await s.delete(row)
+
+
+# --- cohorts ------------------------------------------------------------------------------------------
+
+
+@router.get("/v1/cohorts", response_model=list[CohortOut], tags=["cohorts"])
+async def list_cohorts(s: Session, token: Caller) -> list[CohortOut]:
+    """A scoped viewer sees its own tenant's cohort only, with only its own tenant in it."""
+    members: dict[str, list[str]] = {}
+    for tenant, cohort in await s.execute(select(Tenant.name, Tenant.cohort).order_by(Tenant.name)):
+        if cohort is not None and (token.tenant is None or tenant == token.tenant):
+            members.setdefault(cohort, []).append(tenant)
+    names = list(await s.scalars(select(Cohort.name).order_by(Cohort.name)))
+    if token.tenant is not None:
+        names = [n for n in names if n in members]
+    return [CohortOut(name=n, tenants=members.get(n, [])) for n in names]
+
+
+@router.put("/v1/cohorts/{name}", response_model=CohortOut, tags=["cohorts"])
+async def put_cohort(name: Name, s: Session, token: Caller,
+                     body: Annotated[CohortIn | None, Body()] = None) -> CohortOut:
+    admin(token)
+    async with s.begin():
+        if await s.get(Cohort, name) is None:
+            s.add(Cohort(name=name))
+            audit(s, token, "put", f"cohort/{name}", None, cohort_json(name))
+        tenants = list(await s.scalars(select(Tenant.name).where(Tenant.cohort == name).order_by(Tenant.name)))
+    return CohortOut(name=name, tenants=tenants)
+
+
+@router.delete("/v1/cohorts/{name}", status_code=204, tags=["cohorts"],
+               responses={409: {"description": "tenants are still in the cohort"}})
+async def delete_cohort(name: Name, s: Session, token: Caller) -> None:
+    admin(token)
+    async with s.begin():
+        row = await s.get(Cohort, name)
+        if row is None:
+            raise HTTPException(404, f"cohort {name!r} not found")
+        users = list(await s.scalars(select(Tenant.name).where(Tenant.cohort == name).order_by(Tenant.name)))
+        if users:
+            raise Problem(409, "cohort in use", f"cohort {name!r} still has tenants: {', '.join(users)}; "
+                                                "move them to another cohort first")
+        audit(s, token, "delete", f"cohort/{name}", cohort_json(name), None)
+        await s.delete(row)
+
+
+# --- flavors ------------------------------------------------------------------------------------------
+
+
+@router.get("/v1/flavors", response_model=list[FlavorOut], tags=["flavors"])
+async def list_flavors(s: Session, token: Caller) -> list[FlavorOut]:
+    """In effective order: a device counts against the first flavor whose selector accepts it."""
+    rows = {f.name: f for f in await s.scalars(select(FlavorRow))}
+    config = await load_quota_config(s)
+    return [FlavorOut(name=f.name, selector=f.selector, value=f.value, built_in=f.name not in rows,
+                      position=rows[f.name].position if f.name in rows else None) for f in config.flavors]
+
+
+@router.put("/v1/flavors/{name}", response_model=FlavorOut, tags=["flavors"],
+            responses={422: {"description": "the selector is not valid CEL; the detail is CEL's message"}})
+async def put_flavor(name: Name, body: FlavorIn, s: Session, token: Caller) -> FlavorOut:
+    """Create or replace a custom flavor (a built-in's name overrides it). The selector is compiled
+    here, so a typo is refused now rather than found by the allocator later."""
+    admin(token)
+    try:
+        compile_selector(body.selector)
+    except SelectorError as error:
+        raise Problem(422, "invalid selector", f"selector: {error}") from None
+    async with s.begin():
+        row = await s.get(FlavorRow, name)
+        before = flavor_json(row) if row is not None else None
+        if row is None:
+            last = await s.scalar(select(func.max(FlavorRow.position)))
+            row = FlavorRow(name=name, position=(last + 1) if last is not None else 0)
+            s.add(row)
+        row.selector, row.value = body.selector, body.value
+        if body.position is not None:
+            row.position = body.position
+        audit(s, token, "put", f"flavor/{name}", before, flavor_json(row))
+        out = FlavorOut(name=name, selector=row.selector, value=row.value, built_in=False, position=row.position)
+    return out
+
+
+@router.delete("/v1/flavors/{name}", status_code=204, tags=["flavors"],
+               responses={409: {"description": "a built-in flavor, or quotas still use it"}})
+async def delete_flavor(name: Name, s: Session, token: Caller) -> None:
+    """Deleting a redefined built-in restores the built-in. A custom flavor that quotas use stays."""
+    admin(token)
+    async with s.begin():
+        row = await s.get(FlavorRow, name)
+        if row is None:
+            if name in BUILTIN:
+                raise Problem(409, "built-in flavor", f"flavor {name!r} is built in and cannot be deleted; "
+                                                      "PUT it to redefine it")
+            raise HTTPException(404, f"flavor {name!r} not found")
+        if name not in BUILTIN:
+            users = list(await s.scalars(select(Quota.tenant).where(Quota.flavor == name).order_by(Quota.tenant)))
+            if users:
+                raise Problem(409, "flavor in use", f"flavor {name!r} is used by the quotas of "
+                                                    f"{', '.join(users)}; delete those first")
+        audit(s, token, "delete", f"flavor/{name}", flavor_json(row), None)
+        await s.delete(row)
+
+
+# --- quotas -------------------------------------------------------------------------------------------
+
+
+@router.get("/v1/quotas", response_model=list[QuotaOut], tags=["quotas"])
+async def list_all_quotas(s: Session, token: Caller) -> list[QuotaOut]:
+    query = select(Quota).order_by(Quota.tenant, Quota.flavor)
+    if token.tenant is not None:
+        query = query.where(Quota.tenant == token.tenant)
+    return [QuotaOut.model_validate(q) for q in await s.scalars(query)]
+
+
+@router.get("/v1/tenants/{name}/quotas", response_model=list[QuotaOut], tags=["quotas"])
+async def list_quotas(name: Name, s: Session, token: Caller) -> list[QuotaOut]:
+    visible(token, name)
+    await _tenant_or_404(s, name)
+    rows = await s.scalars(select(Quota).where(Quota.tenant == name).order_by(Quota.flavor))
+    return [QuotaOut.model_validate(q) for q in rows]
+
+
+@router.put("/v1/tenants/{name}/quotas/{flavor}", response_model=QuotaOut, tags=["quotas"])
+async def put_quota(name: Name, flavor: Name, body: QuotaIn, s: Session, token: Caller) -> QuotaOut:
+    admin(token)
+    if body.lending_limit is not None and body.lending_limit > body.nominal:
+        raise Problem(422, "invalid quota", f"lendingLimit: {body.lending_limit} is more than the nominal "
+                                            f"quota {body.nominal}")
+    async with s.begin():
+        await _tenant_or_404(s, name)
+        config = await load_quota_config(s)
+        if config.flavor(flavor) is None:
+            known = ", ".join(f.name for f in config.flavors)
+            raise Problem(422, "unknown flavor", f"flavor {flavor!r} is not defined; known flavors: {known}")
+        row = await s.get(Quota, (name, flavor))
+        before = quota_json(row) if row is not None else None
+        if row is None:
+            row = Quota(tenant=name, flavor=flavor)
+            s.add(row)
+        row.nominal, row.borrowing_limit = body.nominal, body.borrowing_limit
+        row.lending_limit = body.lending_limit
+        after = QuotaOut.model_validate(row)
+        audit(s, token, "put", f"quota/{name}/{flavor}", before, dump(after))
+    return after
+
+
+@router.delete("/v1/tenants/{name}/quotas/{flavor}", status_code=204, tags=["quotas"])
+async def delete_quota(name: Name, flavor: Name, s: Session, token: Caller) -> None:
+    admin(token)
+    async with s.begin():
+        row = await s.get(Quota, (name, flavor))
+        if row is None:
+            raise HTTPException(404, f"quota {name}/{flavor} not found")
+        audit(s, token, "delete", f"quota/{name}/{flavor}", quota_json(row), None)
+        await s.delete(row)
