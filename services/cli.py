@@ -368,6 +368,7 @@ def simulate(
     """Run the allocation decisions offline: the same core the allocator runs."""
     from shared.classes import merge_classes
     from shared.inventory import Fleet
+    from shared.quota import QuotaConfig
     from shared.simulate import read_claim_document, run_waves
     from shared.sources import InventoryFileError, load_inventory, load_yaml_documents
 
@@ -375,18 +376,36 @@ def simulate(
         documents = load_inventory(inventory)
         waves = [[read_claim_document(d, tenant) for d in load_yaml_documents(path) if d is not None]
                  for path in claims]
-    except InventoryFileError as error:
+        config = _read_quotas(quotas) if quotas is not None else QuotaConfig()
+    except (InventoryFileError, ValueError) as error:
         err.print(str(error))
         raise typer.Exit(1) from None
-    if quotas is not None:
-        err.print("--quotas: quota enforcement is not available yet; deciding without quotas")
     fleet = Fleet.from_slices(documents.slices, documents.labels)
-    outcomes = run_waves(fleet, merge_classes(documents.classes), waves)
-    result = {"claims": [o.to_json() for o in outcomes], "events": []}
+    result = run_waves(fleet, merge_classes(documents.classes), waves, config).to_json()
     if output == "json":
         print(json.dumps(result, indent=2))
     else:
         console.print(_status_table(result["claims"]))
+        for event in result["events"]:
+            console.print(f"{event['claim']} {event['state']} by {event['by']} ({event['rule']}): {event['reason']}")
+
+
+def _read_quotas(path: Path) -> Any:
+    """A Quotas file, with every flavor selector compiled: errors name the file and the field."""
+    from shared.cel import SelectorError, compile_selector
+    from shared.quota import QuotaFileError, parse_quotas
+    from shared.sources import load_yaml_documents
+
+    documents = [d for d in load_yaml_documents(path) if d is not None]
+    if len(documents) != 1:
+        raise QuotaFileError(f"{path}: expected one Quotas document, found {len(documents)}")
+    config = parse_quotas(documents[0], where=str(path))
+    for i, flavor in enumerate(config.listed_flavors):
+        try:
+            compile_selector(flavor.selector)
+        except SelectorError as error:
+            raise QuotaFileError(f"{path}: flavors[{i}].selector: {error}") from None
+    return config
 
 
 @app.command()

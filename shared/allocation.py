@@ -19,7 +19,7 @@ budget; running out of budget is a reason, not a hang. No I/O happens here.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -114,6 +114,15 @@ class Decision:
 
 class Rejected(Exception):
     """The claim is wrong as written; carries the reason."""
+
+
+@dataclass(frozen=True)
+class DeviceFilter:
+    """Restricts one decision to some devices (quota tiers: flavors within nominal first). `key` names
+    the restriction for the index cache; `accepts` must depend only on what a device is, not on which."""
+
+    key: Any
+    accepts: Callable[[FleetDevice], bool]
 
 
 class _BudgetExceeded(Exception):
@@ -402,8 +411,9 @@ class FleetState:
         self._shape_indexes: dict[int, list[DeviceIndex]] = {}
         self._counter_peers: dict[tuple[str, tuple[str, str, str]], list[FleetDevice]] = {}
         self.version = 0  # bumped on every take or give back: reasons cached per version stay true
-        self.reason_cache: dict[int, tuple[int, tuple[str, bool]]] = {}
+        self.reason_cache: dict[tuple[int, Any], tuple[int, tuple[str, bool]]] = {}
         self._counter_fit: dict[DeviceKey, bool] = {}  # per device, dropped when its counter set changes
+        self._only: DeviceFilter | None = None
         for node in fleet.nodes.values():
             if node.counters:
                 self._counters[node.node] = {k: exact(q.value) for k, q in node.counters.items()}
@@ -412,6 +422,10 @@ class FleetState:
             device = by_key.get(key)
             if device is not None:
                 self._mark(device, taken=True)
+
+    @property
+    def filter_key(self) -> Any:
+        return self._only.key if self._only else None
 
     # -- availability -------------------------------------------------------------------------------
 
@@ -477,13 +491,16 @@ class FleetState:
         self._changed([allocation.node])
 
     def index(self, alternative: Alternative, group_attribute: str | None = None) -> DeviceIndex:
-        """The index of devices an alternative accepts; raises Rejected on a CEL runtime error."""
-        key = alternative.index_key(group_attribute)
+        """The index of devices an alternative accepts (within the current decision's filter); raises
+        Rejected on a CEL runtime error."""
+        only = self._only
+        key = (*alternative.index_key(group_attribute), only.key if only else None)
         found = self._indexes.get(key)
         if found is None:
             try:
                 found = DeviceIndex(alternative.selectors, alternative.body.tolerations, group_attribute,
-                                    self.fleet, self.memo, self.unavailable, self.idle)
+                                    self.fleet, self.memo, self.unavailable, self.idle,
+                                    only.accepts if only else None)
             except SelectorError as error:
                 found = error
             else:
@@ -512,8 +529,16 @@ class FleetState:
             raise cached
         return cached
 
-    def decide(self, claim: dra.ResourceClaim) -> Decision:
-        """Decide one claim against what is free now; the caller take()s an allocation it keeps."""
+    def decide(self, claim: dra.ResourceClaim, only: DeviceFilter | None = None) -> Decision:
+        """Decide one claim against what is free now (among the devices `only` accepts); the caller
+        take()s an allocation it keeps."""
+        self._only = only
+        try:
+            return self._decide(claim)
+        finally:
+            self._only = None
+
+    def _decide(self, claim: dra.ResourceClaim) -> Decision:
         from shared.reasons import pending_reason  # reasons read the indexes; they import this module
 
         try:

@@ -94,9 +94,12 @@ class DeviceIndex:
         memo: SelectorMemo,
         unavailable: Unavailability,
         idle: Callable[[str], bool] = lambda node: False,
+        accepts: Callable[[FleetDevice], bool] | None = None,
     ) -> None:
-        """Raises SelectorError when a selector fails on a device: the claim is wrong as written."""
+        """Raises SelectorError when a selector fails on a device: the claim is wrong as written.
+        `accepts` narrows the devices further (a quota tier); it must judge a device by its kind."""
         self.group_attribute = group_attribute
+        self.accepts = accepts
         self.tolerations = tolerations
         self.fleet = fleet
         self.unavailable = unavailable
@@ -156,6 +159,8 @@ class DeviceIndex:
         tainted = unhealthy = lacking = 0
         grouped: dict[str | None, list[int]] = {}
         attribute = self.group_attribute
+        if self.accepts is not None:
+            accepted = [i for i in accepted if self.accepts(devices[i])]
         for i in sorted(accepted, key=lambda i: (devices[i].fit_rank, i)):
             d = devices[i]
             if d.taints and blocked_by_taint(d, self.tolerations):

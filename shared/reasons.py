@@ -107,7 +107,8 @@ def _alternative_reason(state: FleetState, plan: Plan, alternative: Alternative,
 
 def pending_reason(state: FleetState, plan: Plan) -> tuple[str, bool]:
     """The reason text, and whether no device of today's fleet could ever satisfy the claim."""
-    cached = state.reason_cache.get(id(plan))
+    key = (id(plan), state.filter_key)
+    cached = state.reason_cache.get(key)
     if cached is not None and cached[0] == state.version:
         return cached[1]
     parts = []
@@ -121,5 +122,5 @@ def pending_reason(state: FleetState, plan: Plan) -> tuple[str, bool]:
             never_all = never_all and never
         never_any = never_any or never_all
     result = ("; ".join(parts), never_any)
-    state.reason_cache[id(plan)] = (state.version, result)
+    state.reason_cache[key] = (state.version, result)
     return result

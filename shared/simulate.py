@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared import dra
-from shared.allocation import Decision, SelectorMemo, State, settle
+from shared.admission import Running, Snapshot, Waiting, run_cycle
+from shared.allocation import Decision, SelectorMemo, State
 from shared.claims import InvalidClaim, settings_of, with_namespace
 from shared.inventory import Fleet
+from shared.quota import QuotaConfig
+
+MAX_CYCLES_PER_WAVE = 8  # a wave settles when a cycle changes nothing; preemption victims retry next cycle
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,15 @@ class ClaimOutcome:
         }
 
 
+@dataclass
+class SimulationResult:
+    outcomes: list[ClaimOutcome] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"claims": [o.to_json() for o in self.outcomes], "events": self.events}
+
+
 def read_claim_document(document: Any, default_tenant: str) -> dra.ResourceClaim | InvalidClaim:
     """A claim, or the reason it is not one (an invalid claim is Rejected, it does not stop the run)."""
     name = None
@@ -45,32 +58,65 @@ def read_claim_document(document: Any, default_tenant: str) -> dra.ResourceClaim
         return InvalidClaim(str(error), name=name if isinstance(name, str) else None, namespace=namespace)
 
 
+def _waiting(claim: dra.ResourceClaim, arrival: int) -> Waiting:
+    settings = settings_of(claim)
+    return Waiting(claim.metadata.namespace or "default", claim.metadata.name, claim, settings.priority,
+                   settings.preemptible, arrival)
+
+
 def run_waves(
     fleet: Fleet,
     classes: Mapping[str, dra.DeviceClass],
     waves: Sequence[Sequence[dra.ResourceClaim | InvalidClaim]],
-) -> list[ClaimOutcome]:
-    """Each wave arrives at once and is settled; claims still pending from earlier waves try again first."""
+    quotas: QuotaConfig | None = None,
+) -> SimulationResult:
+    """Each wave arrives at once and is settled: admission in fair-share order, preemption, and more
+    cycles while they change anything (victims and earlier claims try again)."""
     memo = SelectorMemo()
+    quotas = quotas or QuotaConfig()
     final: dict[tuple[str, str], ClaimOutcome] = {}
-    pending: list[dra.ResourceClaim] = []
-    in_use: set[tuple[str, str, str]] = set()
+    result = SimulationResult()
+    waiting: dict[tuple[str, str], Waiting] = {}
+    running: dict[tuple[str, str], Running] = {}
+    documents: dict[tuple[str, str], dra.ResourceClaim] = {}
+    arrival = 0
+    allocated = 0
     for index, wave in enumerate(waves):
-        arrivals = []
         for position, item in enumerate(wave):
             if isinstance(item, InvalidClaim):
                 key = (item.namespace or "default", item.name or f"wave-{index + 1}-document-{position + 1}")
                 final[key] = ClaimOutcome(key[0], key[1], Decision(State.REJECTED, reason=str(item)))
-            else:
-                arrivals.append(item)
-        outcomes = settle(pending + arrivals, fleet, classes, in_use, memo=memo)
-        pending = []
-        for outcome in outcomes:
-            claim = outcome.claim
-            key = (claim.metadata.namespace or "default", claim.metadata.name)
-            final[key] = ClaimOutcome(key[0], key[1], outcome.decision)
-            if outcome.decision.state is State.PENDING:
-                pending.append(claim)
-            elif outcome.decision.allocation is not None:
-                in_use.update(outcome.decision.allocation.keys)
-    return list(final.values())
+                continue
+            arrival += 1
+            w = _waiting(item, arrival)
+            if w.key in running or w.key in waiting:
+                continue  # claims are immutable: the first one with a name stands
+            waiting[w.key] = w
+            documents[w.key] = item
+        for _ in range(MAX_CYCLES_PER_WAVE):
+            cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(running.values()), tuple(waiting.values())),
+                              memo)
+            changed = bool(cycle.preemptions)
+            for p in cycle.preemptions:  # back to the queue, with the arrival they first had
+                victim = running.pop(p.victim)
+                waiting[p.victim] = Waiting(victim.tenant, victim.name, documents[p.victim], victim.priority,
+                                            victim.preemptible, victim.arrival)
+                final[p.victim] = ClaimOutcome(victim.tenant, victim.name, Decision(State.PREEMPTED, reason=p.reason))
+                result.events.append({"claim": "/".join(p.victim), "state": State.PREEMPTED.value,
+                                      "by": "/".join(p.by), "rule": p.rule, "reason": p.reason})
+            for d in cycle.decisions:
+                key = (d.tenant, d.name)
+                final[key] = ClaimOutcome(d.tenant, d.name, d.decision)
+                w = waiting.get(key)
+                if d.decision.allocation is not None and w is not None:
+                    allocated += 1
+                    running[key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, w.preemptible,
+                                           w.arrival, allocated)
+                    del waiting[key]
+                    changed = True
+                elif d.decision.state is State.REJECTED:
+                    waiting.pop(key, None)
+            if not changed:
+                break
+    result.outcomes = list(final.values())
+    return result

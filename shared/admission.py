@@ -1,0 +1,530 @@
+"""One admission cycle: quotas per flavor, fair-share order, preemption that cannot loop, explanations.
+
+A pure function over an immutable snapshot (the fleet, the quotas, what runs, what waits); the
+allocator service and `claimbroker simulate --quotas` run the same code.
+
+- Flavors: every device counts against the first flavor whose selector accepts it (shared/quota.py).
+- Quotas (Kueue's arithmetic, flat cohorts): a tenant may use its nominal quota of a flavor; beyond it
+  it borrows what its cohort lends (each member lends its unused nominal up to its lendingLimit) and
+  the flavor's free capacity (devices no tenant's nominal covers), within its borrowingLimit. With no
+  quota anywhere the fleet is open.
+- Order: tenants by share (GPU units in use over weight, lowest first), then priority, then arrival.
+  Every waiting claim is tried once per cycle, so a deep queue never stalls admission; a claim whose
+  kind already failed at this fleet version fails again at once.
+- Placement within nominal first: devices of flavors where the tenant has nominal headroom, then
+  flavors it may borrow.
+- Preemption, only of preemptible claims, by three rules: (a) priority within a tenant, (b) reclaim: a
+  tenant that stays within its nominal takes back devices another tenant of its cohort borrows, (c)
+  fair share: a tenant preempts a borrowing tenant only while its share afterwards stays at or below
+  the victim's share afterwards. (b) and (c) only take from borrowers and (c) compares shares after
+  the move, so no pair of claims can preempt each other back and forth. The victim set is the
+  smallest that lets the claim in: fewest GPU units, then lowest priority, then most recently
+  allocated, and no victim the claim does not need.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import dra
+from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Rejected, State
+from shared.cel import CompiledSelector, SelectorError, compile_selector
+from shared.inventory import Fleet, FleetDevice
+from shared.matching import SelectorMemo
+from shared.quota import Flavor, QuotaConfig
+
+ClaimKey = tuple[str, str]  # tenant, name
+MAX_PREEMPTION_NODES = 16  # nodes tried per preempting claim, most promising first
+
+
+@dataclass(frozen=True)
+class Running:
+    tenant: str
+    name: str
+    allocation: Allocation
+    priority: int = 0
+    preemptible: bool = True
+    arrival: int = 0
+    allocated_order: int = 0  # larger: allocated more recently
+
+    @property
+    def key(self) -> ClaimKey:
+        return (self.tenant, self.name)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    tenant: str
+    name: str
+    claim: dra.ResourceClaim
+    priority: int = 0
+    preemptible: bool = True
+    arrival: int = 0
+
+    @property
+    def key(self) -> ClaimKey:
+        return (self.tenant, self.name)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    fleet: Fleet
+    classes: Mapping[str, dra.DeviceClass]
+    quotas: QuotaConfig
+    running: tuple[Running, ...] = ()
+    waiting: tuple[Waiting, ...] = ()
+    unusable_nodes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    victim: ClaimKey
+    by: ClaimKey
+    rule: str  # "priority" | "reclaim" | "fair-share"
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClaimDecision:
+    tenant: str
+    name: str
+    decision: Decision
+    explain: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    decisions: tuple[ClaimDecision, ...]  # one per waiting claim, in the order they were decided
+    preemptions: tuple[Preemption, ...]
+    flavors: Mapping[DeviceKey, tuple[str | None, float]]  # every allocated device: its flavor and units
+
+
+class Flavors:
+    """Which flavor a device counts against, memoised per kind of device (the selectors are CEL)."""
+
+    def __init__(self, flavors: Sequence[Flavor], memo: SelectorMemo) -> None:
+        self.memo = memo
+        self.compiled: list[tuple[Flavor, CompiledSelector]] = []
+        for flavor in flavors:
+            try:
+                self.compiled.append((flavor, compile_selector(flavor.selector)))
+            except SelectorError:
+                continue  # the admin API refuses such flavors; an old one never matches
+        self._by_profile: dict[int, Flavor | None] = {}
+
+    def of(self, device: FleetDevice) -> Flavor | None:
+        found = self._by_profile.get(device.profile_id, False)
+        if found is False:
+            found = None
+            for flavor, selector in self.compiled:
+                try:
+                    if self.memo.matches(selector, device):
+                        found = flavor
+                        break
+                except SelectorError:
+                    continue
+            self._by_profile[device.profile_id] = found
+        return found  # type: ignore[return-value]
+
+    def name_of(self, device: FleetDevice) -> str | None:
+        flavor = self.of(device)
+        return flavor.name if flavor else None
+
+    def units_of(self, device: FleetDevice) -> float:
+        flavor = self.of(device)
+        return flavor.value if flavor else 0.0
+
+
+@dataclass(frozen=True)
+class Block:
+    """One quota that keeps a claim out, with the numbers behind it."""
+
+    flavor: str
+    requested: int
+    nominal: int
+    used: int
+    borrowing_limit: int | None
+    lendable: int  # what the cohort and the free capacity still lend
+    borrowed_by: Mapping[str, int]  # who borrows this flavor in the tenant's cohort
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flavor": self.flavor, "requested": self.requested, "nominal": self.nominal, "used": self.used,
+                "borrowingLimit": self.borrowing_limit, "lendable": self.lendable,
+                "borrowedBy": dict(self.borrowed_by), "why": self.why}
+
+
+class QuotaBook:
+    """Usage per tenant and flavor against the quotas, kept up to date incrementally as the cycle admits
+    and preempts, so asking what a cohort still lends costs O(1)."""
+
+    def __init__(self, config: QuotaConfig, capacity: Mapping[str, int]) -> None:
+        self.config = config
+        self.capacity = capacity  # devices per flavor in the fleet
+        self.used: dict[tuple[str, str], int] = defaultdict(int)
+        self.units: dict[str, float] = defaultdict(float)
+        self.members: dict[str, list[str]] = defaultdict(list)
+        self.keep: dict[tuple[str, str], int] = {}  # nominal a tenant never lends
+        self.lends: dict[tuple[str, str], int] = defaultdict(int)  # per cohort and flavor
+        self.spill: dict[tuple[str, str], int] = defaultdict(int)  # members' use beyond what they keep
+        self.over: dict[str, int] = defaultdict(int)  # cohorts' spill beyond what they lend: free capacity used
+        self.covered: dict[str, int] = defaultdict(int)  # nominal quota per flavor over all tenants
+        for tenant in config.tenants.values():
+            cohort = self.cohort_of(tenant.name)
+            self.members[cohort].append(tenant.name)
+            for flavor, limit in tenant.quotas.items():
+                lent = min(limit.lending_limit, limit.nominal) if limit.lending_limit is not None else limit.nominal
+                self.keep[(tenant.name, flavor)] = limit.nominal - lent
+                self.lends[(cohort, flavor)] += lent
+                self.covered[flavor] += limit.nominal
+
+    def cohort_of(self, tenant: str) -> str:
+        return self.config.tenant(tenant).cohort or f"tenant:{tenant}"
+
+    def nominal(self, tenant: str, flavor: str) -> int:
+        limit = self.config.tenant(tenant).limit(flavor)
+        return limit.nominal if limit else 0
+
+    def share(self, tenant: str) -> float:
+        return self.units[tenant] / self.config.tenant(tenant).weight
+
+    def add(self, tenant: str, flavor: str | None, units: float, sign: int = 1) -> None:
+        self.units[tenant] += sign * units
+        if flavor is None:
+            return
+        key = (tenant, flavor)
+        keep = self.keep.get(key, 0)
+        before = max(0, self.used[key] - keep)
+        self.used[key] += sign
+        after = max(0, self.used[key] - keep)
+        if before != after:
+            cohort = (self.cohort_of(tenant), flavor)
+            lends = self.lends[cohort]
+            over_before = max(0, self.spill[cohort] - lends)
+            self.spill[cohort] += after - before
+            self.over[flavor] += max(0, self.spill[cohort] - lends) - over_before
+
+    def borrowing(self, tenant: str, flavor: str) -> int:
+        return max(0, self.used[(tenant, flavor)] - self.nominal(tenant, flavor))
+
+    def free_capacity(self, flavor: str) -> int:
+        """Devices of the flavor no tenant's nominal quota covers: anyone may borrow them."""
+        return max(0, self.capacity.get(flavor, 0) - self.covered[flavor])
+
+    def lendable(self, tenant: str, flavor: str) -> int:
+        """How much more of the flavor the tenant's cohort and the free capacity could still lend it:
+        what its cohort lends and nobody uses, plus the free capacity no cohort has spilled into."""
+        cohort = (self.cohort_of(tenant), flavor)
+        return (max(0, self.lends[cohort] - self.spill[cohort])
+                + max(0, self.free_capacity(flavor) - self.over[flavor]))
+
+    def check(self, tenant: str, deltas: Mapping[str, int]) -> list[Block]:
+        """Blocking quotas if the tenant took `deltas` more devices per flavor; [] when it may."""
+        if not self.config.enforced:
+            return []
+        blocks = []
+        for flavor, delta in sorted(deltas.items()):
+            if delta <= 0:
+                continue
+            used = self.used[(tenant, flavor)]
+            limit = self.config.tenant(tenant).limit(flavor)
+            nominal = limit.nominal if limit else 0
+            if used + delta <= nominal:
+                continue
+            borrow = used + delta - nominal
+            cohort = self.cohort_of(tenant)
+            borrowed_by = {m: b for m in self.members[cohort] if m != tenant and (b := self.borrowing(m, flavor))}
+            room = self.lendable(tenant, flavor)
+            already = self.borrowing(tenant, flavor)
+            if limit and limit.borrowing_limit is not None and borrow > limit.borrowing_limit:
+                why = (f"{tenant} would borrow {borrow} {flavor} beyond its nominal {nominal}, over its "
+                       f"borrowingLimit of {limit.borrowing_limit}")
+            elif borrow - already > room:
+                why = (f"{tenant} needs to borrow {borrow - already} more {flavor} (nominal {nominal}, in use "
+                       f"{used}), but its cohort and the free capacity lend only {room} more")
+            else:
+                continue
+            blocks.append(Block(flavor, delta, nominal, used, limit.borrowing_limit if limit else None, room,
+                                borrowed_by, why))
+        return blocks
+
+    def headroom_flavors(self, tenant: str) -> frozenset[str]:
+        """Flavors where the tenant still has nominal quota."""
+        limits = self.config.tenant(tenant).quotas
+        return frozenset(f for f, limit in limits.items() if self.used[(tenant, f)] < limit.nominal)
+
+
+def _deltas(devices: Iterable[FleetDevice], flavors: Flavors) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for d in devices:
+        name = flavors.name_of(d)
+        if name is not None:
+            out[name] += 1
+    return dict(out)
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, memo: SelectorMemo) -> None:
+        self.snapshot = snapshot
+        self.fleet = snapshot.fleet
+        self.flavors = Flavors(snapshot.quotas.flavors, memo)
+        capacity: dict[str, int] = defaultdict(int)
+        for device in snapshot.fleet.devices:
+            name = self.flavors.name_of(device)
+            if name is not None:
+                capacity[name] += 1
+        self.book = QuotaBook(snapshot.quotas, capacity)
+        self.running: dict[ClaimKey, Running] = {r.key: r for r in snapshot.running}
+        self.started = frozenset(self.running)
+        in_use = [k for r in snapshot.running for k in r.allocation.keys]
+        self.state = FleetState(snapshot.fleet, snapshot.classes, in_use, memo=memo,
+                                unusable_nodes=snapshot.unusable_nodes)
+        for r in snapshot.running:
+            self._count(r.tenant, r.allocation, 1)
+        self.order = itertools.count(max((r.allocated_order for r in snapshot.running), default=0) + 1)
+        self.preemptions: list[Preemption] = []
+        self.preempted: set[ClaimKey] = set()
+        # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
+        # of claims alike costs one placement attempt per fleet change, not one per claim.
+        self.failed_at: dict[tuple[int, Any], tuple[int, Decision]] = {}
+
+    def _devices(self, allocation: Allocation) -> list[FleetDevice]:
+        by_key = self.fleet.by_key
+        return [by_key[k] for k in allocation.keys if k in by_key]
+
+    def _count(self, tenant: str, allocation: Allocation, sign: int) -> None:
+        for d in self._devices(allocation):
+            self.book.add(tenant, self.flavors.name_of(d), self.flavors.units_of(d), sign)
+
+    def _filter(self, tenant: str, nominal_only: bool) -> DeviceFilter:
+        """Devices of flavors the tenant has nominal headroom in (and of no flavor), or also those it
+        may borrow: the tiers of placement."""
+        allowed = self.book.headroom_flavors(tenant)
+        if not nominal_only:
+            allowed = allowed | frozenset(
+                f.name for f in self.snapshot.quotas.flavors
+                if self.book.lendable(tenant, f.name) > 0
+                and self.book.borrowing(tenant, f.name) < self._borrow_cap(tenant, f.name))
+        names = self.flavors.name_of
+        return DeviceFilter(("tier", nominal_only, allowed), lambda d: names(d) is None or names(d) in allowed)
+
+    def _borrow_cap(self, tenant: str, flavor: str) -> int:
+        limit = self.snapshot.quotas.tenant(tenant).limit(flavor)
+        return limit.borrowing_limit if limit and limit.borrowing_limit is not None else 1 << 30
+
+    def try_admit(self, waiting: Waiting) -> tuple[Decision, list[Block]]:
+        """Place within nominal first, then borrowing; the quota check is on the devices chosen."""
+        if not self.snapshot.quotas.enforced:
+            return self._decide(waiting, None), []
+        blocks: list[Block] = []
+        for nominal_only in (True, False):
+            decision = self._decide(waiting, self._filter(waiting.tenant, nominal_only))
+            if decision.allocation is None:
+                if decision.state is State.REJECTED:
+                    return decision, []
+                continue
+            blocks = self.book.check(waiting.tenant, _deltas(self._devices(decision.allocation), self.flavors))
+            if not blocks:
+                return decision, []
+        unfiltered = self._decide(waiting, None)
+        if unfiltered.allocation is None:
+            return unfiltered, []  # capacity is the problem, whatever the quotas
+        blocks = blocks or self.book.check(waiting.tenant, _deltas(self._devices(unfiltered.allocation),
+                                                                    self.flavors))
+        reason = "; ".join(b.why for b in blocks) or "quota"
+        return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
+
+    def _decide(self, waiting: Waiting, only: DeviceFilter | None) -> Decision:
+        try:
+            plan_key: tuple[int, Any] | None = (id(self.state.plan(waiting.claim)), only.key if only else None)
+        except Rejected:
+            plan_key = None
+        if plan_key is not None:
+            failed = self.failed_at.get(plan_key)
+            if failed is not None and failed[0] == self.state.version:
+                return failed[1]
+        decision = self.state.decide(waiting.claim, only)
+        if plan_key is not None and decision.state is State.PENDING:
+            self.failed_at[plan_key] = (self.state.version, decision)
+        return decision
+
+    def admit(self, waiting: Waiting, allocation: Allocation) -> None:
+        self.state.take(allocation)
+        self._count(waiting.tenant, allocation, 1)
+        self.running[waiting.key] = Running(waiting.tenant, waiting.name, allocation, waiting.priority,
+                                            waiting.preemptible, waiting.arrival, next(self.order))
+
+    # -- preemption ---------------------------------------------------------------------------------
+
+    def _rule(self, preemptor: Waiting, victim: Running) -> str | None:
+        """The rule that lets `preemptor` consider `victim`, before checking the outcome."""
+        if not victim.preemptible or victim.key in self.preempted or victim.key not in self.started:
+            return None  # claims admitted in this very cycle are not taken back in it
+        if victim.tenant == preemptor.tenant:
+            return "priority" if victim.priority < preemptor.priority else None
+        victim_flavors = {self.flavors.name_of(d) for d in self._devices(victim.allocation)}
+        if self.snapshot.quotas.enforced and not any(
+                f is not None and self.book.borrowing(victim.tenant, f) > 0 for f in victim_flavors):
+            return None  # only borrowed devices are taken back or shared out
+        same_cohort = (self.snapshot.quotas.tenant(victim.tenant).cohort is not None and
+                       self.snapshot.quotas.tenant(victim.tenant).cohort ==
+                       self.snapshot.quotas.tenant(preemptor.tenant).cohort)
+        return "reclaim" if same_cohort and self.snapshot.quotas.enforced else "fair-share"
+
+    def try_preempt(self, waiting: Waiting) -> Decision | None:
+        candidates = [(r, rule) for r in self.running.values() if (rule := self._rule(waiting, r)) is not None]
+        if not candidates:
+            return None
+        by_node: dict[str, list[tuple[Running, str]]] = defaultdict(list)
+        for r, rule in candidates:
+            by_node[r.allocation.node].append((r, rule))
+        best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
+        nodes = sorted(by_node, key=lambda n: sum(self._units(r) for r, _ in by_node[n]))
+        for node in nodes[:MAX_PREEMPTION_NODES]:
+            found = self._victims_on(waiting, sorted(by_node[node], key=lambda c: self._victim_order(c[0])))
+            if found is None:
+                continue
+            victims, allocation = found
+            score = (sum(self._units(r) for r, _ in victims), max(r.priority for r, _ in victims),
+                     -min(r.allocated_order for r, _ in victims))
+            if best is None or score < best[0]:
+                best = (score, victims, allocation)
+        if best is None:
+            return None
+        _, victims, allocation = best
+        for victim, _ in victims:
+            self._evict(victim)
+        self.admit(waiting, allocation)
+        for victim, rule in victims:  # reasons state the shares after the move
+            self.preemptions.append(Preemption(victim.key, waiting.key, rule,
+                                               self._preempt_reason(waiting, victim, rule)))
+        return Decision(State.ALLOCATED, allocation)
+
+    def _units(self, r: Running) -> float:
+        return sum(self.flavors.units_of(d) for d in self._devices(r.allocation))
+
+    def _victim_order(self, r: Running) -> tuple[float, int, int]:
+        return (self._units(r), r.priority, -r.allocated_order)
+
+    def _evict(self, victim: Running) -> None:
+        self.state.give_back(victim.allocation)
+        self._count(victim.tenant, victim.allocation, -1)
+        del self.running[victim.key]
+        self.preempted.add(victim.key)
+
+    def _restore(self, victim: Running) -> None:
+        self.state.take(victim.allocation)
+        self._count(victim.tenant, victim.allocation, 1)
+        self.running[victim.key] = victim
+        self.preempted.discard(victim.key)
+
+    def _fits_with(self, waiting: Waiting, victims: Sequence[tuple[Running, str]]) -> Allocation | None:
+        """With the victims gone, the claim is placed and every victim's rule holds for the outcome."""
+        decision, blocks = self.try_admit(waiting)
+        if decision.allocation is None or blocks:
+            return None
+        devices = self._devices(decision.allocation)
+        deltas = _deltas(devices, self.flavors)
+        units = sum(self.flavors.units_of(d) for d in devices)
+        weight = self.snapshot.quotas.tenant(waiting.tenant).weight
+        for victim, rule in victims:
+            if rule == "reclaim":
+                if any(self.book.used[(waiting.tenant, f)] + n > self.book.nominal(waiting.tenant, f)
+                       for f, n in deltas.items()):
+                    return None  # reclaim is for a tenant that stays within its nominal quota
+            elif rule == "fair-share":
+                mine = (self.book.units[waiting.tenant] + units) / weight
+                if mine > self.book.share(victim.tenant):
+                    return None
+        return decision.allocation
+
+    def _victims_on(self, waiting: Waiting, candidates: list[tuple[Running, str]]
+                    ) -> tuple[list[tuple[Running, str]], Allocation] | None:
+        """Greedy on one node until the claim fits, then drop every victim it does not need."""
+        taken: list[tuple[Running, str]] = []
+        allocation = None
+        try:
+            for candidate in candidates:
+                self._evict(candidate[0])
+                taken.append(candidate)
+                allocation = self._fits_with(waiting, taken)
+                if allocation is not None:
+                    break
+            if allocation is None:
+                return None
+            for candidate in list(reversed(taken))[1:]:  # the last one was needed, by construction
+                self._restore(candidate[0])
+                rest = [c for c in taken if c is not candidate]
+                again = self._fits_with(waiting, rest)
+                if again is not None:
+                    taken, allocation = rest, again
+                else:
+                    self._evict(candidate[0])
+            return list(taken), allocation
+        finally:
+            for victim, _ in taken:
+                self._restore(victim)
+
+    def _preempt_reason(self, waiting: Waiting, victim: Running, rule: str) -> str:
+        by = f"{waiting.tenant}/{waiting.name}"
+        if rule == "priority":
+            return f"preempted by {by}, priority {waiting.priority} over {victim.priority} in tenant {victim.tenant}"
+        if rule == "reclaim":
+            return (f"preempted by {by}: tenant {waiting.tenant} reclaims its nominal quota that {victim.tenant} "
+                    "borrowed")
+        return (f"preempted by {by} for fair share: afterwards {waiting.tenant}'s share "
+                f"{self.book.share(waiting.tenant):.2f} is at or below {victim.tenant}'s "
+                f"{self.book.share(victim.tenant):.2f} (GPU units in use per unit of weight)")
+
+
+def _fair_order(cycle: _Cycle, waiting: Sequence[Waiting]) -> Iterable[Waiting]:
+    """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival."""
+    queues: dict[str, list[tuple[int, int, int, Waiting]]] = defaultdict(list)
+    for i, w in enumerate(waiting):
+        queues[w.tenant].append((-w.priority, w.arrival, i, w))
+    for queue in queues.values():
+        queue.sort(key=lambda item: item[:3])
+        queue.reverse()  # pop() from the end gives the head
+    heap = [(cycle.book.share(t), q[-1][0], q[-1][1], t) for t, q in queues.items()]
+    heapq.heapify(heap)
+    while heap:
+        _, _, _, tenant = heapq.heappop(heap)
+        queue = queues[tenant]
+        yield queue.pop()[3]
+        if queue:
+            heapq.heappush(heap, (cycle.book.share(tenant), queue[-1][0], queue[-1][1], tenant))
+
+
+def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResult:
+    """Admit what fits in fair-share order, then preempt where a rule allows, and explain the rest."""
+    cycle = _Cycle(snapshot, memo or SelectorMemo())
+    decided: dict[ClaimKey, tuple[Decision, list[Block]]] = {}
+    order: list[Waiting] = []
+    for waiting in _fair_order(cycle, snapshot.waiting):
+        decision, blocks = cycle.try_admit(waiting)
+        if decision.allocation is not None:
+            cycle.admit(waiting, decision.allocation)
+        decided[waiting.key] = (decision, blocks)
+        order.append(waiting)
+    for waiting in order:  # preemption, in the same fair-share order
+        decision, _ = decided[waiting.key]
+        if decision.state is not State.PENDING or waiting.key in cycle.preempted:
+            continue
+        preempted = cycle.try_preempt(waiting)
+        if preempted is not None:
+            decided[waiting.key] = (preempted, [])
+    from shared.explain import explain_pending
+
+    results = []
+    for waiting in order:
+        decision, blocks = decided[waiting.key]
+        detail = explain_pending(cycle, waiting, decision, blocks) if decision.state is State.PENDING else None
+        results.append(ClaimDecision(waiting.tenant, waiting.name, decision, detail))
+    flavors = {k: (cycle.flavors.name_of(d), cycle.flavors.units_of(d))
+               for r in cycle.running.values() for d in cycle._devices(r.allocation) for k in [d.key]}
+    return CycleResult(tuple(results), tuple(cycle.preemptions), flavors)

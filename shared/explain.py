@@ -1,0 +1,93 @@
+"""Why a claim waits, as structured data: the blocking quotas with who borrows what, the capacity
+shortfall per request, what preemption could take, and what change would let the claim in.
+
+Served by the admin API (`explain`) and `claimbroker explain`; built from the same cycle that decided,
+so it never disagrees with the reason the tenant was given.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shared.allocation import Decision, Rejected
+
+if TYPE_CHECKING:
+    from shared.admission import Block, Waiting, _Cycle
+
+
+def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
+    state = cycle.state
+    try:
+        plan = state.plan(waiting.claim)
+    except Rejected:
+        return []
+    out = []
+    for _, alternatives in plan.requests:
+        for alternative in alternatives:
+            try:
+                index = state.index(alternative)
+            except Rejected:
+                continue
+            held = {why: n for why, n in index.blocked.items() if n}
+            if index.tainted:
+                held["tainted"] = index.tainted
+            if index.unhealthy:
+                held["unhealthy"] = index.unhealthy
+            requested = "all" if alternative.all_mode else alternative.body.wanted
+            out.append({"request": alternative.result_name, "requested": requested, "matching": index.matching,
+                        "free": index.free_total, "mostFreeOnOneNode": index.most_free(),
+                        "mostOnOneNode": index.largest_group, "nodes": index.nodes_with_matches,
+                        "unavailable": held})
+    return out
+
+
+def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: Decision, tenant: str,
+                 preemption: dict[str, Any]) -> list[str]:
+    out = []
+    for b in blocks:
+        need = b.used + b.requested - b.nominal
+        if b.borrowing_limit is not None and need > b.borrowing_limit:
+            out.append(f"raise {tenant}'s {b.flavor} borrowingLimit from {b.borrowing_limit} to {need}, or its "
+                       f"nominal from {b.nominal} to {b.used + b.requested}")
+        else:
+            out.append(f"raise {tenant}'s {b.flavor} nominal from {b.nominal} to {b.used + b.requested}, or wait "
+                       f"for {', '.join(f'{t} ({n})' for t, n in sorted(b.borrowed_by.items())) or 'others'} to "
+                       f"return borrowed {b.flavor}")
+    for c in capacity:
+        requested = c["requested"]
+        if isinstance(requested, int) and c["mostOnOneNode"] < requested:
+            out.append(f"request {c['request']!r}: no node has {requested} matching devices (most: "
+                       f"{c['mostOnOneNode']}); ask for fewer or add such a node")
+        elif isinstance(requested, int) and c["mostFreeOnOneNode"] < requested:
+            out.append(f"request {c['request']!r}: wait until {requested - c['mostFreeOnOneNode']} more matching "
+                       "devices are free on one node, or relax its selectors")
+    if decision.unsatisfiable and not out:
+        out.append("no device of today's fleet can satisfy the claim: change its selectors or add hardware")
+    if preemption.get("candidates") and not out:
+        out.append("raise the claim's priority (claimbroker.io/priority) above the claims it would displace")
+    return out
+
+
+def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block]) -> dict[str, Any]:
+    candidates = sum(1 for r in cycle.running.values() if r.preemptible and r.key != waiting.key)
+    preemption = {
+        "candidates": candidates,
+        "outcome": ("no preemptible claim may be displaced for it by the rules (priority within its tenant, "
+                    "reclaim of borrowed quota, fair share)" if candidates else "nothing runs that could be "
+                    "preempted"),
+    }
+    capacity = _capacity(cycle, waiting)
+    book = cycle.book
+    return {
+        "state": decision.state.value,
+        "reason": decision.reason,
+        "unsatisfiable": decision.unsatisfiable,
+        "tenant": {"name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
+                   "weight": cycle.snapshot.quotas.tenant(waiting.tenant).weight,
+                   "share": round(book.share(waiting.tenant), 4)},
+        "priority": waiting.priority,
+        "quota": [b.to_json() for b in blocks],
+        "capacity": capacity,
+        "preemption": preemption,
+        "toAdmit": _suggestions(blocks, capacity, decision, waiting.tenant, preemption),
+    }

@@ -1,0 +1,190 @@
+"""Quotas, fair share and preemption in the pure cycle, table-driven; hypothesis for the invariants."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.admission import Flavors, Running, Snapshot, Waiting, run_cycle
+from shared.allocation import SelectorMemo, State
+from shared.classes import BUILTIN_CLASSES
+from shared.inventory import Fleet
+from shared.quota import QuotaConfig, parse_quotas
+from shared.simulate import run_waves
+from tests.builders import ClaimBuilder, a_claim, fleet, node
+
+H100 = 'device.attributes["gpu.nvidia.com"].productName == "H100"'
+B200 = 'device.attributes["gpu.nvidia.com"].productName == "B200"'
+
+
+def quotas(*tenants: dict[str, Any]) -> QuotaConfig:
+    return parse_quotas({"kind": "Quotas", "tenants": list(tenants)})
+
+
+def waiting(builder: ClaimBuilder, priority: int = 0, arrival: int = 0) -> Waiting:
+    claim = builder.build()
+    return Waiting(claim.metadata.namespace or "default", claim.metadata.name, claim, priority, True, arrival)
+
+
+@dataclass
+class Case:
+    fleet: Fleet
+    quotas: QuotaConfig
+    first: list[Waiting]  # admitted in a first cycle
+    then: list[Waiting]  # the cycle under test
+    expect: dict[str, str]  # claim name -> state after the second cycle
+    preempted: list[tuple[str, str]] = field(default_factory=list)  # (victim, rule)
+    reason: str | None = None  # a substring of the first pending reason
+
+
+LAB = fleet(*node("h100", "H100", 4), *node("b200", "B200", 4))
+CASES = {
+    "open-fleet-fair-order": Case(
+        fleet(*node("n", "H100", 2)), QuotaConfig(),
+        [waiting(a_claim("a1", "a").request())],
+        [waiting(a_claim("a2", "a").request(), arrival=1), waiting(a_claim("b1", "b").request(), arrival=2),
+         waiting(a_claim("a3", "a").request(), arrival=3)],
+        {"a2": "Pending", "b1": "Allocated", "a3": "Pending"}),
+    "h100-quota-cannot-take-b200": Case(
+        LAB, quotas({"name": "vision", "quotas": {"H100": {"nominal": 4}}},
+                    {"name": "nlp", "cohort": "other", "quotas": {"B200": {"nominal": 4}}}),
+        [], [waiting(a_claim("b", "vision").request(selectors=(B200,)))], {"b": "Pending"},
+        reason="vision needs to borrow 1 more B200"),
+    "mig-quota-is-separate-from-whole-gpus": Case(
+        fleet(*node("h", "H100", 2)),
+        quotas({"name": "vision", "quotas": {"H100-1g.10gb": {"nominal": 7}}},
+               {"name": "nlp", "quotas": {"H100": {"nominal": 2}}}),
+        [], [waiting(a_claim("whole", "vision").request())], {"whole": "Pending"},
+        reason="H100"),
+    "borrowing-stops-at-the-lending-limit": Case(
+        fleet(*node("h", "H100", 4)),
+        quotas({"name": "vision", "cohort": "r", "quotas": {"H100": {"nominal": 0}}},
+               {"name": "nlp", "cohort": "r", "quotas": {"H100": {"nominal": 4, "lendingLimit": 1}}}),
+        [], [waiting(a_claim("one", "vision").request(), arrival=1),
+             waiting(a_claim("two", "vision").request(), arrival=2)],
+        {"one": "Allocated", "two": "Pending"}, reason="lend only 0 more"),
+    "borrowing-limit": Case(
+        fleet(*node("h", "H100", 4)),
+        quotas({"name": "vision", "cohort": "r", "quotas": {"H100": {"nominal": 1, "borrowingLimit": 1}}},
+               {"name": "nlp", "cohort": "r", "quotas": {"H100": {"nominal": 3}}}),
+        [], [waiting(a_claim("three", "vision").request(count=3))], {"three": "Pending"},
+        reason="over its borrowingLimit of 1"),
+    "reclaim-evicts-exactly-what-is-needed": Case(
+        fleet(*node("h", "H100", 4)),
+        quotas({"name": "vision", "cohort": "r", "quotas": {"H100": {"nominal": 1}}},
+               {"name": "nlp", "cohort": "r", "quotas": {"H100": {"nominal": 3}}}),
+        [waiting(a_claim(f"v{i}", "vision").request(), arrival=i) for i in range(4)],
+        [waiting(a_claim("n1", "nlp").request(count=2), arrival=10)],
+        {"n1": "Allocated"}, preempted=[("v3", "reclaim"), ("v2", "reclaim")]),
+    "priority-within-a-tenant-takes-the-lowest": Case(
+        fleet(*node("h", "H100", 2)), QuotaConfig(),
+        [waiting(a_claim("low", "t").request(), priority=1), waiting(a_claim("lower", "t").request(), priority=0)],
+        [waiting(a_claim("urgent", "t").request(), priority=5, arrival=9)],
+        {"urgent": "Allocated"}, preempted=[("lower", "priority")]),
+    "placement-within-nominal-first": Case(
+        fleet(*node("a100", "A100", 1), *node("h100", "H100", 1)),
+        quotas({"name": "t", "quotas": {"A100": {"nominal": 1}}}),
+        [], [waiting(a_claim("any", "t").request())], {"any": "Allocated"}),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_cycle(case: Case) -> None:
+    memo = SelectorMemo()
+    first = run_cycle(Snapshot(case.fleet, BUILTIN_CLASSES, case.quotas, (), tuple(case.first)), memo)
+    by_name = {w.name: w for w in case.first}
+    running = tuple(Running(d.tenant, d.name, d.decision.allocation, by_name[d.name].priority, True,
+                            by_name[d.name].arrival, i)
+                    for i, d in enumerate(first.decisions) if d.decision.allocation is not None)
+    result = run_cycle(Snapshot(case.fleet, BUILTIN_CLASSES, case.quotas, running, tuple(case.then)), memo)
+    states = {d.name: d.decision.state.value for d in result.decisions}
+    assert states == case.expect, [d.decision.reason for d in result.decisions]
+    assert [(p.victim[1], p.rule) for p in result.preemptions] == case.preempted
+    if case.reason is not None:
+        reasons = [d.decision.reason or "" for d in result.decisions if d.decision.state is State.PENDING]
+        assert any(case.reason in r for r in reasons), reasons
+    if case.expect == {"any": "Allocated"}:  # within nominal (A100) before a smaller borrowed H100
+        allocated = next(d for d in result.decisions if d.decision.allocation)
+        assert allocated.decision.allocation and allocated.decision.allocation.node == "a100"
+
+
+def test_pending_claims_are_explained_with_quota_numbers_and_a_fix() -> None:
+    case = CASES["borrowing-limit"]
+    result = run_cycle(Snapshot(case.fleet, BUILTIN_CLASSES, case.quotas, (), tuple(case.then)))
+    explain = result.decisions[0].explain
+    assert explain is not None
+    [block] = explain["quota"]
+    assert (block["flavor"], block["nominal"], block["borrowingLimit"]) == ("H100", 1, 1)
+    assert explain["capacity"][0]["free"] == 4
+    assert explain["toAdmit"] == ["raise vision's H100 borrowingLimit from 1 to 2, or its nominal from 1 to 3"]
+
+
+def test_non_preemptible_claims_are_never_preempted() -> None:
+    f = fleet(*node("h", "H100", 1))
+    held = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), (waiting(a_claim("keep", "t").request()),)))
+    allocation = held.decisions[0].decision.allocation
+    assert allocation is not None
+    running = (Running("t", "keep", allocation, 0, False, 0, 1),)
+    result = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running,
+                                (waiting(a_claim("urgent", "t").request(), priority=9),)))
+    assert result.preemptions == () and result.decisions[0].decision.state is State.PENDING
+
+
+MODELS = ("H100", "B200")
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[Fleet, QuotaConfig, list[list[Any]]]:
+    devices = []
+    for n in range(draw(st.integers(1, 3))):
+        devices += node(f"n{n}", draw(st.sampled_from(MODELS)), draw(st.integers(1, 4)))
+    tenants = ["a", "b", "c"]
+    quota_doc = [{"name": t, "cohort": draw(st.sampled_from(["x", "y"])), "weight": draw(st.sampled_from([1.0, 2.0])),
+                  "quotas": {m: {"nominal": draw(st.integers(0, 3)),
+                                 **({"borrowingLimit": b} if (b := draw(st.none() | st.integers(0, 2))) is not None
+                                    else {})}
+                             for m in MODELS if draw(st.booleans())}} for t in tenants]
+    config = QuotaConfig() if draw(st.booleans()) else quotas(*quota_doc)
+    waves = []
+    for w in range(draw(st.integers(1, 3))):
+        wave = []
+        for i in range(draw(st.integers(1, 5))):
+            builder = a_claim(f"w{w}c{i}", draw(st.sampled_from(tenants))).request(
+                count=draw(st.integers(1, 2)), selectors=(draw(st.sampled_from((H100, B200))),))
+            builder.annotations["claimbroker.io/priority"] = str(draw(st.integers(0, 2)))
+            wave.append(builder.build())
+        waves.append(wave)
+    return fleet(*devices), config, waves
+
+
+@settings(max_examples=80, deadline=None)
+@given(scenarios())
+def test_waves_settle_without_loops_within_quotas(scenario: tuple[Fleet, QuotaConfig, list[list[Any]]]) -> None:
+    f, config, waves = scenario
+    result = run_waves(f, BUILTIN_CLASSES, waves, config)
+    pairs = {(e["claim"], e["by"]) for e in result.events}
+    assert not any((by, victim) in pairs for victim, by in pairs), "two claims preempted each other"
+    assert all(e["rule"] in ("priority", "reclaim", "fair-share") for e in result.events)
+    taken: Counter[tuple[str, str, str]] = Counter()
+    used: Counter[tuple[str, str]] = Counter()
+    flavors = Flavors(config.flavors, SelectorMemo())
+    for outcome in result.outcomes:
+        allocation = outcome.decision.allocation
+        if allocation is None:
+            continue
+        taken.update(allocation.keys)
+        for key in allocation.keys:
+            flavor = flavors.name_of(f.by_key[key])
+            assert flavor is not None
+            used[(outcome.namespace, flavor)] += 1
+    assert not [k for k, n in taken.items() if n > 1], "a device was allocated twice"
+    if config.enforced:
+        for (tenant, flavor), n in used.items():
+            limit = config.tenant(tenant).limit(flavor)
+            if limit is not None and limit.borrowing_limit is not None:
+                assert n <= limit.nominal + limit.borrowing_limit
