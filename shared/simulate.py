@@ -107,11 +107,11 @@ def run_waves(
             for d in cycle.decisions:
                 key = (d.tenant, d.name)
                 final[key] = ClaimOutcome(d.tenant, d.name, d.decision)
-                w = waiting.get(key)
-                if d.decision.allocation is not None and w is not None:
+                queued = waiting.get(key)
+                if d.decision.allocation is not None and queued is not None:
                     allocated += 1
-                    running[key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, w.preemptible,
-                                           w.arrival, allocated)
+                    running[key] = Running(queued.tenant, queued.name, d.decision.allocation, queued.priority,
+                                           queued.preemptible, queued.arrival, allocated)
                     del waiting[key]
                     changed = True
                 elif d.decision.state is State.REJECTED:
