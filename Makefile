@@ -25,6 +25,7 @@ up: $(STAMP) ## run the whole broker on the embedded default until Ctrl-C
 
 test: $(STAMP) ## start what the tests need (PostgreSQL) and run the whole suite
 	@scripts/ensure-postgres.sh
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	$(BIN)/pytest -q
 
 lint: $(STAMP) ## ruff and mypy
