@@ -27,8 +27,12 @@ def claim_status(
     reason: str | None,
     sequence: int,
     observed_at: float | None = None,
+    by: str | None = None,
+    unsatisfiable: bool = False,
 ) -> dict[str, Any]:
-    return {
+    """The contract's status object; `by` names the preemptor of a Preempted claim and `unsatisfiable`
+    marks a Pending claim no device of today's fleet could ever satisfy (both only when they apply)."""
+    status: dict[str, Any] = {
         "namespace": namespace,
         "name": name,
         "state": state,
@@ -37,6 +41,11 @@ def claim_status(
         "observedAt": now_iso(observed_at),
         "sequence": sequence,
     }
+    if by is not None:
+        status["by"] = by
+    if unsatisfiable:
+        status["unsatisfiable"] = True
+    return status
 
 
 def inventory_payload(

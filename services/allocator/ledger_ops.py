@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,9 +12,10 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared import dra, events, subjects
-from shared.allocation import Decision, DeviceKey, State
+from shared.admission import Running, Waiting
+from shared.allocation import Allocation, Decision, DeviceKey, State
 from shared.claims import settings_of
-from shared.ledger.schema import Claim, DeviceAllocation, InboxMessage, OutboxEvent
+from shared.ledger.schema import AllocatorLease, Claim, ClaimEvent, DeviceAllocation, InboxMessage, OutboxEvent
 
 
 async def already_processed(session: AsyncSession, consumer: str, message_id: str) -> bool:
@@ -43,14 +45,17 @@ def claim_document(row: Claim) -> dra.ResourceClaim:
     return dra.ResourceClaim.model_validate(row.spec)
 
 
-def emit_status(session: AsyncSession, row: Claim) -> None:
-    """Bump the claim's sequence and queue its status event in the same transaction."""
+def emit_status(session: AsyncSession, row: Claim, *, by: str | None = None, unsatisfiable: bool = False) -> None:
+    """Bump the claim's sequence, record it in the claim's history and queue its status event, all in the
+    caller's transaction."""
     row.sequence = (row.sequence or 0) + 1
     row.updated_at = datetime.now(UTC)
     payload = events.claim_status(
         namespace=row.namespace, name=row.name, state=row.state, allocation=row.allocation,
-        reason=row.reason, sequence=row.sequence,
+        reason=row.reason, sequence=row.sequence, by=by, unsatisfiable=unsatisfiable,
     )
+    session.add(ClaimEvent(claim_id=row.id, sequence=row.sequence, state=row.state, reason=row.reason,
+                           node=row.node, by=by))
     session.add(
         OutboxEvent(
             subject=subjects.status(row.namespace, row.name),
@@ -77,10 +82,12 @@ async def new_claim(session: AsyncSession, claim: dra.ResourceClaim) -> Claim:
     )
     session.add(row)
     await session.flush()
+    row.arrival = row.id  # the queue order; a preempted claim keeps it
     return row
 
 
-async def apply_decision(session: AsyncSession, row: Claim, decision: Decision) -> bool:
+async def apply_decision(session: AsyncSession, row: Claim, decision: Decision,
+                         flavors: Mapping[DeviceKey, tuple[str | None, float]] | None = None) -> bool:
     """Write the decision; returns whether the claim's visible state changed (and an event is due)."""
     allocation = decision.allocation.to_json() if decision.allocation else None
     changed = (row.state, row.reason, row.allocation) != (decision.state.value, decision.reason, allocation)
@@ -92,13 +99,77 @@ async def apply_decision(session: AsyncSession, row: Claim, decision: Decision) 
         for result in decision.allocation.results:
             if result.admin_access:
                 continue  # monitoring access holds no device
+            flavor, units = (flavors or {}).get(result.key, (None, 0.0))
             session.add(
                 DeviceAllocation(
                     driver=result.driver, pool=result.pool, device=result.device, claim_id=row.id,
-                    node=decision.allocation.node, request=result.request,
+                    node=decision.allocation.node, request=result.request, flavor=flavor, units=units,
                 )
             )
     return changed
+
+
+async def lock_shard(session: AsyncSession, shard: str, holder: str, expires: float) -> int:
+    """Take the shard's row lock for this transaction (deciders take turns) and renew the lease;
+    returns the ledger revision this cycle writes."""
+    row = await session.scalar(select(AllocatorLease).where(AllocatorLease.shard == shard).with_for_update())
+    if row is None:
+        row = AllocatorLease(shard=shard, revision=0)
+        session.add(row)
+        await session.flush()
+        row = await session.scalar(select(AllocatorLease).where(AllocatorLease.shard == shard).with_for_update())
+        assert row is not None
+    row.holder = holder
+    row.expires_at = datetime.fromtimestamp(expires, UTC)
+    row.revision = (row.revision or 0) + 1
+    return row.revision
+
+
+async def claims_on_nodes(session: AsyncSession, nodes: Iterable[str]) -> list[Claim]:
+    rows = await session.scalars(select(Claim).where(Claim.state == State.ALLOCATED.value,
+                                                     Claim.node.in_(list(nodes))))
+    return list(rows)
+
+
+@dataclass
+class Queue:
+    """What a decision cycle reads: running and waiting claims, and their rows to write back to."""
+
+    rows: dict[tuple[str, str], Claim] = field(default_factory=dict)
+    running: dict[tuple[str, str], Running] = field(default_factory=dict)
+    waiting: dict[tuple[str, str], Waiting] = field(default_factory=dict)
+
+
+_PARSED: dict[str, dra.ResourceClaim] = {}
+
+
+def _document(row: Claim) -> dra.ResourceClaim:
+    """Parse each distinct claim document once per process (validation costs far more than the key)."""
+    key = json.dumps(row.spec, sort_keys=True)
+    found = _PARSED.get(key)
+    if found is None:
+        if len(_PARSED) > 100_000:
+            _PARSED.clear()
+        found = _PARSED[key] = claim_document(row)
+    return found
+
+
+async def load_queue(session: AsyncSession) -> Queue:
+    queue = Queue()
+    rows = await session.scalars(select(Claim).where(Claim.state.in_((State.PENDING.value, State.ALLOCATED.value)))
+                                 .order_by(Claim.id))
+    for row in rows:
+        key = (row.namespace, row.name)
+        queue.rows[key] = row
+        arrival = row.arrival or row.id
+        if row.state == State.ALLOCATED.value and row.allocation:
+            order = int(row.allocated_at.timestamp() * 1e6) if row.allocated_at else row.id
+            queue.running[key] = Running(row.namespace, row.name, Allocation.from_json(row.allocation), row.priority,
+                                         row.preemptible, arrival, order)
+        elif row.state == State.PENDING.value:
+            queue.waiting[key] = Waiting(row.namespace, row.name, _document(row), row.priority, row.preemptible,
+                                         arrival)
+    return queue
 
 
 async def release_devices(session: AsyncSession, row: Claim) -> None:

@@ -1,9 +1,13 @@
-"""The allocator: read a claim message, decide with the pure core, commit, then ack, then publish.
+"""The allocator: read a batch of claim messages, decide one cycle with the pure core, commit, ack, publish.
 
-Exactly-once effects: the message id goes into the inbox in the same transaction as the decision and
-its outbox events. A redelivery (the process died between commit and ack) finds the id and only acks.
-Two allocators racing for one device cannot both commit: device_allocations' primary key refuses the
-second, whose transaction rolls back and whose message is redelivered and decided again.
+Exactly-once effects: each message id goes into the inbox in the same transaction as the cycle's
+decisions and their outbox events; a redelivery (the process died between commit and ack) finds its
+id and changes nothing. Every cycle first locks the shard's lease row (SELECT ... FOR UPDATE on
+PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers) and reads the queue and the quotas
+from the ledger, so two allocators on one database take turns and each decides on what the other
+wrote: neither can exceed a quota, and device_allocations' primary key refuses a device twice.
+Quota changes from the admin API are read at the next cycle; a cycle also runs every
+`cycle_interval` while claims wait, so they reach waiting claims without a message.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,15 +26,17 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services.allocator import ledger_ops as ops
 from services.natsio import ensure_streams, publish_json
 from shared import dra, events, subjects
-from shared.allocation import SelectorMemo, State, settle
+from shared.admission import Snapshot, run_cycle
+from shared.allocation import SelectorMemo, State
 from shared.claims import InvalidClaim, read_submission
 from shared.inventory import Fleet
 from shared.ledger.engine import sessions
+from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import OutboxEvent
 
 log = logging.getLogger("claimbroker.allocator")
@@ -45,6 +53,10 @@ class Allocator:
         batch: int = 64,
         ack_wait: float = 30.0,
         max_deliver: int = 10,
+        inventory_ttl: float = 90.0,
+        cycle_interval: float = 1.0,
+        shard: str = "default",
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -55,13 +67,20 @@ class Allocator:
         self.batch = batch
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
+        self.inventory_ttl = inventory_ttl
+        self.cycle_interval = cycle_interval
+        self.shard = shard
+        self.holder = f"{socket.gethostname()}:{id(self):x}"
+        self.clock = clock
+        self.lost_nodes: set[str] = set()
         self._fleet_changed = asyncio.Event()
         self._inventory_seen = asyncio.Event()
         self._publish_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        self._waiting = True  # whether the last cycle left claims waiting: then cycles keep running
 
     def stop(self) -> None:
-        """Finish the message in hand, then return from run(); no transaction is cut in half."""
+        """Finish the batch in hand, then return from run(); no transaction is cut in half."""
         self._stopping.set()
 
     async def run(self) -> None:
@@ -80,20 +99,23 @@ class Allocator:
             ),
         )
         log.info("allocator ready")
+        next_cycle = 0.0
         try:
             while not self._stopping.is_set():
-                if self._fleet_changed.is_set():
-                    self._fleet_changed.clear()
-                    await self._retry_pending()
                 try:
-                    messages = await claims.fetch(self.batch, timeout=0.5)
+                    messages = await claims.fetch(self.batch, timeout=min(0.5, self.cycle_interval))
                 except NatsTimeout:
-                    continue
-                for message in messages:
-                    if self._stopping.is_set():
+                    messages = []
+                if self._stopping.is_set():
+                    for message in messages:
                         await message.nak()
-                        continue
-                    await self._handle(message)
+                    break
+                now = time.monotonic()
+                due = self._fleet_changed.is_set() or (self._waiting and now >= next_cycle)
+                if messages or due:
+                    self._fleet_changed.clear()
+                    next_cycle = now + self.cycle_interval
+                    await self._handle(messages)
         finally:
             await inventory.unsubscribe()
 
@@ -106,35 +128,95 @@ class Allocator:
         current = self.fleet.nodes.get(node.node)
         if current is not None and node.sequence and current.sequence > node.sequence:
             return  # an older snapshot arriving late
+        if node.removed and current is not None:
+            self.lost_nodes.add(node.node)
+        elif not node.removed:
+            self.lost_nodes.discard(node.node)
         self.fleet = self.fleet.with_node(node)
         self._inventory_seen.set()
         self._fleet_changed.set()
 
-    async def _handle(self, message: Msg) -> None:
-        metadata = message.metadata
-        message_id = (message.headers or {}).get("Nats-Msg-Id") or f"seq:{metadata.sequence.stream}"
+    async def _handle(self, messages: Sequence[Msg]) -> None:
         try:
-            await self._decide_message(message, message_id)
+            await self._decide_messages(messages)
         except (IntegrityError, DBAPIError) as error:
             # Another allocator committed first, or the database is busy: decide again later.
-            log.warning("ledger refused %s (%s); redelivering", message_id, type(error).__name__)
-            await message.nak(delay=0.2)
+            log.warning("ledger refused a cycle (%s); redelivering %d message(s)", type(error).__name__,
+                        len(messages))
+            for message in messages:
+                await message.nak(delay=0.2)
+            self._fleet_changed.set()
             return
-        await message.ack_sync()
+        for message in messages:
+            await message.ack_sync()
         await self.publish_outbox()
 
-    async def _decide_message(self, message: Msg, message_id: str) -> None:
-        async with self.sessions() as session, session.begin():
-            if await ops.already_processed(session, CONSUMER, message_id):
-                return
-            ops.record_processed(session, CONSUMER, message_id)
-            tenant = subjects.tenant_of(message.subject)
-            if message.subject.startswith(subjects.PREFIX + ".claims.submit."):
-                await self._submit(session, tenant, message.data, message_id)
-            else:
-                await self._release(session, tenant, message.data, message_id)
+    def _unusable_nodes(self) -> dict[str, str]:
+        """Nodes whose inventory is older than the TTL get no new allocation."""
+        now = self.clock()
+        return {
+            name: f"inventory {now - node.observed_at:.0f}s old, over the {self.inventory_ttl:.0f}s TTL"
+            for name, node in self.fleet.nodes.items()
+            if node.observed_at and now - node.observed_at > self.inventory_ttl
+        }
 
-    async def _submit(self, session: Any, tenant: str, data: bytes, message_id: str) -> None:
+    async def _decide_messages(self, messages: Sequence[Msg]) -> None:
+        """One transaction: the batch's inbox rows and claim changes, one decision cycle, its events."""
+        async with self.sessions() as session, session.begin():
+            await ops.lock_shard(session, self.shard, self.holder, self.clock() + 3 * self.cycle_interval + 30)
+            for message in messages:
+                message_id = (message.headers or {}).get("Nats-Msg-Id") or f"seq:{message.metadata.sequence.stream}"
+                if await ops.already_processed(session, CONSUMER, message_id):
+                    continue
+                ops.record_processed(session, CONSUMER, message_id)
+                tenant = subjects.tenant_of(message.subject)
+                if message.subject.startswith(subjects.PREFIX + ".claims.submit."):
+                    await self._submit(session, tenant, message.data, message_id)
+                else:
+                    await self._release(session, tenant, message.data, message_id)
+            await session.flush()
+            await self._cycle(session)
+
+    async def _cycle(self, session: AsyncSession) -> None:
+        if self.lost_nodes:
+            for row in await ops.claims_on_nodes(session, self.lost_nodes):
+                await ops.release_devices(session, row)
+                row.reason = f"node {row_node_of(row)} was lost; waiting to be placed again"
+                row.state, row.allocation, row.node = State.PENDING.value, None, None
+                ops.emit_status(session, row)
+            self.lost_nodes.clear()
+        queue = await ops.load_queue(session)
+        if not queue.waiting:
+            self._waiting = False
+            return
+        config = await load_quota_config(session)
+        snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()),
+                            tuple(queue.waiting.values()), self._unusable_nodes())
+        result = run_cycle(snapshot, self.memo)
+        now = datetime.now(UTC)
+        for preemption in result.preemptions:
+            row = queue.rows[preemption.victim]
+            await ops.release_devices(session, row)
+            by = "/".join(preemption.by)
+            row.state, row.reason, row.allocation, row.node = State.PREEMPTED.value, preemption.reason, None, None
+            ops.emit_status(session, row, by=by)
+            row.state, row.reason = State.PENDING.value, f"{preemption.reason}; waiting to be placed again"
+            ops.emit_status(session, row)
+        await session.flush()
+        waiting_left = False
+        for decided in result.decisions:
+            row = queue.rows[(decided.tenant, decided.name)]
+            decision = decided.decision
+            changed = await ops.apply_decision(session, row, decision, result.flavors)
+            row.explain = dict(decided.explain) if decided.explain is not None else None
+            if decision.allocation is not None:
+                row.allocated_at = now
+            waiting_left = waiting_left or decision.state is State.PENDING
+            if changed:
+                ops.emit_status(session, row, unsatisfiable=decision.unsatisfiable)
+        self._waiting = waiting_left or bool(result.preemptions)
+
+    async def _submit(self, session: AsyncSession, tenant: str, data: bytes, message_id: str) -> None:
         try:
             claim = read_submission(data, tenant)
         except InvalidClaim as invalid:
@@ -146,13 +228,10 @@ class Allocator:
         if row is not None:
             await session.delete(row)
             await session.flush()
-        row = await ops.new_claim(session, claim)
-        in_use = await ops.devices_in_use(session)
-        [outcome] = settle([claim], self.fleet, self.classes, in_use, memo=self.memo)
-        await ops.apply_decision(session, row, outcome.decision)
-        ops.emit_status(session, row)
+        await ops.new_claim(session, claim)
+        self._waiting = True
 
-    async def _refuse(self, session: Any, tenant: str, invalid: InvalidClaim, message_id: str) -> None:
+    async def _refuse(self, session: AsyncSession, tenant: str, invalid: InvalidClaim, message_id: str) -> None:
         if invalid.name is not None:
             row = await ops.find_claim(session, tenant, invalid.name)
             if row is not None and row.state in (State.PENDING.value, State.ALLOCATED.value):
@@ -176,7 +255,7 @@ class Allocator:
             ),
         )
 
-    async def _release(self, session: Any, tenant: str, data: bytes, message_id: str) -> None:
+    async def _release(self, session: AsyncSession, tenant: str, data: bytes, message_id: str) -> None:
         try:
             body = json.loads(data)
             name = body["name"]
@@ -190,30 +269,9 @@ class Allocator:
             return
         await ops.release_devices(session, row)
         row.state, row.reason, row.allocation, row.node = State.RELEASED.value, "released by the tenant", None, None
+        row.explain = None
         ops.emit_status(session, row)
-        await session.flush()
-        await self._settle_pending(session)
-
-    async def _settle_pending(self, session: Any) -> None:
-        rows = await ops.pending_claims(session)
-        if not rows:
-            return
-        in_use = await ops.devices_in_use(session)
-        claims = [ops.claim_document(r) for r in rows]
-        for row, outcome in zip(rows, settle(claims, self.fleet, self.classes, in_use, memo=self.memo),
-                                strict=True):
-            if await ops.apply_decision(session, row, outcome.decision):
-                ops.emit_status(session, row)
-
-    async def _retry_pending(self) -> None:
-        try:
-            async with self.sessions() as session, session.begin():
-                await self._settle_pending(session)
-        except (IntegrityError, DBAPIError) as error:
-            log.warning("retry of pending claims refused (%s); will retry", type(error).__name__)
-            self._fleet_changed.set()
-            return
-        await self.publish_outbox()
+        self._waiting = True  # freed devices may let waiting claims in
 
     async def publish_outbox(self) -> None:
         """Publish committed events in order; Nats-Msg-Id makes a re-publish after a crash harmless."""
@@ -237,6 +295,10 @@ class Allocator:
         except TimeoutError:
             return False
         return True
+
+
+def row_node_of(row: Any) -> str:
+    return str(row.node or (row.allocation or {}).get("nodeName") or "?")
 
 
 __all__ = ["Allocator", "OutboxEvent"]

@@ -136,11 +136,11 @@ class CrashAfterCommit(Allocator):
 
     crashed = asyncio.Event()
 
-    async def _handle(self, message: Any) -> None:
-        metadata = message.metadata
-        await self._decide_message(message, (message.headers or {}).get("Nats-Msg-Id") or str(metadata))
-        type(self).crashed.set()
-        raise asyncio.CancelledError
+    async def _handle(self, messages: Any) -> None:
+        await self._decide_messages(messages)
+        if messages:
+            type(self).crashed.set()
+            raise asyncio.CancelledError
 
 
 async def test_redelivery_after_crash_between_commit_and_ack(
