@@ -104,7 +104,7 @@ class Allocator:
             while not self._stopping.is_set():
                 try:
                     messages = await claims.fetch(self.batch, timeout=min(0.5, self.cycle_interval))
-                except NatsTimeout:
+                except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived in time
                     messages = []
                 if self._stopping.is_set():
                     for message in messages:

@@ -100,7 +100,7 @@ class Notifier:
             while True:
                 try:
                     messages = await statuses.fetch(64, timeout=min(0.5, self.check_interval))
-                except NatsTimeout:
+                except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived
                     messages = []
                 for message in messages:
                     await self._on_status(message)
