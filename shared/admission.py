@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from shared.quota import Flavor, QuotaConfig
 
 ClaimKey = tuple[str, str]  # tenant, name
 MAX_PREEMPTION_NODES = 16  # nodes tried per preempting claim, most promising first
+MAX_PREEMPTION_ATTEMPTS = 32  # waiting claims that search for victims per cycle, in fair-share order
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Waiting:
     priority: int = 0
     preemptible: bool = True
     arrival: int = 0
+    answered: bool = False  # it has a Pending answer already: a full fleet need not decide it again
 
     @property
     def key(self) -> ClaimKey:
@@ -101,7 +103,7 @@ class ClaimDecision:
 class CycleResult:
     decisions: tuple[ClaimDecision, ...]  # one per waiting claim, in the order they were decided
     preemptions: tuple[Preemption, ...]
-    flavors: Mapping[DeviceKey, tuple[str | None, float]]  # every allocated device: its flavor and units
+    flavors: Mapping[DeviceKey, tuple[str | None, float]]  # devices allocated in this cycle: flavor and units
 
 
 class Flavors:
@@ -282,8 +284,7 @@ class _Cycle:
         self.running: dict[ClaimKey, Running] = {r.key: r for r in snapshot.running}
         self.started = frozenset(self.running)
         in_use = [k for r in snapshot.running for k in r.allocation.keys]
-        self.state = FleetState(snapshot.fleet, snapshot.classes, in_use, memo=memo,
-                                unusable_nodes=snapshot.unusable_nodes)
+        self.state = _fleet_state(snapshot, memo, in_use)
         for r in snapshot.running:
             self._count(r.tenant, r.allocation, 1)
         self.order = itertools.count(max((r.allocated_order for r in snapshot.running), default=0) + 1)
@@ -376,8 +377,41 @@ class _Cycle:
                        self.snapshot.quotas.tenant(preemptor.tenant).cohort)
         return "reclaim" if same_cohort and self.snapshot.quotas.enforced else "fair-share"
 
+    def prefilter(self) -> Callable[[Waiting], bool]:
+        """A cheap test, built once per pass, of whether a waiting claim has any victim candidate: a
+        lower-priority preemptible claim of its own tenant, or a preemptible claim of another tenant
+        that borrows (any other tenant in an open fleet) with a larger share than its own."""
+        lowest: dict[str, int] = {}
+        shares: dict[str, float] = {}
+        enforced = self.snapshot.quotas.enforced
+        borrowing = {t for (t, f), n in self.book.used.items() if n > self.book.nominal(t, f)}
+        for r in self.running.values():
+            if not r.preemptible or r.key not in self.started:
+                continue
+            lowest[r.tenant] = min(lowest.get(r.tenant, r.priority), r.priority)
+            if not enforced or r.tenant in borrowing:
+                shares[r.tenant] = self.book.share(r.tenant)
+        top = max(shares.values(), default=None)
+
+        def test(waiting: Waiting) -> bool:
+            if lowest.get(waiting.tenant, waiting.priority) < waiting.priority:
+                return True
+            mine = self.book.share(waiting.tenant)
+            if top is None or top < mine:
+                return False
+            return any(t != waiting.tenant and s >= mine for t, s in shares.items())
+
+        return test
+
+    def _candidates(self, waiting: Waiting) -> Iterable[Running]:
+        """Its own tenant's claims, and those of tenants that borrow (or, in an open fleet, everyone's)."""
+        if not self.snapshot.quotas.enforced:
+            return self.running.values()
+        borrowing = {t for (t, f), n in self.book.used.items() if n > self.book.nominal(t, f)}
+        return [r for r in self.running.values() if r.tenant == waiting.tenant or r.tenant in borrowing]
+
     def try_preempt(self, waiting: Waiting) -> Decision | None:
-        candidates = [(r, rule) for r in self.running.values() if (rule := self._rule(waiting, r)) is not None]
+        candidates = [(r, rule) for r in self._candidates(waiting) if (rule := self._rule(waiting, r)) is not None]
         if not candidates:
             return None
         by_node: dict[str, list[tuple[Running, str]]] = defaultdict(list)
@@ -482,6 +516,20 @@ class _Cycle:
                 f"{self.book.share(victim.tenant):.2f} (GPU units in use per unit of weight)")
 
 
+def _fleet_state(snapshot: Snapshot, memo: SelectorMemo, in_use: Sequence[DeviceKey]) -> FleetState:
+    """The last cycle's state when the fleet, classes and unusable nodes are the same objects and values
+    (brought up to date by what is in use now); otherwise a new one. Derived data only: the same
+    answers as a new state, without rebuilding every index each cycle."""
+    kept = memo.states.get("cycle")
+    if (isinstance(kept, FleetState) and kept.fleet is snapshot.fleet and kept.classes is snapshot.classes
+            and kept.unusable_nodes == dict(snapshot.unusable_nodes)):
+        kept.sync(in_use)
+        return kept
+    state = FleetState(snapshot.fleet, snapshot.classes, in_use, memo=memo, unusable_nodes=snapshot.unusable_nodes)
+    memo.states["cycle"] = state
+    return state
+
+
 def _fair_order(cycle: _Cycle, waiting: Sequence[Waiting]) -> Iterable[Waiting]:
     """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival."""
     queues: dict[str, list[tuple[int, int, int, Waiting]]] = defaultdict(list)
@@ -500,31 +548,54 @@ def _fair_order(cycle: _Cycle, waiting: Sequence[Waiting]) -> Iterable[Waiting]:
             heapq.heappush(heap, (cycle.book.share(tenant), queue[-1][0], queue[-1][1], tenant))
 
 
+def _admin(waiting: Waiting) -> bool:
+    return any(r.exactly is not None and r.exactly.admin_access for r in waiting.claim.spec.devices.requests)
+
+
 def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResult:
     """Admit what fits in fair-share order, then preempt where a rule allows, and explain the rest."""
     cycle = _Cycle(snapshot, memo or SelectorMemo())
     decided: dict[ClaimKey, tuple[Decision, list[Block]]] = {}
     order: list[Waiting] = []
     for waiting in _fair_order(cycle, snapshot.waiting):
+        if waiting.answered and cycle.state.free_devices <= 0 and not _admin(waiting):
+            continue  # nothing is free: it keeps its place and its last answer; only preemption can help
         decision, blocks = cycle.try_admit(waiting)
         if decision.allocation is not None:
             cycle.admit(waiting, decision.allocation)
         decided[waiting.key] = (decision, blocks)
         order.append(waiting)
-    for waiting in order:  # preemption, in the same fair-share order
-        decision, _ = decided[waiting.key]
-        if decision.state is not State.PENDING or waiting.key in cycle.preempted:
+    attempts = 0
+    may_preempt = cycle.prefilter()
+    in_order = {w.key for w in order}
+    for waiting in _fair_order(cycle, snapshot.waiting):  # preemption, in fair-share order again
+        found = decided.get(waiting.key)
+        if found is not None and found[0].state is not State.PENDING or waiting.key in cycle.preempted:
             continue
+        if attempts >= MAX_PREEMPTION_ATTEMPTS:
+            break
+        if not may_preempt(waiting):
+            continue
+        attempts += 1
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:
             decided[waiting.key] = (preempted, [])
+            may_preempt = cycle.prefilter()
+            if waiting.key not in in_order:
+                order.append(waiting)
+                in_order.add(waiting.key)
     from shared.explain import explain_pending
 
     results = []
+    candidates = sum(1 for r in cycle.running.values() if r.preemptible)
+    flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     for waiting in order:
         decision, blocks = decided[waiting.key]
-        detail = explain_pending(cycle, waiting, decision, blocks) if decision.state is State.PENDING else None
+        detail = None
+        if decision.state is State.PENDING:
+            detail = explain_pending(cycle, waiting, decision, blocks, candidates)
+        elif decision.allocation is not None:
+            for d in cycle._devices(decision.allocation):
+                flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))
         results.append(ClaimDecision(waiting.tenant, waiting.name, decision, detail))
-    flavors = {k: (cycle.flavors.name_of(d), cycle.flavors.units_of(d))
-               for r in cycle.running.values() for d in cycle._devices(r.allocation) for k in [d.key]}
     return CycleResult(tuple(results), tuple(cycle.preemptions), flavors)

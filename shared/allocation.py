@@ -414,6 +414,8 @@ class FleetState:
         self.reason_cache: dict[tuple[int, Any], tuple[int, tuple[str, bool]]] = {}
         self._counter_fit: dict[DeviceKey, bool] = {}  # per device, dropped when its counter set changes
         self._only: DeviceFilter | None = None
+        self._free = sum(1 for n in fleet.nodes.values() if n.node not in self.unusable_nodes
+                         for d in n.devices if d.health != UNHEALTHY)
         for node in fleet.nodes.values():
             if node.counters:
                 self._counters[node.node] = {k: exact(q.value) for k, q in node.counters.items()}
@@ -457,6 +459,8 @@ class FleetState:
             self.in_use.add(device.key)
         else:
             self.in_use.discard(device.key)
+        if device.node not in self.unusable_nodes and device.health != UNHEALTHY:
+            self._free -= sign
         self.usage[device.node] = self.usage.get(device.node, 0) + sign
         left = self._counters.get(device.node)
         if left is not None and device.counter_draws:
@@ -472,6 +476,26 @@ class FleetState:
             if inventory is not None:
                 for index in self._shape_indexes.get(inventory.shape_id, ()):
                     index.touch(node)
+
+    @property
+    def free_devices(self) -> int:
+        """Healthy devices not in use on usable nodes: with none left, no ordinary request can be placed."""
+        return self._free
+
+    def sync(self, in_use: Iterable[DeviceKey]) -> None:
+        """Make what is taken equal `in_use`, touching only what differs: a state kept from the last
+        cycle (same fleet) is brought up to date in O(changes) instead of rebuilt."""
+        wanted = set(in_use) & self.fleet.by_key.keys()
+        by_key = self.fleet.by_key
+        nodes = set()
+        for key in self.in_use - wanted:
+            self._mark(by_key[key], taken=False)
+            nodes.add(by_key[key].node)
+        for key in wanted - self.in_use:
+            self._mark(by_key[key], taken=True)
+            nodes.add(by_key[key].node)
+        if nodes:
+            self._changed(nodes)
 
     def take(self, allocation: Allocation) -> None:
         """Hold an allocation's devices (admin-access results hold none)."""
@@ -514,7 +538,13 @@ class FleetState:
     # -- deciding -----------------------------------------------------------------------------------
 
     def plan(self, claim: dra.ResourceClaim) -> Plan:
-        """Prepared once per distinct claim spec; raises Rejected."""
+        """Prepared once per distinct claim spec (and looked up by identity first: the same claim object
+        comes back every cycle); raises Rejected."""
+        known = self.memo.plan_of.get(id(claim))
+        if known is not None and known[0] is claim:
+            if isinstance(known[1], Rejected):
+                raise known[1]
+            return known[1]
         key = _spec_key(claim)
         cached = self.memo.plans.get(key)
         if cached is None:
@@ -525,6 +555,9 @@ class FleetState:
             if len(self.memo.plans) > 10_000:
                 self.memo.plans.clear()
             self.memo.plans[key] = cached
+        if len(self.memo.plan_of) > 100_000:
+            self.memo.plan_of.clear()
+        self.memo.plan_of[id(claim)] = (claim, cached)
         if isinstance(cached, Rejected):
             raise cached
         return cached

@@ -68,8 +68,9 @@ def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: 
     return out
 
 
-def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block]) -> dict[str, Any]:
-    candidates = sum(1 for r in cycle.running.values() if r.preemptible and r.key != waiting.key)
+def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block],
+                    candidates: int) -> dict[str, Any]:
+    """`candidates`: preemptible claims running after the cycle, counted once for all explanations."""
     preemption = {
         "candidates": candidates,
         "outcome": ("no preemptible claim may be displaced for it by the rules (priority within its tenant, "

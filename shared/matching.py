@@ -29,6 +29,8 @@ class SelectorMemo:
     signatures: dict[tuple[frozenset[str], int], Any] = field(default_factory=dict)
     shapes: dict[tuple[tuple[str, ...], int], tuple[int, ...] | SelectorError] = field(default_factory=dict)
     plans: dict[Any, Any] = field(default_factory=dict)  # prepared claims per spec (shared/allocation.py)
+    plan_of: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(claim) -> (claim, plan)
+    states: dict[str, Any] = field(default_factory=dict)  # the last cycle's FleetState, for the next one
     evaluations: int = 0
 
     def _signature(self, selector: CompiledSelector, device: FleetDevice) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared import dra
@@ -116,6 +116,8 @@ def run_waves(
                     changed = True
                 elif d.decision.state is State.REJECTED:
                     waiting.pop(key, None)
+                elif queued is not None and not queued.answered:
+                    waiting[key] = replace(queued, answered=True)
             if not changed:
                 break
     result.outcomes = list(final.values())

@@ -168,7 +168,7 @@ async def load_queue(session: AsyncSession) -> Queue:
                                          row.preemptible, arrival, order)
         elif row.state == State.PENDING.value:
             queue.waiting[key] = Waiting(row.namespace, row.name, _document(row), row.priority, row.preemptible,
-                                         arrival)
+                                         arrival, answered=row.reason is not None)
     return queue
 
 

@@ -184,6 +184,7 @@ class Allocator:
                 row.reason = f"node {row_node_of(row)} was lost; waiting to be placed again"
                 row.state, row.allocation, row.node = State.PENDING.value, None, None
                 ops.emit_status(session, row)
+                row.reason = None  # not answered yet: the cycle below decides it like a new claim
             self.lost_nodes.clear()
         queue = await ops.load_queue(session)
         if not queue.waiting:
@@ -202,6 +203,7 @@ class Allocator:
             ops.emit_status(session, row, by=by)
             row.state, row.reason = State.PENDING.value, f"{preemption.reason}; waiting to be placed again"
             ops.emit_status(session, row)
+            row.reason = None  # not answered yet: the next cycle decides it like a new claim
         await session.flush()
         waiting_left = False
         for decided in result.decisions:
