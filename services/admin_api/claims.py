@@ -10,10 +10,10 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.admin_api.common import Caller, Model, Name, Principal, Session, Stamp, admin, visible
+from services.admin_api.common import PROBLEMS, Caller, Model, Name, Principal, Session, Stamp, admin, visible
 from shared.ledger.schema import AlertRecord, AuditEntry, Claim, ClaimEvent
 
-router = APIRouter()
+router = APIRouter(responses=PROBLEMS)
 Limit = Annotated[int, Query(ge=1, le=1000)]
 
 

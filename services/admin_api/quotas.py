@@ -14,13 +14,13 @@ from pydantic import Field
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.admin_api.common import Caller, Model, Problem, Session, admin
+from services.admin_api.common import PROBLEMS, Caller, Model, Problem, Session, admin, problem_doc
 from shared.cel import SelectorError, compile_selector
 from shared.ledger.quota_store import apply_quota_config, load_quota_config
 from shared.ledger.schema import Claim, DeviceAllocation
 from shared.quota import QuotaConfig, QuotaFileError, parse_quotas
 
-router = APIRouter(tags=["quotas"])
+router = APIRouter(tags=["quotas"], responses=PROBLEMS)
 YAML = "application/yaml"
 
 
@@ -218,7 +218,7 @@ async def exceeding(s: AsyncSession, config: QuotaConfig) -> list[ExceedingOut]:
 
 
 @router.post("/v1/quotas/import", response_model=ImportOut, openapi_extra=_IMPORT_BODY,
-             responses={422: {"description": "the document is invalid; the detail names the field"}})
+             responses={422: problem_doc("the document is invalid; the detail names the field")})
 async def import_quotas(request: Request, s: Session, token: Caller,
                         dry_run: Annotated[bool, Query(alias="dryRun")] = False) -> ImportOut:
     """Make the ledger hold exactly this Quotas document: flavors, cohorts, tenants and quotas it does

@@ -11,14 +11,27 @@ from pydantic import Field
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.admin_api.common import Caller, Input, Model, Name, Problem, Session, admin, audit, dump, visible
+from services.admin_api.common import (
+    PROBLEMS,
+    Caller,
+    Input,
+    Model,
+    Name,
+    Problem,
+    Session,
+    admin,
+    audit,
+    dump,
+    problem_doc,
+    visible,
+)
 from shared.cel import SelectorError, compile_selector
 from shared.ledger.quota_store import cohort_json, flavor_json, load_quota_config, quota_json, tenant_json
 from shared.ledger.schema import Cohort, Quota, Tenant
 from shared.ledger.schema import Flavor as FlavorRow
 from shared.quota import BUILTIN_FLAVORS
 
-router = APIRouter()
+router = APIRouter(responses=PROBLEMS)
 BUILTIN = {f.name: f for f in BUILTIN_FLAVORS}
 
 
@@ -164,7 +177,7 @@ async def put_cohort(name: Name, s: Session, token: Caller,
 
 
 @router.delete("/v1/cohorts/{name}", status_code=204, tags=["cohorts"],
-               responses={409: {"description": "tenants are still in the cohort"}})
+               responses={409: problem_doc("tenants are still in the cohort")})
 async def delete_cohort(name: Name, s: Session, token: Caller) -> None:
     admin(token)
     async with s.begin():
@@ -192,7 +205,7 @@ async def list_flavors(s: Session, token: Caller) -> list[FlavorOut]:
 
 
 @router.put("/v1/flavors/{name}", response_model=FlavorOut, tags=["flavors"],
-            responses={422: {"description": "the selector is not valid CEL; the detail is CEL's message"}})
+            responses={422: problem_doc("the selector is not valid CEL; the detail is CEL's message")})
 async def put_flavor(name: Name, body: FlavorIn, s: Session, token: Caller) -> FlavorOut:
     """Create or replace a custom flavor (a built-in's name overrides it). The selector is compiled
     here, so a typo is refused now rather than found by the allocator later."""
@@ -217,7 +230,7 @@ async def put_flavor(name: Name, body: FlavorIn, s: Session, token: Caller) -> F
 
 
 @router.delete("/v1/flavors/{name}", status_code=204, tags=["flavors"],
-               responses={409: {"description": "a built-in flavor, or quotas still use it"}})
+               responses={409: problem_doc("a built-in flavor, or quotas still use it")})
 async def delete_flavor(name: Name, s: Session, token: Caller) -> None:
     """Deleting a redefined built-in restores the built-in. A custom flavor that quotas use stays."""
     admin(token)

@@ -484,6 +484,18 @@ async def test_load_and_apply_quota_config(api: Api) -> None:
         assert await apply_quota_config(s, config, "test") == []
 
 
+async def test_openapi_documents_new_routes_and_problems(api: Api) -> None:
+    paths = (await api.client.get("/openapi.json")).json()["paths"]
+    assert {"/v1/cohorts", "/v1/cohorts/{name}", "/v1/flavors", "/v1/flavors/{name}", "/v1/quotas",
+            "/v1/quotas/export", "/v1/quotas/import", "/v1/usage", "/v1/claims/{namespace}/{name}/explain",
+            "/v1/audit"} <= set(paths)
+    assert "/" not in paths, "the page is HTML, not part of the API document"
+    put_flavor = paths["/v1/flavors/{name}"]["put"]["responses"]
+    assert {"401", "403", "422"} <= set(put_flavor) and PROBLEM in put_flavor["422"]["content"]
+    assert PROBLEM in paths["/v1/cohorts/{name}"]["delete"]["responses"]["409"]["content"]
+    assert "application/yaml" in paths["/v1/quotas/import"]["post"]["requestBody"]["content"]
+
+
 # --- schemathesis -----------------------------------------------------------------------------------------
 # Driven with hypothesis directly (schemathesis' pytest plugin does not run under pytest 9): one test per
 # operation of the document, each with a bounded number of generated requests, in-process over ASGI.
