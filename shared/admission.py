@@ -39,7 +39,7 @@ from shared.matching import SelectorMemo
 from shared.quota import Flavor, QuotaConfig
 
 ClaimKey = tuple[str, str]  # tenant, name
-MAX_PREEMPTION_NODES = 16  # nodes tried per preempting claim, most promising first
+MAX_PREEMPTION_NODES = 8  # nodes tried per preempting claim, most promising first
 MAX_PREEMPTION_ATTEMPTS = 32  # waiting claims that search for victims per cycle, in fair-share order
 
 
@@ -283,12 +283,18 @@ class _Cycle:
         self.book = QuotaBook(snapshot.quotas, capacity)
         self.running: dict[ClaimKey, Running] = {r.key: r for r in snapshot.running}
         self.started = frozenset(self.running)
+        self.on_node: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
+        for r in snapshot.running:
+            self.on_node[r.allocation.node][r.key] = r
+        self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
+        self._plan_flavors: dict[int, frozenset[str]] = {}
         in_use = [k for r in snapshot.running for k in r.allocation.keys]
         self.state = _fleet_state(snapshot, memo, in_use)
         for r in snapshot.running:
             self._count(r.tenant, r.allocation, 1)
         self.order = itertools.count(max((r.allocated_order for r in snapshot.running), default=0) + 1)
         self.preemptions: list[Preemption] = []
+        self._flavor_filters: dict[str, DeviceFilter] = {}
         self.preempted: set[ClaimKey] = set()
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
         # of claims alike costs one placement attempt per fleet change, not one per claim.
@@ -302,45 +308,56 @@ class _Cycle:
         for d in self._devices(allocation):
             self.book.add(tenant, self.flavors.name_of(d), self.flavors.units_of(d), sign)
 
-    def _filter(self, tenant: str, nominal_only: bool) -> DeviceFilter:
-        """Devices of flavors the tenant has nominal headroom in (and of no flavor), or also those it
-        may borrow: the tiers of placement."""
-        allowed = self.book.headroom_flavors(tenant)
-        if not nominal_only:
-            allowed = allowed | frozenset(
-                f.name for f in self.snapshot.quotas.flavors
-                if self.book.lendable(tenant, f.name) > 0
-                and self.book.borrowing(tenant, f.name) < self._borrow_cap(tenant, f.name))
-        names = self.flavors.name_of
-        return DeviceFilter(("tier", nominal_only, allowed), lambda d: names(d) is None or names(d) in allowed)
+    def _only(self, flavor: str) -> DeviceFilter:
+        """Placement restricted to one flavor; one filter object per flavor, shared by every tenant, so
+        the indexes behind it are built once."""
+        found = self._flavor_filters.get(flavor)
+        if found is None:
+            names = self.flavors.name_of
+            found = self._flavor_filters[flavor] = DeviceFilter(("flavor", flavor), lambda d: names(d) == flavor)
+        return found
 
     def _borrow_cap(self, tenant: str, flavor: str) -> int:
         limit = self.snapshot.quotas.tenant(tenant).limit(flavor)
         return limit.borrowing_limit if limit and limit.borrowing_limit is not None else 1 << 30
 
+    def _within_nominal(self, tenant: str, deltas: Mapping[str, int]) -> bool:
+        return all(self.book.used[(tenant, f)] + n <= self.book.nominal(tenant, f) for f, n in deltas.items())
+
     def try_admit(self, waiting: Waiting) -> tuple[Decision, list[Block]]:
-        """Place within nominal first, then borrowing; the quota check is on the devices chosen."""
-        if not self.snapshot.quotas.enforced:
-            return self._decide(waiting, None), []
-        blocks: list[Block] = []
-        for nominal_only in (True, False):
-            decision = self._decide(waiting, self._filter(waiting.tenant, nominal_only))
-            if decision.allocation is None:
-                if decision.state is State.REJECTED:
-                    return decision, []
+        """Placement within nominal first, then borrowing; the quota check is on the devices chosen.
+
+        The unrestricted best fit comes first; when it would borrow or is blocked, the claim is placed
+        on each flavor it has nominal quota of, then on each it may borrow, one flavor at a time."""
+        first = self._decide(waiting, None)
+        if not self.snapshot.quotas.enforced or first.allocation is None:
+            return first, []  # an open fleet, or capacity (not quota) is what keeps it out
+        tenant = waiting.tenant
+        deltas = _deltas(self._devices(first.allocation), self.flavors)
+        blocks = self.book.check(tenant, deltas)
+        if not blocks and self._within_nominal(tenant, deltas):
+            return first, []
+        tried = set(deltas) if len(deltas) == 1 else set()
+        relevant = self._claim_flavors(waiting)
+        nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
+        borrowable = [f for f in sorted(relevant) if f not in nominal
+                      and self.book.lendable(tenant, f) > 0
+                      and self.book.borrowing(tenant, f) < self._borrow_cap(tenant, f)]
+        for flavor in (*nominal, *borrowable):
+            if flavor in tried:
                 continue
-            blocks = self.book.check(waiting.tenant, _deltas(self._devices(decision.allocation), self.flavors))
-            if not blocks:
+            tried.add(flavor)
+            decision = self._decide(waiting, self._only(flavor), explain=False)
+            if decision.allocation is None:
+                continue
+            if not self.book.check(tenant, _deltas(self._devices(decision.allocation), self.flavors)):
                 return decision, []
-        unfiltered = self._decide(waiting, None)
-        if unfiltered.allocation is None:
-            return unfiltered, []  # capacity is the problem, whatever the quotas
-        blocks = blocks or self.book.check(waiting.tenant, _deltas(self._devices(unfiltered.allocation),
-                                                                    self.flavors))
-        reason = "; ".join(b.why for b in blocks) or "quota"
+        if not blocks:
+            return first, []  # it borrows, within every limit, and nothing within nominal fits
+        reason = "; ".join(b.why for b in blocks)
         return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
 
-    def _decide(self, waiting: Waiting, only: DeviceFilter | None) -> Decision:
+    def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool = True) -> Decision:
         try:
             plan_key: tuple[int, Any] | None = (id(self.state.plan(waiting.claim)), only.key if only else None)
         except Rejected:
@@ -349,16 +366,18 @@ class _Cycle:
             failed = self.failed_at.get(plan_key)
             if failed is not None and failed[0] == self.state.version:
                 return failed[1]
-        decision = self.state.decide(waiting.claim, only)
-        if plan_key is not None and decision.state is State.PENDING:
+        decision = self.state.decide(waiting.claim, only, explain=explain)
+        if plan_key is not None and decision.state is State.PENDING and explain:
             self.failed_at[plan_key] = (self.state.version, decision)
         return decision
 
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
         self.state.take(allocation)
         self._count(waiting.tenant, allocation, 1)
-        self.running[waiting.key] = Running(waiting.tenant, waiting.name, allocation, waiting.priority,
-                                            waiting.preemptible, waiting.arrival, next(self.order))
+        running = Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
+                          waiting.arrival, next(self.order))
+        self.running[waiting.key] = running
+        self.on_node[allocation.node][waiting.key] = running
 
     # -- preemption ---------------------------------------------------------------------------------
 
@@ -368,7 +387,7 @@ class _Cycle:
             return None  # claims admitted in this very cycle are not taken back in it
         if victim.tenant == preemptor.tenant:
             return "priority" if victim.priority < preemptor.priority else None
-        victim_flavors = {self.flavors.name_of(d) for d in self._devices(victim.allocation)}
+        victim_flavors = self._flavors_of(victim)
         if self.snapshot.quotas.enforced and not any(
                 f is not None and self.book.borrowing(victim.tenant, f) > 0 for f in victim_flavors):
             return None  # only borrowed devices are taken back or shared out
@@ -403,20 +422,55 @@ class _Cycle:
 
         return test
 
-    def _candidates(self, waiting: Waiting) -> Iterable[Running]:
-        """Its own tenant's claims, and those of tenants that borrow (or, in an open fleet, everyone's)."""
-        if not self.snapshot.quotas.enforced:
-            return self.running.values()
-        borrowing = {t for (t, f), n in self.book.used.items() if n > self.book.nominal(t, f)}
-        return [r for r in self.running.values() if r.tenant == waiting.tenant or r.tenant in borrowing]
+    def _flavors_of(self, running: Running) -> frozenset[str | None]:
+        found = self._running_flavors.get(running.key)
+        if found is None:
+            found = self._running_flavors[running.key] = frozenset(
+                self.flavors.name_of(d) for d in self._devices(running.allocation))
+        return found
+
+    def _claim_flavors(self, waiting: Waiting) -> frozenset[str]:
+        """Flavors of the devices the claim's requests accept at all: the only ones worth trying."""
+        plan = self.state.plan(waiting.claim)
+        found = self._plan_flavors.get(id(plan))
+        if found is None:
+            names: set[str] = set()
+            for _, alternatives in plan.requests:
+                for alternative in alternatives:
+                    index = self.state.index(alternative)
+                    for device in index.kinds():
+                        if (name := self.flavors.name_of(device)) is not None:
+                            names.add(name)
+            found = self._plan_flavors[id(plan)] = frozenset(names)
+        return found
+
+    def _hosts(self, waiting: Waiting) -> frozenset[str] | None:
+        """Nodes with devices the claim's first request accepts: victims elsewhere cannot help it."""
+        try:
+            plan = self.state.plan(waiting.claim)
+            return self.state.index(plan.variants[0][0]).nodes
+        except (Rejected, IndexError):
+            return None
 
     def try_preempt(self, waiting: Waiting) -> Decision | None:
-        candidates = [(r, rule) for r in self._candidates(waiting) if (rule := self._rule(waiting, r)) is not None]
-        if not candidates:
+        hosts = self._hosts(waiting)
+        if not hosts:
             return None
+        plan = self.state.plan(waiting.claim)
+        lead = plan.variants[0][0]
+        index = self.state.index(lead)
         by_node: dict[str, list[tuple[Running, str]]] = defaultdict(list)
-        for r, rule in candidates:
-            by_node[r.allocation.node].append((r, rule))
+        for node in hosts & self.on_node.keys():
+            candidates = [(r, rule) for r in self.on_node[node].values()
+                          if (rule := self._rule(waiting, r)) is not None]
+            if not candidates:
+                continue
+            accepted = {d.key for d in index.devices_on(node)}
+            could_free = sum(1 for r, _ in candidates for k in r.allocation.keys if k in accepted)
+            if len(index.free_on(node)) + could_free >= lead.wanted:  # else evicting them cannot make room
+                by_node[node] = candidates
+        if not by_node:
+            return None
         best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
         nodes = sorted(by_node, key=lambda n: sum(self._units(r) for r, _ in by_node[n]))
         for node in nodes[:MAX_PREEMPTION_NODES]:
@@ -449,12 +503,14 @@ class _Cycle:
         self.state.give_back(victim.allocation)
         self._count(victim.tenant, victim.allocation, -1)
         del self.running[victim.key]
+        del self.on_node[victim.allocation.node][victim.key]
         self.preempted.add(victim.key)
 
     def _restore(self, victim: Running) -> None:
         self.state.take(victim.allocation)
         self._count(victim.tenant, victim.allocation, 1)
         self.running[victim.key] = victim
+        self.on_node[victim.allocation.node][victim.key] = victim
         self.preempted.discard(victim.key)
 
     def _fits_with(self, waiting: Waiting, victims: Sequence[tuple[Running, str]]) -> Allocation | None:

@@ -412,6 +412,7 @@ class FleetState:
         self._counter_peers: dict[tuple[str, tuple[str, str, str]], list[FleetDevice]] = {}
         self.version = 0  # bumped on every take or give back: reasons cached per version stay true
         self.reason_cache: dict[tuple[int, Any], tuple[int, tuple[str, bool]]] = {}
+        self.hints: dict[Any, str] = {}  # did-you-mean and closest-device hints: they depend on the fleet only
         self._counter_fit: dict[DeviceKey, bool] = {}  # per device, dropped when its counter set changes
         self._only: DeviceFilter | None = None
         self._free = sum(1 for n in fleet.nodes.values() if n.node not in self.unusable_nodes
@@ -562,16 +563,17 @@ class FleetState:
             raise cached
         return cached
 
-    def decide(self, claim: dra.ResourceClaim, only: DeviceFilter | None = None) -> Decision:
+    def decide(self, claim: dra.ResourceClaim, only: DeviceFilter | None = None, *, explain: bool = True
+               ) -> Decision:
         """Decide one claim against what is free now (among the devices `only` accepts); the caller
-        take()s an allocation it keeps."""
+        take()s an allocation it keeps. `explain=False` skips the pending reason (a trial placement)."""
         self._only = only
         try:
-            return self._decide(claim)
+            return self._decide(claim, explain)
         finally:
             self._only = None
 
-    def _decide(self, claim: dra.ResourceClaim) -> Decision:
+    def _decide(self, claim: dra.ResourceClaim, explain: bool) -> Decision:
         from shared.reasons import pending_reason  # reasons read the indexes; they import this module
 
         try:
@@ -587,6 +589,8 @@ class FleetState:
             return Decision(State.PENDING, reason=(
                 f"search budget of {self.budget} steps exhausted; the claim's constraints leave too many "
                 "combinations on the free devices; simplify them or ask for fewer devices"))
+        if not explain:
+            return Decision(State.PENDING)
         try:
             reason, unsatisfiable = pending_reason(self, plan)
         except Rejected as rejected:

@@ -15,6 +15,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from shared import dra
@@ -117,6 +118,7 @@ class DeviceIndex:
         self.largest_group = 0  # the most usable devices in one group: more can never be allocated together
         self.nodes_with_matches = 0
         self.shapes: set[int] = set()  # node shapes with matching devices: where a change may matter
+        self.kind_samples: dict[int, FleetDevice] = {}  # one accepted device per kind
         self._free_materialised = 0
         self.blocked: Counter[str] = Counter()
         self._node_blocked: dict[str, Counter[str]] = {}
@@ -161,6 +163,8 @@ class DeviceIndex:
         attribute = self.group_attribute
         if self.accepts is not None:
             accepted = [i for i in accepted if self.accepts(devices[i])]
+        for i in accepted:
+            self.kind_samples.setdefault(devices[i].profile_id, devices[i])
         for i in sorted(accepted, key=lambda i: (devices[i].fit_rank, i)):
             d = devices[i]
             if d.taints and blocked_by_taint(d, self.tolerations):
@@ -285,8 +289,17 @@ class DeviceIndex:
     def most_free(self) -> int:
         return max((b[1] for b in self.bucket_keys if self.buckets[b]), default=0)
 
+    def kinds(self) -> list[FleetDevice]:
+        """One device of each kind (profile) this index accepts."""
+        return list(self.kind_samples.values())
+
     def node_names(self) -> list[str]:
-        return sorted(set(self.by_node) | set(self.idle_shape))
+        return sorted(self.nodes)
+
+    @cached_property
+    def nodes(self) -> frozenset[str]:
+        """Every node with a device this index accepts (free or not): fixed for the fleet."""
+        return frozenset(self.by_node) | frozenset(self.idle_shape)
 
     def _ensure(self, node: str) -> None:
         if node in self.idle_shape:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from shared.topology import GPU_MODELS, GpuModel
@@ -121,7 +122,7 @@ class QuotaConfig:
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     listed_flavors: tuple[Flavor, ...] = ()  # the ones the admin wrote, for export
 
-    @property
+    @cached_property
     def enforced(self) -> bool:
         """With no quota anywhere the fleet is open: any tenant may use any free device."""
         return any(t.quotas for t in self.tenants.values())

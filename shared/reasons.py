@@ -35,6 +35,15 @@ def _label(state: FleetState, alternative: Alternative) -> str:
     return f"Insufficient {resource}" if resource else f"Insufficient {alternative.class_name} devices"
 
 
+def _hint(state: FleetState, kind: str, alternative: Alternative) -> str:
+    """Hints scan the fleet, so each is worked out once per kind of request and fleet state."""
+    key = (kind, alternative.index_key())
+    found = state.hints.get(key)
+    if found is None:
+        found = state.hints[key] = (_did_you_mean if kind == "did-you-mean" else _closest)(state, alternative)
+    return found
+
+
 def _did_you_mean(state: FleetState, alternative: Alternative) -> str:
     """For `productName == "H100"` against a fleet that says "NVIDIA H100 80GB HBM3", show what exists."""
     hints = []
@@ -85,7 +94,7 @@ def _alternative_reason(state: FleetState, plan: Plan, alternative: Alternative,
         nodes = len(fleet.nodes)
         return (f"{head}, but no device in the fleet ({len(fleet.devices)} devices on {_plural(nodes, 'node')}) "
                 f"matches its selectors; it waits until one appears."
-                f"{_did_you_mean(state, alternative)}{_closest(state, alternative)}", True)
+                f"{_hint(state, 'did-you-mean', alternative)}{_hint(state, 'closest', alternative)}", True)
     text = (f"{head}, free {index.free_total} of {index.matching} on {_plural(index.nodes_with_matches, 'node')}"
             f"{_held_back(index)}")
     if alternative.all_mode:

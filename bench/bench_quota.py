@@ -1,0 +1,151 @@
+"""Quota benchmark (issue 4): 1,000 nodes with 8 GPUs each (A100 to B300), 100 tenants in 10 cohorts with
+nominal quotas per generation (about the fleet's size in all) and borrowing, a waiting queue held at a
+depth of 1,000 and of 10,000 claims. Each cycle a share of the running claims finishes, new claims
+arrive to keep the depth, and one admission cycle runs: fair-share order, quotas, preemption (claims
+carry priorities), explanations. Prints one JSON line per depth.
+
+admissions_per_s is claims admitted over the time spent in cycles; cycle_*_ms are per cycle.
+Run: `make bench-quota` (or `python bench/bench_quota.py --depth 1000 --cycles 20`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shared import dra  # noqa: E402
+from shared.admission import Running, Snapshot, Waiting, run_cycle  # noqa: E402
+from shared.allocation import SelectorMemo  # noqa: E402
+from shared.classes import BUILTIN_CLASSES  # noqa: E402
+from shared.inventory import Fleet  # noqa: E402
+from shared.quota import QuotaConfig, parse_quotas  # noqa: E402
+from shared.sources import documents_from  # noqa: E402
+
+MODELS = ("A100", "H100", "H200", "B200", "B300")
+TENANTS = 100
+COHORTS = 10
+
+
+def build_fleet(nodes: int) -> Fleet:
+    specs = [{"name": f"node-{i:05d}", "gpuModel": MODELS[i % len(MODELS)], "gpuCount": 8, "numaNodes": 2}
+             for i in range(nodes)]
+    docs = documents_from([{"kind": "Topology", "nodes": specs}], "bench")
+    fleet = Fleet.from_slices(docs.slices, docs.labels)
+    fleet.nodes_by_shape  # noqa: B018 - worked out when inventory arrives, not per decision
+    return fleet
+
+
+def build_quotas(nodes: int, rng: random.Random) -> QuotaConfig:
+    """Each generation's devices split among the tenants' nominal quotas (a tenant holds two or three
+    generations), some lending limits, some borrowing limits, weights 1 to 3."""
+    per_model = nodes * 8 // len(MODELS)
+    tenants: list[dict[str, Any]] = []
+    for t in range(TENANTS):
+        models = rng.sample(MODELS, rng.choice((2, 3)))
+        quotas = {}
+        for m in models:
+            limit: dict[str, Any] = {"nominal": max(1, per_model * 2 // TENANTS // 2)}
+            if rng.random() < 0.3:
+                limit["borrowingLimit"] = rng.choice((0, 4, 16))
+            if rng.random() < 0.3:
+                limit["lendingLimit"] = limit["nominal"] // 2
+            quotas[m] = limit
+        tenants.append({"name": f"t{t:03d}", "cohort": f"c{t % COHORTS}", "weight": rng.choice((1.0, 2.0, 3.0)),
+                        "quotas": quotas})
+    return parse_quotas({"kind": "Quotas", "tenants": tenants})
+
+
+def new_claim(rng: random.Random, serial: int) -> Waiting:
+    tenant = f"t{rng.randrange(TENANTS):03d}"
+    body: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com", "count": rng.choice((1, 1, 2, 2, 4, 8))}
+    if rng.random() < 0.6:
+        body["selectors"] = [{"cel": {"expression": f'device.attributes["gpu.nvidia.com"].productName == '
+                                                    f'"{rng.choice(MODELS)}"'}}]
+    priority = rng.choice((0, 0, 0, 1, 2))
+    claim = dra.parse_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                             "metadata": {"name": f"c{serial}", "namespace": tenant,
+                                          "annotations": {"claimbroker.io/priority": str(priority)}},
+                             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": body}]}}})
+    return Waiting(tenant, f"c{serial}", claim, priority, True, serial)
+
+
+def _keyed(w: Waiting) -> tuple[tuple[str, str], Waiting]:
+    return w.key, w
+
+
+def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
+    rng = random.Random(seed)
+    fleet = build_fleet(nodes)
+    quotas = build_quotas(nodes, rng)
+    serial = 0
+    waiting: dict[tuple[str, str], Waiting] = {}
+    running: dict[tuple[str, str], Running] = {}
+    submitted: dict[tuple[str, str], Waiting] = {}
+    while len(waiting) < depth:
+        serial += 1
+        w = submitted.setdefault(*_keyed(new_claim(rng, serial)))
+        waiting[w.key] = w
+    gc.collect()
+    gc.freeze()
+    memo = SelectorMemo()
+    times, admitted, preempted = [], 0, 0
+    for index in range(cycles + 1):
+        for key in rng.sample(sorted(running), len(running) // 20):  # 5% of running claims finish
+            del running[key]
+        while len(waiting) < depth:
+            serial += 1
+            w = submitted.setdefault(*_keyed(new_claim(rng, serial)))
+            waiting[w.key] = w
+        snapshot = Snapshot(fleet, BUILTIN_CLASSES, quotas, tuple(running.values()), tuple(waiting.values()))
+        started = time.perf_counter()
+        result = run_cycle(snapshot, memo)
+        elapsed = time.perf_counter() - started
+        for p in result.preemptions:  # back to the queue with their first arrival
+            running.pop(p.victim)
+            waiting[p.victim] = submitted[p.victim]
+        count = 0
+        for d in result.decisions:
+            w = waiting.get((d.tenant, d.name))
+            if w is None:
+                continue
+            if d.decision.allocation is not None:
+                running[w.key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, True, w.arrival,
+                                         serial + count)
+                del waiting[w.key]
+                count += 1
+            elif not w.answered:
+                waiting[w.key] = replace(w, answered=True)
+        if index == 0:
+            continue  # the first cycle fills an empty fleet: not the steady state measured here
+        times.append(elapsed)
+        admitted += count
+        preempted += len(result.preemptions)
+    times.sort()
+    return {"nodes": nodes, "tenants": TENANTS, "queue_depth": depth, "cycles": cycles, "admitted": admitted,
+            "preempted": preempted, "admissions_per_s": round(admitted / sum(times), 1),
+            "cycle_p50_ms": round(statistics.median(times) * 1000, 1),
+            "cycle_p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--depth", type=int, action="append", help="queue depth (repeatable)")
+    parser.add_argument("--cycles", type=int, default=30)
+    args = parser.parse_args()
+    for depth in args.depth or (1000, 10_000):
+        print(json.dumps(run(args.nodes, depth, args.cycles)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
