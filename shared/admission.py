@@ -17,7 +17,9 @@ allocator service and `claimbroker simulate --quotas` run the same code.
   tenant that stays within its nominal takes back devices another tenant of its cohort borrows, (c)
   fair share: a tenant preempts a borrowing tenant only while its share afterwards stays at or below
   the victim's share afterwards. (b) and (c) only take from borrowers and (c) compares shares after
-  the move, so no pair of claims can preempt each other back and forth. The victim set is the
+  the move; and a claim never preempts one that preempted it (`displaced_by`), so no pair of claims
+  is preempted back and forth, whatever else changes between cycles. Claims admitted in a cycle are
+  not preempted in the same cycle. The victim set is the
   smallest that lets the claim in: fewest GPU units, then lowest priority, then most recently
   allocated, and no victim the claim does not need.
 """
@@ -67,6 +69,7 @@ class Waiting:
     preemptible: bool = True
     arrival: int = 0
     answered: bool = False  # it has a Pending answer already: a full fleet need not decide it again
+    displaced_by: frozenset[ClaimKey] = frozenset()  # claims that preempted it: it never takes them back
 
     @property
     def key(self) -> ClaimKey:
@@ -385,6 +388,8 @@ class _Cycle:
         """The rule that lets `preemptor` consider `victim`, before checking the outcome."""
         if not victim.preemptible or victim.key in self.preempted or victim.key not in self.started:
             return None  # claims admitted in this very cycle are not taken back in it
+        if victim.key in preemptor.displaced_by:
+            return None  # no back and forth: a claim never preempts the claim that preempted it
         if victim.tenant == preemptor.tenant:
             return "priority" if victim.priority < preemptor.priority else None
         victim_flavors = self._flavors_of(victim)
@@ -460,7 +465,7 @@ class _Cycle:
         lead = plan.variants[0][0]
         index = self.state.index(lead)
         by_node: dict[str, list[tuple[Running, str]]] = defaultdict(list)
-        for node in hosts & self.on_node.keys():
+        for node in sorted(hosts & self.on_node.keys()):
             candidates = [(r, rule) for r in self.on_node[node].values()
                           if (rule := self._rule(waiting, r)) is not None]
             if not candidates:
@@ -472,7 +477,7 @@ class _Cycle:
         if not by_node:
             return None
         best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
-        nodes = sorted(by_node, key=lambda n: sum(self._units(r) for r, _ in by_node[n]))
+        nodes = sorted(by_node, key=lambda n: (sum(self._units(r) for r, _ in by_node[n]), n))
         for node in nodes[:MAX_PREEMPTION_NODES]:
             found = self._victims_on(waiting, sorted(by_node[node], key=lambda c: self._victim_order(c[0])))
             if found is None:

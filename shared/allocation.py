@@ -472,7 +472,7 @@ class FleetState:
 
     def _changed(self, nodes: Iterable[str]) -> None:
         self.version += 1
-        for node in set(nodes):
+        for node in sorted(set(nodes)):  # a fixed order: buckets fill in it, so placement stays deterministic
             inventory = self.fleet.nodes.get(node)
             if inventory is not None:
                 for index in self._shape_indexes.get(inventory.shape_id, ()):
@@ -489,10 +489,10 @@ class FleetState:
         wanted = set(in_use) & self.fleet.by_key.keys()
         by_key = self.fleet.by_key
         nodes = set()
-        for key in self.in_use - wanted:
+        for key in sorted(self.in_use - wanted):
             self._mark(by_key[key], taken=False)
             nodes.add(by_key[key].node)
-        for key in wanted - self.in_use:
+        for key in sorted(wanted - self.in_use):
             self._mark(by_key[key], taken=True)
             nodes.add(by_key[key].node)
         if nodes:

@@ -79,6 +79,7 @@ def run_waves(
     waiting: dict[tuple[str, str], Waiting] = {}
     running: dict[tuple[str, str], Running] = {}
     documents: dict[tuple[str, str], dra.ResourceClaim] = {}
+    displaced: dict[tuple[str, str], frozenset[tuple[str, str]]] = {}
     arrival = 0
     allocated = 0
     for index, wave in enumerate(waves):
@@ -99,8 +100,9 @@ def run_waves(
             changed = bool(cycle.preemptions)
             for p in cycle.preemptions:  # back to the queue, with the arrival they first had
                 victim = running.pop(p.victim)
+                displaced[p.victim] = displaced.get(p.victim, frozenset()) | {p.by}
                 waiting[p.victim] = Waiting(victim.tenant, victim.name, documents[p.victim], victim.priority,
-                                            victim.preemptible, victim.arrival)
+                                            victim.preemptible, victim.arrival, displaced_by=displaced[p.victim])
                 final[p.victim] = ClaimOutcome(victim.tenant, victim.name, Decision(State.PREEMPTED, reason=p.reason))
                 result.events.append({"claim": "/".join(p.victim), "state": State.PREEMPTED.value,
                                       "by": "/".join(p.by), "rule": p.rule, "reason": p.reason})

@@ -155,7 +155,17 @@ def _document(row: Claim) -> dra.ResourceClaim:
 
 
 async def load_queue(session: AsyncSession) -> Queue:
+    """Running and waiting claims; a waiting claim carries the claims that ever preempted it (from its
+    history), which it may never preempt back."""
     queue = Queue()
+    displaced: dict[int, set[tuple[str, str]]] = {}
+    preempted = await session.execute(
+        select(ClaimEvent.claim_id, ClaimEvent.by).join(Claim, Claim.id == ClaimEvent.claim_id)
+        .where(Claim.state == State.PENDING.value, ClaimEvent.state == State.PREEMPTED.value))
+    for claim_id, by in preempted:
+        if by and "/" in by:
+            tenant, name = by.split("/", 1)
+            displaced.setdefault(claim_id, set()).add((tenant, name))
     rows = await session.scalars(select(Claim).where(Claim.state.in_((State.PENDING.value, State.ALLOCATED.value)))
                                  .order_by(Claim.id))
     for row in rows:
@@ -168,7 +178,8 @@ async def load_queue(session: AsyncSession) -> Queue:
                                          row.preemptible, arrival, order)
         elif row.state == State.PENDING.value:
             queue.waiting[key] = Waiting(row.namespace, row.name, _document(row), row.priority, row.preemptible,
-                                         arrival, answered=row.reason is not None)
+                                         arrival, answered=row.reason is not None,
+                                         displaced_by=frozenset(displaced.get(row.id, ())))
     return queue
 
 
