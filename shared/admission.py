@@ -42,7 +42,7 @@ from shared.quota import Flavor, QuotaConfig
 
 ClaimKey = tuple[str, str]  # tenant, name
 MAX_PREEMPTION_NODES = 8  # nodes tried per preempting claim, most promising first
-MAX_PREEMPTION_ATTEMPTS = 32  # waiting claims that search for victims per cycle, in fair-share order
+MAX_PREEMPTION_ATTEMPTS = 8  # waiting claims that search for victims per cycle, in fair-share order
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,9 @@ class QuotaBook:
         self.spill: dict[tuple[str, str], int] = defaultdict(int)  # members' use beyond what they keep
         self.over: dict[str, int] = defaultdict(int)  # cohorts' spill beyond what they lend: free capacity used
         self.covered: dict[str, int] = defaultdict(int)  # nominal quota per flavor over all tenants
+        self.version = 0  # bumped on every change of usage: answers cached per version stay true
+        self.cohort_versions: dict[str, int] = defaultdict(int)  # per cohort: its members' usage changed
+        self.free_version = 0  # the free capacity some cohort spilled into changed
         for tenant in config.tenants.values():
             cohort = self.cohort_of(tenant.name)
             self.members[cohort].append(tenant.name)
@@ -198,10 +201,15 @@ class QuotaBook:
     def share(self, tenant: str) -> float:
         return self.units[tenant] / self.config.tenant(tenant).weight
 
+    def cohort_version(self, tenant: str) -> int:
+        return self.cohort_versions[self.cohort_of(tenant)]
+
     def add(self, tenant: str, flavor: str | None, units: float, sign: int = 1) -> None:
+        self.version += 1
         self.units[tenant] += sign * units
         if flavor is None:
             return
+        self.cohort_versions[self.cohort_of(tenant)] += 1
         key = (tenant, flavor)
         keep = self.keep.get(key, 0)
         before = max(0, self.used[key] - keep)
@@ -212,7 +220,10 @@ class QuotaBook:
             lends = self.lends[cohort]
             over_before = max(0, self.spill[cohort] - lends)
             self.spill[cohort] += after - before
-            self.over[flavor] += max(0, self.spill[cohort] - lends) - over_before
+            over_change = max(0, self.spill[cohort] - lends) - over_before
+            if over_change:
+                self.over[flavor] += over_change
+                self.free_version += 1
 
     def borrowing(self, tenant: str, flavor: str) -> int:
         return max(0, self.used[(tenant, flavor)] - self.nominal(tenant, flavor))
@@ -301,7 +312,8 @@ class _Cycle:
         self.preempted: set[ClaimKey] = set()
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
         # of claims alike costs one placement attempt per fleet change, not one per claim.
-        self.failed_at: dict[tuple[int, Any], tuple[int, Decision]] = {}
+        self.failed_at: dict[tuple[int, Any], tuple[Any, Decision]] = {}
+        self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
 
     def _devices(self, allocation: Allocation) -> list[FleetDevice]:
         by_key = self.fleet.by_key
@@ -336,6 +348,20 @@ class _Cycle:
         if not self.snapshot.quotas.enforced or first.allocation is None:
             return first, []  # an open fleet, or capacity (not quota) is what keeps it out
         tenant = waiting.tenant
+        plan = self.state.plan(waiting.claim)
+        key = (tenant, id(plan))
+        stamp = (self.book.cohort_version(tenant), self.book.free_version, self.state.capacity_version(plan))
+        cached = self.blocked_at.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]  # the same tenant asked for the same and nothing it depends on changed
+        result = self._admit_within_quota(waiting, first)
+        if result[0].allocation is None:
+            self.blocked_at[key] = (stamp, result)
+        return result
+
+    def _admit_within_quota(self, waiting: Waiting, first: Decision) -> tuple[Decision, list[Block]]:
+        assert first.allocation is not None
+        tenant = waiting.tenant
         deltas = _deltas(self._devices(first.allocation), self.flavors)
         blocks = self.book.check(tenant, deltas)
         if not blocks and self._within_nominal(tenant, deltas):
@@ -365,13 +391,15 @@ class _Cycle:
             plan_key: tuple[int, Any] | None = (id(self.state.plan(waiting.claim)), only.key if only else None)
         except Rejected:
             plan_key = None
+        version = None
         if plan_key is not None:
+            version = self.state.capacity_version(self.state.plan(waiting.claim), only)
             failed = self.failed_at.get(plan_key)
-            if failed is not None and failed[0] == self.state.version:
+            if failed is not None and failed[0] == version:
                 return failed[1]
         decision = self.state.decide(waiting.claim, only, explain=explain)
-        if plan_key is not None and decision.state is State.PENDING and explain:
-            self.failed_at[plan_key] = (self.state.version, decision)
+        if plan_key is not None and decision.state is State.PENDING:
+            self.failed_at[plan_key] = (version, decision)
         return decision
 
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
@@ -392,9 +420,7 @@ class _Cycle:
             return None  # no back and forth: a claim never preempts the claim that preempted it
         if victim.tenant == preemptor.tenant:
             return "priority" if victim.priority < preemptor.priority else None
-        victim_flavors = self._flavors_of(victim)
-        if self.snapshot.quotas.enforced and not any(
-                f is not None and self.book.borrowing(victim.tenant, f) > 0 for f in victim_flavors):
+        if self.snapshot.quotas.enforced and not self._borrows(victim):
             return None  # only borrowed devices are taken back or shared out
         same_cohort = (self.snapshot.quotas.tenant(victim.tenant).cohort is not None and
                        self.snapshot.quotas.tenant(victim.tenant).cohort ==
@@ -426,6 +452,10 @@ class _Cycle:
             return any(t != waiting.tenant and s >= mine for t, s in shares.items())
 
         return test
+
+    def _borrows(self, victim: Running) -> bool:
+        """Whether the victim's tenant borrows any flavor the victim holds."""
+        return any(f is not None and self.book.borrowing(victim.tenant, f) > 0 for f in self._flavors_of(victim))
 
     def _flavors_of(self, running: Running) -> frozenset[str | None]:
         found = self._running_flavors.get(running.key)
@@ -650,11 +680,15 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     results = []
     candidates = sum(1 for r in cycle.running.values() if r.preemptible)
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
+    explained: dict[tuple[Any, ...], Mapping[str, Any]] = {}  # claims alike in one tenant read alike
     for waiting in order:
         decision, blocks = decided[waiting.key]
         detail = None
         if decision.state is State.PENDING:
-            detail = explain_pending(cycle, waiting, decision, blocks, candidates)
+            key = (waiting.tenant, waiting.priority, id(cycle.state.plan(waiting.claim)), decision.reason)
+            detail = explained.get(key)
+            if detail is None:
+                detail = explained[key] = explain_pending(cycle, waiting, decision, blocks, candidates)
         elif decision.allocation is not None:
             for d in cycle._devices(decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))

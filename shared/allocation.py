@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 from shared import dra
@@ -75,7 +76,7 @@ class Allocation:
     results: tuple[DeviceResult, ...]
     config: tuple[Mapping[str, Any], ...] = ()
 
-    @property
+    @cached_property
     def keys(self) -> tuple[DeviceKey, ...]:
         """Devices this allocation holds exclusively (admin-access results hold nothing)."""
         return tuple(r.key for r in self.results if not r.admin_access)
@@ -149,8 +150,12 @@ class Alternative:
         """Devices needed at least (All mode: one, and then every match on the node)."""
         return 1 if self.all_mode else self.body.wanted
 
+    @cached_property
+    def _selector_key(self) -> tuple[Any, ...]:
+        return (tuple(s.expression for s in self.selectors), self.body.tolerations)
+
     def index_key(self, group_attribute: str | None = None) -> tuple[Any, ...]:
-        return (tuple(s.expression for s in self.selectors), self.body.tolerations, group_attribute)
+        return (*self._selector_key, group_attribute)
 
 
 @dataclass(frozen=True)
@@ -535,6 +540,22 @@ class FleetState:
         if isinstance(found, SelectorError):
             raise Rejected(f"request {alternative.result_name!r}: {found}")
         return found
+
+    def capacity_version(self, plan: Plan, only: DeviceFilter | None = None) -> tuple[int, ...]:
+        """The versions of the indexes a placement of `plan` reads: while they are unchanged, so is the
+        answer (a Pending claim need not be tried again). Raises Rejected."""
+        self._only = only
+        try:
+            versions = []
+            for _, alternatives in plan.requests:
+                for alternative in alternatives:
+                    versions.append(self.index(alternative).version)
+                    grouping = plan.group_attribute([alternative])
+                    if isinstance(grouping, str):
+                        versions.append(self.index(alternative, grouping).version)
+            return tuple(versions)
+        finally:
+            self._only = None
 
     # -- deciding -----------------------------------------------------------------------------------
 

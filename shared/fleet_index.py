@@ -119,6 +119,7 @@ class DeviceIndex:
         self.nodes_with_matches = 0
         self.shapes: set[int] = set()  # node shapes with matching devices: where a change may matter
         self.kind_samples: dict[int, FleetDevice] = {}  # one accepted device per kind
+        self.version = 0  # bumped whenever a free list changes: a Pending answer cached per version holds
         self._free_materialised = 0
         self.blocked: Counter[str] = Counter()
         self._node_blocked: dict[str, Counter[str]] = {}
@@ -232,6 +233,8 @@ class DeviceIndex:
                     free.append(d)
                 else:
                     blocked[why] += 1
+            if free != group.free:
+                self.version += 1
             group.free = free
             self._free_materialised += len(free)
             bucket = (free[0].fit_rank, len(free)) if free else None
