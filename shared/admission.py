@@ -367,7 +367,7 @@ class _Cycle:
         if not blocks and self._within_nominal(tenant, deltas):
             return first, []
         tried = set(deltas) if len(deltas) == 1 else set()
-        relevant = self._claim_flavors(waiting)
+        relevant = self.claim_flavors(waiting)
         nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
         borrowable = [f for f in sorted(relevant) if f not in nominal
                       and self.book.lendable(tenant, f) > 0
@@ -464,9 +464,12 @@ class _Cycle:
                 self.flavors.name_of(d) for d in self._devices(running.allocation))
         return found
 
-    def _claim_flavors(self, waiting: Waiting) -> frozenset[str]:
+    def claim_flavors(self, waiting: Waiting) -> frozenset[str]:
         """Flavors of the devices the claim's requests accept at all: the only ones worth trying."""
-        plan = self.state.plan(waiting.claim)
+        try:
+            plan = self.state.plan(waiting.claim)
+        except Rejected:
+            return frozenset()
         found = self._plan_flavors.get(id(plan))
         if found is None:
             names: set[str] = set()

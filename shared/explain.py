@@ -87,6 +87,7 @@ def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks:
                    "weight": cycle.snapshot.quotas.tenant(waiting.tenant).weight,
                    "share": round(book.share(waiting.tenant), 4)},
         "priority": waiting.priority,
+        "flavors": sorted(cycle.claim_flavors(waiting)),  # what its requests accept: the demand it adds
         "quota": [b.to_json() for b in blocks],
         "capacity": capacity,
         "preemption": preemption,
