@@ -4,10 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo up test lint bench clean
+.PHONY: help install demo up test lint bench bench-core bench-quota clean
 
 help: ## show this help
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,13 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check shared services tests bench
 	$(BIN)/mypy shared services
 
-bench: $(STAMP) ## allocation benchmarks (print JSON lines)
-	$(BIN)/python bench/bench_allocate.py
+bench: bench-core bench-quota ## both benchmarks (print JSON lines; not timed tests)
+
+bench-core: $(STAMP) ## decision core: 100, 1,000 and 4,000 nodes, 10,000 mixed claims, one JSON line each
+	$(BIN)/python bench/bench_core.py
+
+bench-quota: $(STAMP) ## quotas, fair share, preemption: 1,000 nodes, 100 tenants, queue depth 1,000 and 10,000
+	$(BIN)/python bench/bench_quota.py
 
 clean: ## remove the venv and local data
 	rm -rf $(VENV) .claimbroker .pytest_cache
