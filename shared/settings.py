@@ -95,3 +95,12 @@ class BrokerSettings(BaseSettings):
 
     def database_url(self) -> str:
         return self.db or f"sqlite+aiosqlite:///{(self.data_dir / 'ledger.db').resolve()}"
+
+    # How often the notifier reads quota usage and pending demand from the ledger (quota-near-limit,
+    # idle-larger-flavor): a few GROUP BYs per pass, so seconds are cheap but minutes are enough.
+    usage_check_interval: float = 30.0
+
+    @field_validator("usage_check_interval", mode="before")
+    @classmethod
+    def _usage_duration(cls, value: str | float) -> float:
+        return parse_duration(value)

@@ -7,6 +7,11 @@ consumer and are acked only after the alert history and the message's inbox id a
 redelivery finds its id and changes nothing. Messages go out after the commit with a Nats-Msg-Id made
 from their content, and on start rows written within JetStream's duplicate window are published again,
 so a crash between commit and publish loses nothing and duplicates nothing.
+
+Every `usage_check_interval` (by self.clock; once at start) `check_usage` reads quota usage and pending
+demand from the ledger and the fleet's flavors from inventory (services/notifier/usage.py) and feeds
+quota-near-limit and idle-larger-flavor. Those rules are levels, re-evaluated each pass: a condition
+that still holds is not a new observation, so only its start and its end are published.
 """
 
 from __future__ import annotations
@@ -26,10 +31,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json
 from services.notifier import history
+from services.notifier.usage import FleetFlavors, read_figures
 from services.notifier.webhooks import WebhookDispatcher
 from shared import subjects
 from shared.alert_rules import (
+    IDLE_LARGER_FLAVOR,
     PENDING_TOO_LONG,
+    QUOTA_NEAR_LIMIT,
     ClaimRules,
     InventoryRules,
     QuotaUsage,
@@ -37,13 +45,14 @@ from shared.alert_rules import (
     idle_larger_flavor,
     quota_near_limit,
 )
-from shared.alerting import Action, AlertBook, AlertPolicy, Message, alert_key, apply
+from shared.alerting import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
 from shared.ledger.engine import sessions
 from shared.settings import BrokerSettings, parse_duration
 
 log = logging.getLogger("claimbroker.notifier")
 CONSUMER = "notifier"
 TENANT_REFRESH_S = 30.0
+_LEVEL_KINDS = frozenset({QUOTA_NEAR_LIMIT, IDLE_LARGER_FLAVOR})
 
 
 class Notifier:
@@ -69,6 +78,10 @@ class Notifier:
         self.book = AlertBook(AlertPolicy(fold, settings.alert_rate_per_key, settings.alert_rate_per_tenant))
         self.claims = ClaimRules(pending_after)
         self.fleet = InventoryRules(ttl)
+        self.flavors = FleetFlavors()
+        self.usage_interval = parse_duration(settings.usage_check_interval)
+        self._usage_due = float("-inf")
+        self.usage_checks = 0  # completed check_usage passes; tests wait on it
         self.webhooks = WebhookDispatcher(settings.webhooks, self.sessions, attempts=settings.webhook_attempts,
                                           base_delay=settings.webhook_base_delay, client=http)
         shortest = min(pending_after, ttl, fold or 60.0)
@@ -93,6 +106,7 @@ class Notifier:
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait,
                                   max_deliver=self.settings.max_deliver),
         )
+        await self._usage_if_due()
         log.info("notifier ready")
         self.ready.set()
         next_check = time.monotonic()  # the cadence is real time; what is due is decided by self.clock
@@ -107,6 +121,7 @@ class Notifier:
                 if time.monotonic() >= next_check:
                     await self.tick()
                     next_check = time.monotonic() + self.check_interval
+                    await self._usage_if_due()
         finally:
             await inventory.unsubscribe()
             await self.webhooks.close()
@@ -147,6 +162,7 @@ class Notifier:
         try:
             payload = json.loads(message.data)
             if isinstance(payload, Mapping):
+                self.flavors.on_inventory(payload)
                 async with self._lock:
                     now = self.clock()
                     await self._commit_and_publish(apply(self.book, self.fleet.on_inventory(payload, now), now))
@@ -180,9 +196,37 @@ class Notifier:
         """idle-larger-flavor: pending demand and idle devices per flavor, and each flavor's value."""
         return await self._evaluate(idle_larger_flavor(pending, idle, values))
 
+    async def check_usage(self) -> list[Message]:
+        """One pass of the ledger-driven rules; the loop calls it every `usage_check_interval`, tests may
+        call it directly. A quota deleted from the ledger ends its alert: its pair is no longer listed."""
+        self._usage_due = self.clock() + self.usage_interval
+        async with self.sessions() as session:
+            figures = await read_figures(session, self.flavors)
+        listed = {alert_key(QUOTA_NEAR_LIMIT, u.tenant, u.flavor) for u in figures.usages}
+        gone = [Resolve(key, "its quota is no longer configured") for key in self.book.open_keys()
+                if key.startswith(f"{QUOTA_NEAR_LIMIT}:") and key not in listed]
+        sent = await self.evaluate_quotas(figures.usages) + await self._evaluate(gone)
+        sent += await self.evaluate_flavors(figures.pending, figures.idle, figures.values)
+        async with self._progress:
+            self.usage_checks += 1
+            self._progress.notify_all()
+        return sent
+
+    async def _usage_if_due(self) -> None:
+        if self.clock() < self._usage_due:
+            return
+        try:
+            await self.check_usage()
+        except Exception:
+            log.exception("quota usage not checked; trying again in %.0fs", self.usage_interval)
+
     async def _evaluate(self, actions: Sequence[Action]) -> list[Message]:
         async with self._lock:
             now = self.clock()
+            # Level rules (quota, flavor) raise on every pass while their condition holds: only the
+            # first raise of an episode is news, the rest would count checks, not occurrences.
+            actions = [a for a in actions if not (isinstance(a, Raise) and a.alert.kind in _LEVEL_KINDS
+                                                  and self.book.is_open(a.alert.key))]
             sent = apply(self.book, actions, now)
             await self._commit_and_publish(sent)
             return sent
@@ -218,6 +262,11 @@ class Notifier:
         """Until `count` input messages have been processed (tests use it instead of sleeping)."""
         async with self._progress:
             await asyncio.wait_for(self._progress.wait_for(lambda: self.handled >= count), timeout)
+
+    async def wait_usage_checks(self, count: int, timeout: float = 20.0) -> None:
+        """Until `count` check_usage passes have completed (the first runs before `ready`)."""
+        async with self._progress:
+            await asyncio.wait_for(self._progress.wait_for(lambda: self.usage_checks >= count), timeout)
 
     async def _read_tenants(self, now: float) -> None:
         try:

@@ -1,0 +1,117 @@
+"""The figures behind quota-near-limit and idle-larger-flavor, from the ledger and the inventory.
+
+The ledger says who uses what (device_allocations carries each device's flavor, so usage is one GROUP
+BY) and what waits (a Pending claim's `explain.flavors`, written by the allocator). The fleet comes from
+inventory messages: a node's devices are parsed only when its slices change (heartbeats repeat them),
+and classified into flavors only when they or the flavor list change, so a pass costs a few queries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from shared import events
+from shared.admission import Flavors
+from shared.alert_rules import QuotaUsage
+from shared.inventory import FleetDevice
+from shared.ledger.quota_store import load_quota_config
+from shared.ledger.schema import Claim, DeviceAllocation
+from shared.matching import SelectorMemo
+from shared.quota import Flavor, QuotaConfig
+
+log = logging.getLogger("claimbroker.notifier")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One pass's inputs for the two rules."""
+
+    usages: list[QuotaUsage]
+    pending: dict[str, int]
+    idle: dict[str, int]
+    values: dict[str, float]
+
+
+class FleetFlavors:
+    """Devices per node and flavor, kept from inventory messages."""
+
+    def __init__(self) -> None:
+        self._slices: dict[str, Any] = {}  # node -> the raw slices last parsed, to skip unchanged heartbeats
+        self._devices: dict[str, tuple[FleetDevice, ...]] = {}
+        self._counts: dict[str, Counter[str]] = {}  # node -> devices per flavor, under self._flavors
+        self._flavors: tuple[tuple[Flavor, ...], Flavors] | None = None
+        self._memo = SelectorMemo()
+
+    def on_inventory(self, payload: Mapping[str, Any]) -> None:
+        node = payload.get("node")
+        if not isinstance(node, str) or not node:
+            return
+        if payload.get("removed"):
+            for kept in (self._slices, self._devices, self._counts):
+                kept.pop(node, None)
+            return
+        slices = payload.get("slices")
+        if node in self._slices and self._slices[node] == slices:
+            return
+        try:
+            devices = events.read_inventory(payload).devices
+        except (ValueError, TypeError, AttributeError):
+            log.warning("inventory of node %s unreadable; keeping its last devices for idle counts", node)
+            return
+        self._slices[node], self._devices[node] = slices, devices
+        self._counts.pop(node, None)
+
+    def counts(self, flavors: tuple[Flavor, ...]) -> Counter[str]:
+        """Fleet devices per flavor; a changed flavor list reclassifies every node, once."""
+        if self._flavors is None or self._flavors[0] != flavors:
+            self._flavors = (flavors, Flavors(flavors, self._memo))
+            self._counts.clear()
+        classify = self._flavors[1]
+        total: Counter[str] = Counter()
+        for node, devices in self._devices.items():
+            counted = self._counts.get(node)
+            if counted is None:
+                counted = self._counts[node] = Counter(
+                    name for name in map(classify.name_of, devices) if name is not None)
+            total.update(counted)
+        return total
+
+
+async def read_figures(session: AsyncSession, fleet: FleetFlavors) -> Figures:
+    config = await load_quota_config(session)
+    used_rows = await session.execute(
+        select(Claim.namespace, DeviceAllocation.flavor, func.count())
+        .join(Claim, Claim.id == DeviceAllocation.claim_id)
+        .where(DeviceAllocation.flavor.is_not(None))
+        .group_by(Claim.namespace, DeviceAllocation.flavor))
+    used: dict[tuple[str, str], int] = {(tenant, str(flavor)): int(n) for tenant, flavor, n in used_rows}
+    explains = list(await session.scalars(select(Claim.explain).where(Claim.state == "Pending")))
+    return figures(config, used, explains, fleet.counts(config.flavors))
+
+
+def figures(config: QuotaConfig, used: Mapping[tuple[str, str], int], explains: list[Any],
+            fleet: Mapping[str, int]) -> Figures:
+    """Pure: every configured tenant/flavor quota with its use; each pending claim counted once, towards
+    the cheapest flavor it accepts (what it would most likely get); idle = fleet minus allocated."""
+    usages = [QuotaUsage(tenant.name, flavor, used.get((tenant.name, flavor), 0), limit.nominal,
+                         limit.borrowing_limit)
+              for tenant in config.tenants.values() for flavor, limit in sorted(tenant.quotas.items())]
+    values = {f.name: f.value for f in config.flavors}
+    pending: Counter[str] = Counter()
+    for explain in explains:
+        accepted = explain.get("flavors") if isinstance(explain, Mapping) else None
+        known = [name for name in accepted or () if isinstance(name, str) and name in values]
+        if known:
+            pending[min(known, key=lambda name: (values[name], name))] += 1
+    allocated: Counter[str] = Counter()
+    for (_, flavor), n in used.items():
+        allocated[flavor] += n
+    idle = {flavor: max(0, n - allocated[flavor]) for flavor, n in fleet.items()}
+    return Figures(usages, dict(pending), idle, values)

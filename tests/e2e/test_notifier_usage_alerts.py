@@ -1,0 +1,200 @@
+"""The notifier's periodic usage pass against a real nats-server and ledger (SQLite and PostgreSQL):
+quotas, claims and device allocations written straight into the ledger, inventory published on its
+subject, one pass driven by calling `check_usage` (the fake clock never makes the loop's own pass due)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from sqlalchemy import delete, select, update
+
+from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, wait_closed
+from services.notifier.service import Notifier
+from shared import dra, events, subjects
+from shared.alerting import Message
+from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.quota_store import apply_quota_config
+from shared.ledger.schema import AlertRecord, Claim, DeviceAllocation
+from shared.quota import parse_quotas
+from shared.settings import BrokerSettings
+from tests.e2e.helpers import Collector, alerts
+
+pytestmark = pytest.mark.e2e
+T0 = 1_800_000_000.0
+PRODUCTS = {"H100": "NVIDIA H100 80GB HBM3", "B200": "NVIDIA B200"}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    notifier: Notifier
+    clock: FakeClock
+    nc: Client
+    alarms: Collector
+    factory: Any
+    published: int = 0
+
+    async def quotas(self, *tenants: dict[str, Any]) -> None:
+        async with self.factory() as session, session.begin():
+            await apply_quota_config(session, parse_quotas({"kind": "Quotas", "tenants": list(tenants)}), "test")
+
+    async def claim(self, tenant: str, name: str, state: str, *, explain: dict[str, Any] | None = None,
+                    devices: int = 0, flavor: str = "H100", node: str = "n1") -> int:
+        async with self.factory() as session, session.begin():
+            row = Claim(namespace=tenant, name=name, state=state, spec={}, explain=explain)
+            session.add(row)
+            await session.flush()
+            for index in range(devices):
+                session.add(DeviceAllocation(driver="gpu.nvidia.com", pool=node, device=f"{name}-{index}",
+                                             claim_id=row.id, node=node, request="gpu", flavor=flavor))
+            return row.id
+
+    async def inventory(self, node: str, model: str, count: int) -> None:
+        devices = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"},
+                                                        "productName": {"string": PRODUCTS[model]}}}
+                   for i in range(count)]
+        piece = dra.parse_object({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpu"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}})
+        assert isinstance(piece, dra.ResourceSlice)
+        payload = events.inventory_payload(node, [piece], labels={}, sequence=self.published, observed_at=T0)
+        await publish_json(self.nc.jetstream(), subjects.inventory(node), payload)
+        self.published += 1
+        await self.notifier.wait_handled(self.published)
+
+    def seen(self, kind: str) -> list[tuple[str, int, bool]]:
+        return [(a["key"], a["count"], a["resolved"]) for _, a in self.alarms.messages if a["kind"] == kind]
+
+    async def wait_seen(self, kind: str, items: list[tuple[str, int, bool]]) -> None:
+        await self.alarms.wait_for(lambda: self.seen(kind) == items)
+
+    async def stored(self, kind: str) -> list[tuple[str, int, bool]]:
+        async with self.factory() as session:
+            rows = await session.scalars(select(AlertRecord).where(AlertRecord.kind == kind))
+            return sorted((r.key, r.count, r.resolved) for r in rows)
+
+
+def keys(sent: list[Message]) -> list[tuple[str, bool]]:
+    return [(m.alert.key, m.resolved) for m in sent]
+
+
+Start = Callable[[], Awaitable[Harness]]
+
+
+@pytest.fixture
+async def start(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> AsyncIterator[Start]:
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    nc = await connect(nats_server.url, name="test")
+    await ensure_streams(nc.jetstream())
+    tasks: list[asyncio.Task[None]] = []
+    connections: list[Client] = []
+
+    async def _start() -> Harness:
+        settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data", usage_check_interval=30.0)
+        notifier_nc = await connect(nats_server.url, name="notifier")
+        connections.append(notifier_nc)
+        clock = FakeClock()  # advanced only by tests: the loop's own next pass is due at T0 + 30
+        notifier = Notifier(notifier_nc, engine, settings, clock=clock, check_interval=0.05)
+        tasks.append(asyncio.create_task(notifier.run()))
+        await asyncio.wait_for(notifier.ready.wait(), 20)
+        assert notifier.usage_checks == 1  # the pass at start, before ready
+        return Harness(notifier, clock, nc, await alerts(nc), sessions(engine))
+
+    yield _start
+    for task in tasks:
+        await wait_closed(task)
+    for connection in connections:
+        with contextlib.suppress(Exception):
+            await connection.close()
+    await nc.close()
+    await engine.dispose()
+
+
+async def test_quota_near_limit_fires_once_and_resolves(start: Start) -> None:
+    h = await start()
+    await h.quotas({"name": "vision", "quotas": {"H100": {"nominal": 10}, "B200": {"nominal": 4}}},
+                   {"name": "speech", "quotas": {"H100": {"nominal": 10}}})
+    await h.claim("vision", "train", "Allocated", devices=7)
+    small = await h.claim("vision", "eval", "Allocated", devices=2)
+    await h.claim("speech", "asr", "Allocated", devices=3)  # 3 of 10: quiet
+
+    assert keys(await h.notifier.check_usage()) == [("quota-near-limit:vision/H100", False)]
+    assert keys(await h.notifier.check_usage()) == []  # still 9 of 10: the same episode, not a repeat
+    await h.wait_seen("quota-near-limit", [("quota-near-limit:vision/H100", 1, False)])
+    (message,) = [a for _, a in h.alarms.messages]
+    assert message["details"]["used"] == 9 and message["details"]["limit"] == 10
+    assert message["labels"] == {"tenant": "vision", "flavor": "H100"}
+
+    async with h.factory() as session, session.begin():
+        await session.execute(delete(DeviceAllocation).where(DeviceAllocation.claim_id == small))
+    assert keys(await h.notifier.check_usage()) == [("quota-near-limit:vision/H100", True)]
+    await h.wait_seen("quota-near-limit", [("quota-near-limit:vision/H100", 1, False),
+                                           ("quota-near-limit:vision/H100", 1, True)])
+    assert await h.stored("quota-near-limit") == [("quota-near-limit:vision/H100", 1, True)]
+
+
+async def test_removed_quota_resolves_its_alert(start: Start) -> None:
+    h = await start()
+    await h.quotas({"name": "vision", "quotas": {"H100": {"nominal": 2}}})
+    await h.claim("vision", "train", "Allocated", devices=2)
+    assert keys(await h.notifier.check_usage()) == [("quota-near-limit:vision/H100", False)]
+    await h.quotas()  # the import that deletes every tenant
+    assert keys(await h.notifier.check_usage()) == [("quota-near-limit:vision/H100", True)]
+
+
+async def test_idle_larger_flavor_fires_while_b200_idles_and_resolves(start: Start) -> None:
+    h = await start()
+    await h.inventory("b1", "B200", 4)
+    await h.inventory("b1", "B200", 4)  # a heartbeat: same slices, not counted twice
+    await h.inventory("h1", "H100", 2)
+    await h.claim("vision", "busy", "Allocated", devices=2, flavor="H100", node="h1")
+    await h.claim("vision", "busy-b", "Allocated", devices=1, flavor="B200", node="b1")
+    await h.claim("vision", "wait", "Pending", explain={"flavors": ["H100"]})
+    # Accepts both: counted once, towards the cheaper one (H100), so H100 has two claims waiting.
+    await h.claim("vision", "either", "Pending", explain={"flavors": ["B200", "H100"]})
+
+    assert keys(await h.notifier.check_usage()) == [("idle-larger-flavor:H100", False)]
+    await h.wait_seen("idle-larger-flavor", [("idle-larger-flavor:H100", 1, False)])
+    (message,) = [a for _, a in h.alarms.messages]
+    assert message["details"]["idle"] == {"B200": 3} and message["details"]["waiting"] == 2
+    assert keys(await h.notifier.check_usage()) == []
+
+    async with h.factory() as session, session.begin():
+        await session.execute(update(Claim).where(Claim.namespace == "vision", Claim.state == "Pending")
+                              .values(state="Allocated", explain=None))
+    assert keys(await h.notifier.check_usage()) == [("idle-larger-flavor:H100", True)]
+    await h.wait_seen("idle-larger-flavor", [("idle-larger-flavor:H100", 1, False),
+                                             ("idle-larger-flavor:H100", 1, True)])
+
+
+async def test_no_idle_alert_when_the_larger_flavor_is_all_allocated(start: Start) -> None:
+    h = await start()
+    await h.inventory("b1", "B200", 1)
+    await h.claim("vision", "busy-b", "Allocated", devices=1, flavor="B200", node="b1")
+    await h.claim("vision", "wait", "Pending", explain={"flavors": ["H100"]})
+    assert keys(await h.notifier.check_usage()) == []
+
+
+async def test_the_loop_checks_every_usage_check_interval(start: Start) -> None:
+    h = await start()
+    await h.quotas({"name": "vision", "quotas": {"H100": {"nominal": 1}}})
+    await h.claim("vision", "train", "Allocated", devices=1)
+    h.clock.now += 30  # due now: the loop's next round runs the pass without being called
+    await h.notifier.wait_usage_checks(2)
+    await h.wait_seen("quota-near-limit", [("quota-near-limit:vision/H100", 1, False)])
