@@ -24,7 +24,9 @@ def _plural(n: int, word: str) -> str:
 
 
 def _held_back(index: DeviceIndex) -> str:
-    parts = [f"{index.blocked[why]} {text}" for why, text in _HELD if index.blocked[why]]
+    blocked = index.blocked.copy()
+    blocked["unhealthy"] += index.unhealthy  # marked by telemetry: out of the index from the start
+    parts = [f"{blocked[why]} {text}" for why, text in _HELD if blocked[why]]
     if index.tainted:
         parts.append(f"{index.tainted} held back by taints it does not tolerate")
     return f" ({', '.join(parts)})" if parts else ""

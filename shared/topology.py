@@ -253,7 +253,7 @@ def _node_slices(node: str, spec: dict[str, Any], model: GpuModel) -> list[dict[
             counter_sets.append({"name": counter_set, "counters": _counters(model.whole, 0, 8)})
             full["consumesCounters"] = [{"counterSet": counter_set, "counters": _counters(model.whole, 0, 8)}]
             partitions = [_mig_device(node, i, p, start, gpu_uuid, common, dynamic=True)
-                          for p in model.profiles[:-1] for start in p.starts]
+                          for p in model.profiles for start in p.starts]
             per_gpu.append([full, *sorted(partitions, key=lambda d: d["name"])])
         elif i in mig:
             where = f"node {node}: mig[{i}]"
