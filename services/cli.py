@@ -646,6 +646,22 @@ def explain(
         console.print_json(data=result["explain"])
 
 
+@app.command()
+def top(
+    once: Annotated[bool, typer.Option(help="print one frame and exit")] = False,
+    interval: Annotated[float, typer.Option(min=0.5, help="redraw at least this often, in seconds")] = 5.0,
+) -> None:
+    """A live view of the fleet per flavor and tenant (used, free, pending, borrowed) and the Pending queue,
+    redrawn as statuses and inventory arrive; the admin API (--api, --token) and NATS (--nats)."""
+    import contextlib
+
+    from services import top as view
+
+    url, headers = _admin_api()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a live view ends
+        asyncio.run(view.run(url, headers, _nats_url(_settings()), console=console, once=once, interval=interval))
+
+
 def main() -> None:
     try:
         app()

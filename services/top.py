@@ -1,0 +1,281 @@
+"""`claimbroker top`: a live terminal view of the fleet per flavor (GPU generation, MIG profile) and tenant.
+
+Gathering and drawing are apart: `Gatherer` reads the admin API (usage, the Pending queue, each waiting
+claim's explanation for the flavors it would take) and the NATS inventory stream (devices per flavor) into
+a `Snapshot`; `render` is a pure function of that snapshot, so a frame can be tested without a stack.
+`run` redraws when a status or inventory message arrives (at most `MAX_REDRAWS_PER_SECOND`) and at least
+every `interval` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from shared import subjects
+from shared.admission import Flavors
+from shared.events import read_inventory
+from shared.inventory import NodeInventory
+from shared.matching import SelectorMemo
+from shared.quota import Flavor, QuotaConfig
+
+MAX_REDRAWS_PER_SECOND = 4
+QUEUE_HEAD = 10  # pending claims listed with their reasons
+EXPLAINED = 100  # pending claims whose flavors are looked up (one explain call each, cached)
+NO_FLAVOR = "-"  # devices no flavor accepts, or pending claims whose flavors are not known
+
+
+@dataclass(frozen=True)
+class FlavorLine:
+    name: str
+    total: int  # devices the inventory publishes of this flavor
+    used: int  # allocated devices of this flavor, all tenants
+    pending: int  # Pending claims whose requests accept this flavor
+
+    @property
+    def free(self) -> int:
+        return max(0, self.total - self.used)
+
+
+@dataclass(frozen=True)
+class TenantLine:
+    tenant: str
+    flavor: str
+    used: int
+    nominal: int
+    borrowed: int
+    pending: int
+
+
+@dataclass(frozen=True)
+class Waiting:
+    tenant: str
+    name: str
+    reason: str
+    flavors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One frame's numbers; everything `render` shows."""
+
+    flavors: Sequence[FlavorLine]
+    tenants: Sequence[TenantLine]
+    queue: Sequence[Waiting]  # the head of the Pending queue, oldest first
+    pending_claims: int = 0  # all Pending claims (the queue may show only its head)
+    pending_devices: int = 0
+    enforced: bool = False
+    at: float = 0.0
+    problems: Sequence[str] = field(default_factory=tuple)  # what could not be read this time
+
+
+def render(snapshot: Snapshot) -> RenderableType:
+    """The frame: fleet per flavor, tenants per flavor, the head of the Pending queue."""
+    fleet = Table(title="fleet by flavor", title_justify="left")
+    for column in ("FLAVOR", "TOTAL", "USED", "FREE", "PENDING"):
+        fleet.add_column(column, justify="left" if column == "FLAVOR" else "right")
+    for f in snapshot.flavors:
+        fleet.add_row(f.name, str(f.total), str(f.used), Text(str(f.free), style="green" if f.free else "red"),
+                      str(f.pending))
+    tenants = Table(title="tenants", title_justify="left")
+    for column in ("TENANT", "FLAVOR", "USED/NOMINAL", "BORROWED", "PENDING"):
+        tenants.add_column(column, justify="left" if column in ("TENANT", "FLAVOR") else "right")
+    for t in snapshot.tenants:
+        tenants.add_row(t.tenant, t.flavor, f"{t.used}/{t.nominal}" if snapshot.enforced else str(t.used),
+                        Text(str(t.borrowed), style="yellow" if t.borrowed else ""), str(t.pending))
+    summary = Text(f"pending queue: {snapshot.pending_claims} claim(s), {snapshot.pending_devices} device(s)"
+                   + (f", the first {len(snapshot.queue)}:" if snapshot.queue else ""), style="italic")
+    queue = Table()
+    for column in ("TENANT", "CLAIM", "FLAVORS", "REASON"):
+        queue.add_column(column, overflow="fold")
+    for w in snapshot.queue:
+        queue.add_row(w.tenant, w.name, ", ".join(w.flavors) or NO_FLAVOR, w.reason)
+    stamp = time.strftime("%H:%M:%S", time.localtime(snapshot.at)) if snapshot.at else ""
+    header = Text(f"claimbroker top  {stamp}" + ("" if snapshot.enforced else "  (no quota set: the fleet is open)"),
+                  style="bold")
+    parts: list[RenderableType] = [header, fleet, tenants, summary, queue]
+    parts += [Text(problem, style="red") for problem in snapshot.problems]
+    return Group(*parts)
+
+
+def count_devices(inventories: Iterable[NodeInventory], flavors: Flavors) -> Counter[str]:
+    """Devices per flavor name (NO_FLAVOR for those no flavor accepts). A driver that publishes a GPU and
+    its MIG partitions both (with shared counters) has both counted, each under its own flavor."""
+    counts: Counter[str] = Counter()
+    for inventory in inventories:
+        if inventory.removed:
+            continue
+        for device in inventory.devices:
+            counts[flavors.name_of(device) or NO_FLAVOR] += 1
+    return counts
+
+
+def snapshot_of(usage: Mapping[str, Any], pending: Sequence[Mapping[str, Any]],
+                claim_flavors: Mapping[tuple[str, str], Sequence[str]], devices: Mapping[str, int],
+                order: Sequence[str] = (), at: float = 0.0, problems: Sequence[str] = ()) -> Snapshot:
+    """Combine the API's answers: `usage` is GET /v1/usage, `pending` the Pending claims oldest first,
+    `claim_flavors` what each waiting claim's requests accept, `devices` the inventory's count per flavor;
+    flavors are listed in `order` (the flavors' effective order), others after, by name."""
+    used: Counter[str] = Counter()
+    for row in usage.get("items", []):
+        used[row["flavor"] or NO_FLAVOR] += int(row["used"])
+    flavor_pending: Counter[str] = Counter()
+    tenant_pending: Counter[tuple[str, str]] = Counter()
+    queue: list[Waiting] = []
+    for claim in pending:
+        key = (claim["namespace"], claim["name"])
+        accepted = tuple(claim_flavors.get(key, ()))
+        for name in accepted or (NO_FLAVOR,):
+            flavor_pending[name] += 1
+            tenant_pending[(key[0], name)] += 1
+        if len(queue) < QUEUE_HEAD:
+            queue.append(Waiting(key[0], key[1], claim.get("reason") or "", accepted))
+    names = set(devices) | set(used) | set(flavor_pending)
+    rank = {name: i for i, name in enumerate(order)}
+    ordered = sorted(names, key=lambda n: (n == NO_FLAVOR, rank.get(n, len(rank)), n))
+    flavors = [FlavorLine(n, int(devices.get(n, 0)), used[n], flavor_pending[n]) for n in ordered]
+    tenants: dict[tuple[str, str], TenantLine] = {}
+    for row in usage.get("items", []):
+        key = (row["tenant"], row["flavor"] or NO_FLAVOR)
+        tenants[key] = TenantLine(key[0], key[1], int(row["used"]), int(row["nominal"]), int(row["borrowed"]),
+                                  tenant_pending[key])
+    for key, count in tenant_pending.items():
+        if key not in tenants:
+            tenants[key] = TenantLine(key[0], key[1], 0, 0, 0, count)
+    return Snapshot(
+        flavors=flavors,
+        tenants=sorted(tenants.values(), key=lambda t: (t.tenant, t.flavor == NO_FLAVOR, rank.get(t.flavor, 0),
+                                                        t.flavor)),
+        queue=queue,
+        pending_claims=sum(int(p["claims"]) for p in usage.get("pending", [])),
+        pending_devices=sum(int(p["devices"]) for p in usage.get("pending", [])),
+        enforced=bool(usage.get("enforced")),
+        at=at,
+        problems=tuple(problems),
+    )
+
+
+class Gatherer:
+    """Reads the admin API and keeps the newest inventory of every node from the inventory stream; `changed`
+    is set whenever a status or inventory message arrives."""
+
+    def __init__(self, api: str, headers: Mapping[str, str], nats_url: str | None) -> None:
+        self.client = httpx.AsyncClient(base_url=api.rstrip("/"), headers=dict(headers), timeout=10)
+        self.nats_url = nats_url
+        self.inventories: dict[str, NodeInventory] = {}
+        self.changed = asyncio.Event()
+        self._loaded = asyncio.Event()
+        self._nc: Any = None
+        self._explained: dict[tuple[str, str, str], tuple[str, ...]] = {}  # (ns, name, updatedAt) -> flavors
+        self._problems: list[str] = []
+
+    async def start(self, load_timeout: float = 10.0) -> None:
+        """Subscribe to inventory (last message per node, then every update) and statuses; wait until the
+        stored inventory is read, so the first frame counts the whole fleet."""
+        from nats.js.api import DeliverPolicy
+
+        from services.natsio import connect
+
+        if not self.nats_url:
+            self._loaded.set()
+            return
+        try:
+            self._nc = await asyncio.wait_for(connect(self.nats_url, name="claimbroker-top"), load_timeout)
+            js = self._nc.jetstream()
+            info = await js.stream_info(subjects.INVENTORY_STREAM)
+            if not info.state.messages:
+                self._loaded.set()
+            await js.subscribe(subjects.INVENTORY_ALL, ordered_consumer=True,
+                               deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory)
+            await self._nc.subscribe(subjects.STATUS_ALL, cb=self._on_status)
+            await asyncio.wait_for(self._loaded.wait(), load_timeout)
+        except Exception as error:  # the API's numbers are still worth showing
+            self._problems.append(f"inventory from NATS at {self.nats_url}: {error!r}")
+
+    async def _on_inventory(self, message: Any) -> None:
+        try:
+            inventory = read_inventory(json.loads(message.data))
+            self.inventories[inventory.node] = inventory
+        except Exception as error:
+            self._problems.append(f"{message.subject}: {error}")
+        if message.metadata.num_pending == 0:
+            self._loaded.set()
+        self.changed.set()
+
+    async def _on_status(self, message: Any) -> None:
+        self.changed.set()
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+    async def _get(self, path: str, **params: Any) -> Any:
+        response = await self.client.get(path, params=params)
+        response.raise_for_status()
+        return response.json()
+
+    async def _flavors_of(self, claim: Mapping[str, Any]) -> tuple[str, ...]:
+        key = (claim["namespace"], claim["name"], str(claim.get("updatedAt")))
+        if key not in self._explained:
+            try:
+                found = await self._get(f"/v1/claims/{key[0]}/{key[1]}/explain")
+                self._explained[key] = tuple((found.get("explain") or {}).get("flavors") or ())
+            except httpx.HTTPError:
+                return ()
+        return self._explained[key]
+
+    async def snapshot(self) -> Snapshot:
+        problems, self._problems = self._problems, []
+        try:
+            usage = await self._get("/v1/usage")
+            pending = (await self._get("/v1/claims", state="Pending", limit=max(EXPLAINED, QUEUE_HEAD)))["items"]
+        except (httpx.HTTPError, ValueError) as error:
+            detail = error.response.text if isinstance(error, httpx.HTTPStatusError) else repr(error)
+            return Snapshot((), (), (), at=time.time(), problems=(*problems, f"admin API: {detail}"))
+        try:
+            config = [Flavor(f["name"], f["selector"], f["value"]) for f in await self._get("/v1/flavors")]
+        except (httpx.HTTPError, ValueError):
+            config = list(QuotaConfig().flavors)
+        found = await asyncio.gather(*(self._flavors_of(c) for c in pending[:EXPLAINED]))
+        claim_flavors = {(c["namespace"], c["name"]): f for c, f in zip(pending, found, strict=False)}
+        live = {k: v for k, v in self._explained.items() if (k[0], k[1]) in claim_flavors}
+        self._explained = live  # forget claims that left the queue
+        devices = count_devices(list(self.inventories.values()), Flavors(config, SelectorMemo()))
+        return snapshot_of(usage, pending, claim_flavors, devices, [f.name for f in config], time.time(), problems)
+
+
+async def run(api: str, headers: Mapping[str, str], nats_url: str | None, *, console: Console,
+              once: bool = False, interval: float = 5.0) -> None:
+    """One frame with `once`; else a live view until cancelled (Ctrl-C)."""
+    from rich.live import Live
+
+    gatherer = Gatherer(api, headers, nats_url)
+    try:
+        await gatherer.start()
+        if once:
+            console.print(render(await gatherer.snapshot()))
+            return
+        with Live(render(await gatherer.snapshot()), console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                drawn = time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gatherer.changed.wait(), interval)
+                # debounce: a burst of events gives one redraw, at most MAX_REDRAWS_PER_SECOND
+                await asyncio.sleep(max(0.0, drawn + 1 / MAX_REDRAWS_PER_SECOND - time.monotonic()))
+                gatherer.changed.clear()
+                live.update(render(await gatherer.snapshot()), refresh=True)
+    finally:
+        await gatherer.close()

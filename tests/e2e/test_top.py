@@ -1,0 +1,126 @@
+"""`claimbroker top`: a frame rendered from a hand-made snapshot, and `top --once` against a running stack."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from rich.console import Console
+
+from services.natsio import EmbeddedNats, connect, publish_json
+from services.stack import running_stack
+from services.top import FlavorLine, Gatherer, Snapshot, TenantLine, Waiting, render, snapshot_of
+from shared import subjects
+from shared.ledger.engine import sessions
+from shared.ledger.tokens import create_token
+from shared.settings import BrokerSettings
+from tests.builders import a_claim
+from tests.e2e.helpers import free_port, statuses
+
+CLI = [sys.executable, "-m", "services.cli"]
+H100 = "device.attributes['gpu.nvidia.com'].productName == 'H100'"
+FLEET = """kind: Topology
+nodes:
+  - {name: h1, gpuModel: H100, gpuCount: 4}
+  - {name: a1, gpuModel: A100, gpuCount: 2}
+"""
+
+
+def text_of(snapshot: Snapshot) -> str:
+    console = Console(record=True, width=160)
+    console.print(render(snapshot))
+    return console.export_text()
+
+
+def row(text: str, *cells: str) -> bool:
+    """Some line holds these cells in this order, separated by table borders or spaces only."""
+    pattern = r"[\s│|]+".join(re.escape(c) for c in cells)
+    return any(re.search(pattern, line) for line in text.splitlines())
+
+
+def test_render_shows_the_numbers() -> None:
+    snapshot = Snapshot(
+        flavors=[FlavorLine("H100", total=16, used=11, pending=3), FlavorLine("A100-3g.40gb", 14, 0, 0)],
+        tenants=[TenantLine("vision", "H100", used=9, nominal=8, borrowed=1, pending=2),
+                 TenantLine("nlp", "H100", used=2, nominal=8, borrowed=0, pending=1)],
+        queue=[Waiting("vision", "train-7", "quota H100 of vision: nominal 8 + borrowingLimit 1", ("H100",))],
+        pending_claims=3, pending_devices=5, enforced=True, at=1.0)
+    text = text_of(snapshot)
+    assert row(text, "H100", "16", "11", "5", "3")
+    assert row(text, "A100-3g.40gb", "14", "0", "14", "0")
+    assert row(text, "vision", "H100", "9/8", "1", "2")
+    assert row(text, "nlp", "H100", "2/8", "0", "1")
+    assert row(text, "vision", "train-7", "H100", "quota H100 of vision")
+    assert "3 claim(s), 5 device(s)" in text
+
+
+def test_snapshot_of_combines_usage_queue_and_inventory() -> None:
+    usage = {"enforced": True, "pending": [{"tenant": "vision", "claims": 2, "devices": 2}],
+             "items": [{"tenant": "vision", "flavor": "H100", "nominal": 3, "used": 3, "borrowed": 0},
+                       {"tenant": "nlp", "flavor": None, "nominal": 0, "used": 1, "borrowed": 1}]}
+    pending = [{"namespace": "vision", "name": "a", "reason": "r"}, {"namespace": "vision", "name": "b"}]
+    snapshot = snapshot_of(usage, pending, {("vision", "a"): ["H100", "H200"]}, {"H100": 4, "A100": 2},
+                           order=["A100", "H100", "H200"])
+    assert [(f.name, f.total, f.used, f.free, f.pending) for f in snapshot.flavors] == [
+        ("A100", 2, 0, 2, 0), ("H100", 4, 3, 1, 1), ("H200", 0, 0, 0, 1), ("-", 0, 1, 0, 1)]
+    assert [(t.tenant, t.flavor, t.used, t.pending) for t in snapshot.tenants] == [
+        ("nlp", "-", 1, 0), ("vision", "H100", 3, 1), ("vision", "H200", 0, 1), ("vision", "-", 0, 1)]
+    assert [w.name for w in snapshot.queue] == ["a", "b"] and snapshot.pending_claims == 2
+
+
+@pytest.mark.e2e
+async def test_top_once_against_a_running_stack(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "d", api_port=free_port(),
+                              inventory=[fleet], pending_alert_after=3600)
+    async with running_stack(settings) as stack:
+        assert stack.allocator is not None and stack.api_url is not None
+        assert await stack.allocator.wait_for_inventory(20)
+        token = await create_token(sessions(stack.engine), "admin", None)
+        async with httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}) as api:
+            assert (await api.put("/v1/tenants/vision", json={})).status_code < 300
+            response = await api.put("/v1/tenants/vision/quotas/H100", json={"nominal": 3, "borrowingLimit": 0})
+            assert response.status_code < 300, response.text
+        nc = await connect(stack.nats_url, name="tenant")
+        seen = await statuses(nc)
+        names = [f"train-{i}" for i in range(4)]
+        for name in names:
+            document = a_claim(name, "vision").request(selectors=(H100,)).document()
+            await publish_json(nc.jetstream(), subjects.submit("vision"), document, msg_id=name)
+        await seen.wait_for(lambda: len(seen.latest()) == 4, timeout=30)
+        states = sorted(s["state"] for s in seen.latest().values())
+        assert states == ["Allocated"] * 3 + ["Pending"], seen.latest()
+        waiting = next(s for s in seen.latest().values() if s["state"] == "Pending")
+
+        # the live view's trigger: a status message sets `changed`, and the next snapshot counts the new claim
+        gatherer = Gatherer(stack.api_url, {"Authorization": f"Bearer {token}"}, stack.nats_url)
+        try:
+            await gatherer.start()
+            gatherer.changed.clear()
+            document = a_claim("train-4", "vision").request(selectors=(H100,)).document()
+            await publish_json(nc.jetstream(), subjects.submit("vision"), document, msg_id="train-4")
+            await asyncio.wait_for(gatherer.changed.wait(), 30)
+            await seen.wait_for(lambda: ("vision", "train-4") in seen.latest(), timeout=30)
+            live = await gatherer.snapshot()
+            numbers = [(f.name, f.total, f.used, f.pending) for f in live.flavors]
+            assert numbers == [("A100", 2, 0, 0), ("H100", 4, 3, 2)]
+        finally:
+            await gatherer.close()
+        await nc.close()
+
+        process = await asyncio.create_subprocess_exec(
+            *CLI, "--api", stack.api_url, "--nats", stack.nats_url, "--data-dir", str(tmp_path / "cli"),
+            "--token", token, "top", "--once", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    text = out.decode()
+    assert process.returncode == 0, err.decode()
+    assert row(text, "H100", "4", "3", "1", "2"), text  # total, used, free, pending
+    assert row(text, "A100", "2", "0", "2", "0"), text
+    assert row(text, "vision", "H100", "3/3", "0", "2"), text
+    assert "2 claim(s), 2 device(s)" in text, text
+    assert row(text, "vision", waiting["name"], "H100", waiting["reason"][:30]), text
