@@ -417,3 +417,41 @@ def test_serve_watcher_refuses_no_source_or_two(args: list[str], message: str, m
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert message in result.output
+
+
+async def test_a_deleted_node_sends_its_claims_back_to_pending(
+    fake_api: tuple[FakeApiServer, str], nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """Kubernetes to claims: a GPU node from the cluster takes a claim; deleting the Node sends the claim back
+    to Pending with the reason; the node's return lets it in again."""
+    from services.natsio import publish_json
+    from services.stack import running_stack
+    from tests.builders import a_claim
+    from tests.e2e.helpers import statuses
+
+    api, url = fake_api
+    gpu_node = node("dp-1", GFD, {"nvidia.com/gpu": "4"})
+    api.apply(NODES, "ADDED", gpu_node)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+        "clusters": [{"name": "lab", "cluster": {"server": url}}],
+        "users": [{"name": "watcher", "user": {"token": "not-checked"}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "watcher"}}],
+    }))
+    settings = BrokerSettings.model_validate({"nats_url": nats_server.url, "kube": True, "kubeconfig": kubeconfig,
+                                              "data_dir": tmp_path / "data"})
+    async with running_stack(settings, services=("watcher", "allocator")) as stack:
+        assert stack.allocator is not None and await stack.allocator.wait_for_inventory(20)
+        nc = await connect(stack.nats_url, name="tenant")
+        seen = await statuses(nc)
+        claim = a_claim("train", "team").request(count=4).document()
+        await publish_json(nc.jetstream(), subjects.submit("team"), claim, msg_id="train")
+        await seen.wait_for(lambda: seen.latest().get(("team", "train"), {}).get("state") == "Allocated")
+        api.apply(NODES, "DELETED", gpu_node)
+        await seen.wait_for(lambda: any("node dp-1 was lost" in (s["reason"] or "")
+                                        for s in seen.for_claim("team", "train")))
+        await seen.wait_for(lambda: seen.latest()[("team", "train")]["state"] == "Pending")
+        api.apply(NODES, "ADDED", gpu_node)
+        await seen.wait_for(lambda: seen.latest()[("team", "train")]["state"] == "Allocated")
+        await nc.close()
