@@ -66,12 +66,17 @@ class UsageRow(Model):
     used_units: float = Field(description="their GPU units")
     borrowed: int = Field(description="devices in use beyond the nominal quota")
     lent: int = Field(description="unused nominal quota that others in the cohort use")
+    pending: int = Field(default=0, description="devices Pending claims ask for, counted against the cheapest "
+                                                "flavor their requests accept (from the allocator's explain)")
+    pending_units: float = Field(default=0.0, description="those devices in GPU units")
 
 
 class PendingDemand(Model):
     tenant: str
     claims: int = Field(description="Pending claims")
     devices: int = Field(description="devices they request (count per request, 1 for allocationMode All)")
+    units: float = Field(default=0.0, description="those devices in GPU units, at the cheapest flavor each "
+                                                  "claim's requests accept (0 until the allocator explained it)")
 
 
 class UsageOut(Model):
@@ -125,12 +130,24 @@ async def usage(s: Session, token: Caller) -> UsageOut:
     lendingLimit) that the others' borrowing uses, min(unused, borrowed by the others)."""
     config = await load_quota_config(s)
     used = await _usage(s)
-    pending: dict[str, list[int]] = {}
-    for ns, spec in await s.execute(select(Claim.namespace, Claim.spec).where(Claim.state == "Pending")):
-        entry = pending.setdefault(ns, [0, 0])
+    pending: dict[str, list[float]] = {}
+    values = {f.name: f.value for f in config.flavors}
+    wanted: dict[tuple[str, str | None], list[float]] = {}
+    for ns, spec, explain in await s.execute(
+            select(Claim.namespace, Claim.spec, Claim.explain).where(Claim.state == "Pending")):
+        devices = requested_devices(spec)
+        accepted = [f for f in (explain or {}).get("flavors") or [] if f in values]
+        flavor = min(accepted, key=lambda f: (values[f], f)) if accepted else None
+        units = devices * values[flavor] if flavor is not None else 0.0
+        entry = pending.setdefault(ns, [0, 0, 0.0])
         entry[0] += 1
-        entry[1] += requested_devices(spec)
-    pairs = {(t.name, f) for t in config.tenants.values() for f in t.quotas} | set(used)
+        entry[1] += devices
+        entry[2] += units
+        if flavor is not None:
+            demand_row = wanted.setdefault((ns, flavor), [0, 0.0])
+            demand_row[0] += devices
+            demand_row[1] += units
+    pairs = {(t.name, f) for t in config.tenants.values() for f in t.quotas} | set(used) | set(wanted)
     rows = []
     for tenant_name, flavor in sorted(pairs, key=lambda p: (p[0], p[1] or "")):
         tenant = config.tenant(tenant_name)
@@ -140,7 +157,9 @@ async def usage(s: Session, token: Caller) -> UsageOut:
         rows.append(UsageRow(tenant=tenant_name, cohort=tenant.cohort, flavor=flavor, nominal=nominal,
                              borrowing_limit=limit.borrowing_limit if limit else None,
                              lending_limit=limit.lending_limit if limit else None, used=n,
-                             used_units=round(units, 4), borrowed=max(0, n - nominal), lent=0))
+                             used_units=round(units, 4), borrowed=max(0, n - nominal), lent=0,
+                             pending=int(wanted.get((tenant_name, flavor), (0, 0.0))[0]),
+                             pending_units=round(wanted.get((tenant_name, flavor), (0, 0.0))[1], 4)))
     for row in rows:
         if row.cohort is None or row.flavor is None:
             continue
@@ -150,7 +169,8 @@ async def usage(s: Session, token: Caller) -> UsageOut:
         if row.lending_limit is not None:
             lendable = min(lendable, row.lending_limit)
         row.lent = min(lendable, others)
-    demand = [PendingDemand(tenant=t, claims=c, devices=d) for t, (c, d) in sorted(pending.items())]
+    demand = [PendingDemand(tenant=t, claims=int(c), devices=int(d), units=round(u, 4))
+              for t, (c, d, u) in sorted(pending.items())]
     return UsageOut(enforced=config.enforced, items=_visible(rows, token.tenant),
                     pending=_visible(demand, token.tenant))
 

@@ -369,7 +369,8 @@ async def test_usage_per_tenant_and_flavor(api: Api) -> None:
     await add_claim(api, "speech", "asr", flavor="H100", devices=5)  # nominal 2: borrows 3
     await add_claim(api, "vision", "train", flavor="H100", devices=4)  # nominal 8: 4 unused, lends at most 2
     await add_claim(api, "vision", "odd", flavor=None, devices=1, units=0.0)
-    await add_claim(api, "vision", "wait-1", spec=gpu_claim(2), reason="quota")
+    await add_claim(api, "vision", "wait-1", spec=gpu_claim(2), reason="quota",
+                    explain={"flavors": ["H100", "A100"]})  # counted at the cheaper A100 (1 unit each)
     await add_claim(api, "vision", "wait-2", spec=gpu_claim(mode="All"))
     await add_claim(api, "audio", "wait-3", spec=gpu_claim(3))
     usage = (await api.client.get("/v1/usage", headers=api.viewer)).json()
@@ -377,18 +378,21 @@ async def test_usage_per_tenant_and_flavor(api: Api) -> None:
     rows = {(r["tenant"], r["flavor"]): r for r in usage["items"]}
     assert rows[("speech", "H100")] == {
         "tenant": "speech", "cohort": "research", "flavor": "H100", "nominal": 2, "borrowingLimit": 0,
-        "lendingLimit": None, "used": 5, "usedUnits": 10.0, "borrowed": 3, "lent": 0}
+        "lendingLimit": None, "used": 5, "usedUnits": 10.0, "borrowed": 3, "lent": 0, "pending": 0,
+        "pendingUnits": 0.0}
     assert rows[("vision", "H100")] | {} == {
         "tenant": "vision", "cohort": "research", "flavor": "H100", "nominal": 8, "borrowingLimit": 4,
-        "lendingLimit": 2, "used": 4, "usedUnits": 8.0, "borrowed": 0, "lent": 2}
+        "lendingLimit": 2, "used": 4, "usedUnits": 8.0, "borrowed": 0, "lent": 2, "pending": 0,
+        "pendingUnits": 0.0}
+    assert (rows[("vision", "A100")]["pending"], rows[("vision", "A100")]["pendingUnits"]) == (2, 2.0)
     assert rows[("vision", "A100-1g.10gb")]["used"] == 0 and rows[("vision", "A100-1g.10gb")]["nominal"] == 14
     assert rows[("vision", None)]["used"] == 1
-    assert usage["pending"] == [{"tenant": "audio", "claims": 1, "devices": 3},
-                                {"tenant": "vision", "claims": 2, "devices": 3}]
+    assert usage["pending"] == [{"tenant": "audio", "claims": 1, "devices": 3, "units": 0.0},
+                                {"tenant": "vision", "claims": 2, "devices": 3, "units": 2.0}]
 
     scoped = (await api.client.get("/v1/usage", headers=api.scoped)).json()
     assert {r["tenant"] for r in scoped["items"]} == {"vision"}
-    assert scoped["pending"] == [{"tenant": "vision", "claims": 2, "devices": 3}]
+    assert scoped["pending"] == [{"tenant": "vision", "claims": 2, "devices": 3, "units": 2.0}]
     assert next(r for r in scoped["items"] if r["flavor"] == "H100")["lent"] == 2, "lent counts the whole cohort"
 
 
