@@ -475,7 +475,10 @@ class _Cycle:
             names: set[str] = set()
             for _, alternatives in plan.requests:
                 for alternative in alternatives:
-                    index = self.state.index(alternative)
+                    try:
+                        index = self.state.index(alternative)
+                    except Rejected:
+                        continue  # a subrequest whose selector fails here contributes no flavor
                     for device in index.kinds():
                         if (name := self.flavors.name_of(device)) is not None:
                             names.add(name)
