@@ -288,12 +288,7 @@ class _Cycle:
     def __init__(self, snapshot: Snapshot, memo: SelectorMemo) -> None:
         self.snapshot = snapshot
         self.fleet = snapshot.fleet
-        self.flavors = Flavors(snapshot.quotas.flavors, memo)
-        capacity: dict[str, int] = defaultdict(int)
-        for device in snapshot.fleet.devices:
-            name = self.flavors.name_of(device)
-            if name is not None:
-                capacity[name] += 1
+        self.flavors, capacity = _flavors_and_capacity(snapshot, memo)
         self.book = QuotaBook(snapshot.quotas, capacity)
         self.running: dict[ClaimKey, Running] = {r.key: r for r in snapshot.running}
         self.started = frozenset(self.running)
@@ -329,7 +324,9 @@ class _Cycle:
         found = self._flavor_filters.get(flavor)
         if found is None:
             names = self.flavors.name_of
-            found = self._flavor_filters[flavor] = DeviceFilter(("flavor", flavor), lambda d: names(d) == flavor)
+            selector = next((f.selector for f in self.snapshot.quotas.flavors if f.name == flavor), "")
+            found = self._flavor_filters[flavor] = DeviceFilter(("flavor", flavor, selector),
+                                                                lambda d: names(d) == flavor)
         return found
 
     def _borrow_cap(self, tenant: str, flavor: str) -> int:
@@ -611,6 +608,21 @@ class _Cycle:
         return (f"preempted by {by} for fair share: afterwards {waiting.tenant}'s share "
                 f"{self.book.share(waiting.tenant):.2f} is at or below {victim.tenant}'s "
                 f"{self.book.share(victim.tenant):.2f} (GPU units in use per unit of weight)")
+
+
+def _flavors_and_capacity(snapshot: Snapshot, memo: SelectorMemo) -> tuple[Flavors, dict[str, int]]:
+    """Each device's flavor and the devices per flavor, kept while the fleet and the flavors stay the same."""
+    kept = memo.states.get("flavors")
+    if kept is not None and kept[0] is snapshot.fleet and kept[1] == snapshot.quotas.flavors:
+        return kept[2], kept[3]
+    flavors = Flavors(snapshot.quotas.flavors, memo)
+    capacity: dict[str, int] = defaultdict(int)
+    for device in snapshot.fleet.devices:
+        name = flavors.name_of(device)
+        if name is not None:
+            capacity[name] += 1
+    memo.states["flavors"] = (snapshot.fleet, snapshot.quotas.flavors, flavors, dict(capacity))
+    return flavors, dict(capacity)
 
 
 def _fleet_state(snapshot: Snapshot, memo: SelectorMemo, in_use: Sequence[DeviceKey]) -> FleetState:
