@@ -665,8 +665,10 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     """Admit what fits in fair-share order, then preempt where a rule allows, and explain the rest."""
     cycle = _Cycle(snapshot, memo or SelectorMemo())
     decided: dict[ClaimKey, tuple[Decision, list[Block]]] = {}
-    order: list[Waiting] = []
+    order: list[Waiting] = []  # the claims decided this cycle, in fair-share order
+    sequence: list[Waiting] = []  # every waiting claim in fair-share order, decided or not
     for waiting in _fair_order(cycle, snapshot.waiting):
+        sequence.append(waiting)
         if waiting.answered and cycle.state.free_devices <= 0 and not _admin(waiting):
             continue  # nothing is free: it keeps its place and its last answer; only preemption can help
         decision, blocks = cycle.try_admit(waiting)
@@ -676,23 +678,21 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
         order.append(waiting)
     attempts = 0
     may_preempt = cycle.prefilter()
-    in_order = {w.key for w in order}
-    for waiting in _fair_order(cycle, snapshot.waiting):  # preemption, in fair-share order again
+    for waiting in sequence:  # preemption, in the same fair-share order
         found = decided.get(waiting.key)
-        if found is not None and found[0].state is not State.PENDING or waiting.key in cycle.preempted:
+        if found is not None and found[0].state is not State.PENDING:
             continue
-        if attempts >= MAX_PREEMPTION_ATTEMPTS:
-            break
-        if not may_preempt(waiting):
+        if waiting.key in cycle.preempted or not may_preempt(waiting):
             continue
         attempts += 1
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:
+            if found is None:
+                order.append(waiting)
             decided[waiting.key] = (preempted, [])
             may_preempt = cycle.prefilter()
-            if waiting.key not in in_order:
-                order.append(waiting)
-                in_order.add(waiting.key)
+        if attempts >= MAX_PREEMPTION_ATTEMPTS:
+            break
     from shared.explain import explain_pending
 
     results = []
