@@ -420,6 +420,7 @@ class FleetState:
         self.hints: dict[Any, str] = {}  # did-you-mean and closest-device hints: they depend on the fleet only
         self._counter_fit: dict[DeviceKey, bool] = {}  # per device, dropped when its counter set changes
         self._only: DeviceFilter | None = None
+        self._plan_indexes: dict[tuple[int, Any], tuple[Plan, tuple[DeviceIndex, ...]]] = {}
         self._free = sum(1 for n in fleet.nodes.values() if n.node not in self.unusable_nodes
                          for d in n.devices if d.health != UNHEALTHY)
         for node in fleet.nodes.values():
@@ -544,18 +545,22 @@ class FleetState:
     def capacity_version(self, plan: Plan, only: DeviceFilter | None = None) -> tuple[int, ...]:
         """The versions of the indexes a placement of `plan` reads: while they are unchanged, so is the
         answer (a Pending claim need not be tried again). Raises Rejected."""
-        self._only = only
-        try:
-            versions = []
-            for _, alternatives in plan.requests:
-                for alternative in alternatives:
-                    versions.append(self.index(alternative).version)
-                    grouping = plan.group_attribute([alternative])
-                    if isinstance(grouping, str):
-                        versions.append(self.index(alternative, grouping).version)
-            return tuple(versions)
-        finally:
-            self._only = None
+        key = (id(plan), only.key if only else None)
+        found = self._plan_indexes.get(key)
+        if found is None or found[0] is not plan:
+            self._only = only
+            try:
+                indexes = []
+                for _, alternatives in plan.requests:
+                    for alternative in alternatives:
+                        indexes.append(self.index(alternative))
+                        grouping = plan.group_attribute([alternative])
+                        if isinstance(grouping, str):
+                            indexes.append(self.index(alternative, grouping))
+            finally:
+                self._only = None
+            found = self._plan_indexes[key] = (plan, tuple(indexes))
+        return tuple(index.version for index in found[1])
 
     # -- deciding -----------------------------------------------------------------------------------
 
