@@ -56,3 +56,16 @@ async def statuses(nc: Client) -> Collector:
 
 async def alerts(nc: Client) -> Collector:
     return await Collector().start(nc, subjects.ALERTS_ALL)
+
+
+T0 = 1_800_000_000.0  # a fixed "now" for tests that drive time themselves
+
+
+class FakeClock:
+    """A clock the test advances by hand (`clock.now += 30`), so nothing waits on real time."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now

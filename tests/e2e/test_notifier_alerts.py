@@ -23,18 +23,10 @@ from shared.alert_rules import QuotaUsage
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import AlertRecord, Tenant, WebhookDeadLetter
 from shared.settings import BrokerSettings
-from tests.e2e.helpers import Collector, alerts
+from tests.e2e.helpers import Collector, FakeClock, alerts
 
 pytestmark = pytest.mark.e2e
-T0 = 1_800_000_000.0
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

@@ -24,19 +24,11 @@ from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import AlertRecord, Claim, DeviceAllocation
 from shared.quota import parse_quotas
 from shared.settings import BrokerSettings
-from tests.e2e.helpers import Collector, alerts
+from tests.e2e.helpers import T0, Collector, FakeClock, alerts
 
 pytestmark = pytest.mark.e2e
-T0 = 1_800_000_000.0
 PRODUCTS = {"H100": "NVIDIA H100 80GB HBM3", "B200": "NVIDIA B200"}
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
