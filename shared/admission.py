@@ -482,21 +482,13 @@ class _Cycle:
             found = self._plan_flavors[id(plan)] = frozenset(names)
         return found
 
-    def _hosts(self, waiting: Waiting) -> frozenset[str] | None:
-        """Nodes with devices the claim's first request accepts: victims elsewhere cannot help it."""
-        try:
-            plan = self.state.plan(waiting.claim)
-            return self.state.index(plan.variants[0][0]).nodes
+    def try_preempt(self, waiting: Waiting) -> Decision | None:
+        try:  # victims only on nodes with devices the claim's first request accepts
+            lead = self.state.plan(waiting.claim).variants[0][0]
+            index = self.state.index(lead)
         except (Rejected, IndexError):
             return None
-
-    def try_preempt(self, waiting: Waiting) -> Decision | None:
-        hosts = self._hosts(waiting)
-        if not hosts:
-            return None
-        plan = self.state.plan(waiting.claim)
-        lead = plan.variants[0][0]
-        index = self.state.index(lead)
+        hosts = index.nodes
         by_node: dict[str, list[tuple[Running, str]]] = defaultdict(list)
         for node in sorted(hosts & self.on_node.keys()):
             candidates = [(r, rule) for r in self.on_node[node].values()

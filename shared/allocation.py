@@ -269,6 +269,11 @@ class _Constraints:
         return True
 
 
+def counters_fit(left: Mapping[CounterKey, Amount], device: FleetDevice) -> bool:
+    """Every counter the device draws on has enough left (an unknown counter has none)."""
+    return all(left.get(key, -1) >= amount for key, amount in device.counter_draws)
+
+
 class _NodeCounters:
     """Shared counters left on one node during a search: take and give back as devices are tried."""
 
@@ -276,8 +281,7 @@ class _NodeCounters:
         self.left = left
 
     def fits(self, device: FleetDevice) -> bool:
-        left = self.left
-        return all(left.get(key, -1) >= amount for key, amount in device.counter_draws)
+        return counters_fit(self.left, device)
 
     def take(self, device: FleetDevice) -> None:
         for key, amount in device.counter_draws:
@@ -454,8 +458,7 @@ class FleetState:
             fits = self._counter_fit.get(device.key)
             if fits is None:
                 left = self._counters.get(device.node, {})
-                fits = self._counter_fit[device.key] = all(
-                    left.get(key, -1) >= amount for key, amount in device.counter_draws)
+                fits = self._counter_fit[device.key] = counters_fit(left, device)
             if not fits:
                 return "shared counters"
         return None

@@ -151,6 +151,11 @@ async def delete_tenant(name: Name, s: Session, token: Caller) -> None:
 # --- cohorts ------------------------------------------------------------------------------------------
 
 
+async def _members(s: AsyncSession, cohort: str) -> list[str]:
+    """The tenants of a cohort, by name."""
+    return list(await s.scalars(select(Tenant.name).where(Tenant.cohort == cohort).order_by(Tenant.name)))
+
+
 @router.get("/v1/cohorts", response_model=list[CohortOut], tags=["cohorts"])
 async def list_cohorts(s: Session, token: Caller) -> list[CohortOut]:
     """A scoped viewer sees its own tenant's cohort only, with only its own tenant in it."""
@@ -172,7 +177,7 @@ async def put_cohort(name: Name, s: Session, token: Caller,
         if await s.get(Cohort, name) is None:
             s.add(Cohort(name=name))
             audit(s, token, "put", f"cohort/{name}", None, cohort_json(name))
-        tenants = list(await s.scalars(select(Tenant.name).where(Tenant.cohort == name).order_by(Tenant.name)))
+        tenants = await _members(s, name)
     return CohortOut(name=name, tenants=tenants)
 
 
@@ -184,7 +189,7 @@ async def delete_cohort(name: Name, s: Session, token: Caller) -> None:
         row = await s.get(Cohort, name)
         if row is None:
             raise HTTPException(404, f"cohort {name!r} not found")
-        users = list(await s.scalars(select(Tenant.name).where(Tenant.cohort == name).order_by(Tenant.name)))
+        users = await _members(s, name)
         if users:
             raise Problem(409, "cohort in use", f"cohort {name!r} still has tenants: {', '.join(users)}; "
                                                 "move them to another cohort first")

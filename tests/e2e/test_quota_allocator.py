@@ -43,18 +43,20 @@ def claim(name: str, tenant: str, count: int = 1, priority: int = 0) -> dict[str
     return builder.document()
 
 
-async def use_fleet(nats_url: str, path: Path) -> None:
+async def use_fleet(nats_url: str, path: Path) -> tuple[Any, FileWatcher]:
+    """Publish FLEET from `path`; the caller closes the returned connection (and may republish)."""
     path.write_text(FLEET)
     nc = await connect(nats_url, name="watcher")
-    await FileWatcher(nc.jetstream(), [path]).publish_once()
-    await nc.close()
+    publisher = FileWatcher(nc.jetstream(), [path])
+    await publisher.publish_once()
+    return nc, publisher
 
 
 async def test_two_allocators_never_double_allocate_or_exceed_a_quota(
     nats_server: EmbeddedNats, db_url: str, tmp_path: Path
 ) -> None:
     async with broker(nats_server, db_url, tmp_path) as b:
-        await use_fleet(b.url, b.inventory)
+        watcher, _ = await use_fleet(b.url, b.inventory)
         await set_quotas(b.engine, {"kind": "Quotas", "tenants": [
             {"name": "a", "cohort": "c", "quotas": {"H100": {"nominal": 3, "borrowingLimit": 1}}},
             {"name": "b", "cohort": "c", "quotas": {"H100": {"nominal": 3}}},
@@ -80,13 +82,14 @@ async def test_two_allocators_never_double_allocate_or_exceed_a_quota(
         assert per_tenant == {"a": 4, "b": 6}
         assert {first, second} <= set(b.tasks)
         await nc.close()
+        await watcher.close()
 
 
 async def test_quota_change_reaches_the_next_cycle_and_preemption_is_announced(
     nats_server: EmbeddedNats, db_url: str, tmp_path: Path
 ) -> None:
     async with broker(nats_server, db_url, tmp_path) as b:
-        await use_fleet(b.url, b.inventory)
+        watcher, _ = await use_fleet(b.url, b.inventory)
         await set_quotas(b.engine, {"kind": "Quotas", "tenants": [
             {"name": "a", "quotas": {"H100": {"nominal": 1, "borrowingLimit": 0}}},
             {"name": "b", "quotas": {"H100": {"nominal": 0}}},
@@ -125,16 +128,14 @@ async def test_quota_change_reaches_the_next_cycle_and_preemption_is_announced(
         assert history == ["Allocated", "Preempted", "Pending", "Pending"]
         assert explain is not None and explain["capacity"][0]["free"] == 0
         await nc.close()
+        await watcher.close()
 
 
 async def test_a_lost_node_sends_its_claims_back_to_pending(
     nats_server: EmbeddedNats, db_url: str, tmp_path: Path
 ) -> None:
     async with broker(nats_server, db_url, tmp_path) as b:
-        b.inventory.write_text(FLEET)
-        watcher = await connect(b.url, name="watcher")
-        publisher = FileWatcher(watcher.jetstream(), [b.inventory])
-        await publisher.publish_once()
+        watcher, publisher = await use_fleet(b.url, b.inventory)
         await b.start_allocator(cycle_interval=0.1)
         nc = await connect(b.url, name="tenants")
         seen = await statuses(nc)
