@@ -59,11 +59,26 @@ async def ensure_streams(js: JetStreamContext) -> None:
             await js.update_stream(config)
 
 
+def raise_lost_cancel() -> None:
+    """Raise the cancel that a nats-py call swallowed, if it did.
+
+    nats-py awaits requests, JetStream acks and pull fetches with `asyncio.wait_for`, which on Python 3.11
+    returns the reply instead of raising when a cancel lands just as the reply arrives (cpython gh-86296).
+    The task is still marked as cancelling, so a loop that calls this after each such call stops as told;
+    without it a task inside a TaskGroup is never cancelled again and its shutdown waits forever.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def publish_json(
     js: JetStreamContext, subject: str, payload: Any, *, msg_id: str | None = None
 ) -> Any:
     headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-    return await js.publish(subject, json.dumps(payload).encode(), headers=headers)
+    ack = await js.publish(subject, json.dumps(payload).encode(), headers=headers)
+    raise_lost_cancel()
+    return ack
 
 
 def nats_server_binary() -> str:
@@ -133,7 +148,17 @@ class EmbeddedNats:
             self.process.wait()
 
 
-async def wait_closed(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+async def wait_closed(task: asyncio.Task[Any], *, recancel_after: float = 2.0) -> None:
+    """Cancel a task and wait until it has ended, whatever it raised.
+
+    The cancel is repeated while the task runs on. On Python 3.11, `asyncio.wait_for` (nats-py awaits every
+    request and JetStream ack with it) returns the reply instead of raising when a cancel lands just as the
+    reply arrives (cpython gh-86296): the task then carries on as if never told to stop, and a shutdown
+    that awaited it once would wait forever.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=recancel_after)
+    if not task.cancelled():
+        with contextlib.suppress(Exception):
+            task.result()

@@ -29,7 +29,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services.allocator import ledger_ops as ops
-from services.natsio import ensure_streams, publish_json
+from services.natsio import ensure_streams, publish_json, raise_lost_cancel
 from shared import dra, events, subjects
 from shared.admission import Snapshot, run_cycle
 from shared.allocation import SelectorMemo, State
@@ -106,6 +106,7 @@ class Allocator:
                     messages = await claims.fetch(self.batch, timeout=min(0.5, self.cycle_interval))
                 except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived in time
                     messages = []
+                raise_lost_cancel()  # fetched but unacked messages come back after ack_wait
                 if self._stopping.is_set():
                     for message in messages:
                         await message.nak()

@@ -29,7 +29,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json
+from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json, raise_lost_cancel
 from services.notifier import history
 from services.notifier.usage import FleetFlavors, read_figures
 from services.notifier.webhooks import WebhookDispatcher
@@ -116,6 +116,7 @@ class Notifier:
                     messages = await statuses.fetch(64, timeout=min(0.5, self.check_interval))
                 except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived
                     messages = []
+                raise_lost_cancel()  # fetched but unacked messages come back after ack_wait
                 for message in messages:
                     await self._on_status(message)
                 if time.monotonic() >= next_check:

@@ -278,9 +278,7 @@ async def watched(fake_api: tuple[FakeApiServer, str], nats_server: EmbeddedNats
     try:
         yield api, seen, watcher
     finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await wait_closed(task)
         await api_client.close()
         await nc.close()
 
