@@ -26,15 +26,17 @@ allocator service and `claimbroker simulate --quotas` run the same code.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from shared import dra
-from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Rejected, State
+from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
 from shared.cel import CompiledSelector, SelectorError, compile_selector
 from shared.inventory import Fleet, FleetDevice
 from shared.matching import SelectorMemo
@@ -55,8 +57,8 @@ class Running:
     arrival: int = 0
     allocated_order: int = 0  # larger: allocated more recently
 
-    @property
-    def key(self) -> ClaimKey:
+    @cached_property
+    def key(self) -> ClaimKey:  # built once: a deep queue's claims are looked up by key every cycle
         return (self.tenant, self.name)
 
 
@@ -71,8 +73,8 @@ class Waiting:
     answered: bool = False  # it has a Pending answer already: a full fleet need not decide it again
     displaced_by: frozenset[ClaimKey] = frozenset()  # claims that preempted it: it never takes them back
 
-    @property
-    def key(self) -> ClaimKey:
+    @cached_property
+    def key(self) -> ClaimKey:  # built once: a deep queue's claims are looked up by key every cycle
         return (self.tenant, self.name)
 
 
@@ -172,6 +174,7 @@ class QuotaBook:
         self.config = config
         self.capacity = capacity  # devices per flavor in the fleet
         self.used: dict[tuple[str, str], int] = defaultdict(int)
+        self.flavors_used: dict[str, set[str]] = defaultdict(set)  # every flavor a tenant ever used here
         self.units: dict[str, float] = defaultdict(float)
         self.members: dict[str, list[str]] = defaultdict(list)
         self.keep: dict[tuple[str, str], int] = {}  # nominal a tenant never lends
@@ -211,6 +214,7 @@ class QuotaBook:
             return
         self.cohort_versions[self.cohort_of(tenant)] += 1
         key = (tenant, flavor)
+        self.flavors_used[tenant].add(flavor)
         keep = self.keep.get(key, 0)
         before = max(0, self.used[key] - keep)
         self.used[key] += sign
@@ -227,6 +231,10 @@ class QuotaBook:
 
     def borrowing(self, tenant: str, flavor: str) -> int:
         return max(0, self.used[(tenant, flavor)] - self.nominal(tenant, flavor))
+
+    def borrowed_flavors(self, tenant: str) -> frozenset[str | None]:
+        """Flavors the tenant uses beyond its nominal quota."""
+        return frozenset(f for f in self.flavors_used.get(tenant, ()) if self.borrowing(tenant, f) > 0)
 
     def free_capacity(self, flavor: str) -> int:
         """Devices of the flavor no tenant's nominal quota covers: anyone may borrow them."""
@@ -284,31 +292,151 @@ def _deltas(devices: Iterable[FleetDevice], flavors: Flavors) -> dict[str, int]:
     return dict(out)
 
 
+class _Group:
+    """The waiting claims of one tenant with one claim spec (one plan), in the tenant's order: priority,
+    then arrival. Claims alike get the same answer, so a cycle tries a group's claims from the head and
+    stops at the first that does not fit: what stays free and what quota is left only shrink while a
+    cycle admits, so the rest would not fit either."""
+
+    __slots__ = ("tenant", "plan", "entries", "fresh")
+
+    def __init__(self, tenant: str, plan: Plan) -> None:
+        self.tenant = tenant
+        self.plan = plan
+        self.entries: list[tuple[int, int, str]] = []  # (-priority, arrival, name), sorted
+        self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
+
+
+def _entry(waiting: Waiting) -> tuple[int, int, str]:
+    return (-waiting.priority, waiting.arrival, waiting.name)
+
+
 class _Cycle:
+    """The admission state of one fleet, classes and quotas, kept across cycles and brought up to date
+    with each snapshot in O(what changed): usage per tenant and flavor, what runs on each node, the
+    waiting claims in groups, and the answers cached per fleet and quota version."""
+
     def __init__(self, snapshot: Snapshot, memo: SelectorMemo) -> None:
         self.snapshot = snapshot
         self.fleet = snapshot.fleet
         self.flavors, capacity = _flavors_and_capacity(snapshot, memo)
         self.book = QuotaBook(snapshot.quotas, capacity)
-        self.running: dict[ClaimKey, Running] = {r.key: r for r in snapshot.running}
-        self.started = frozenset(self.running)
+        self.running: dict[ClaimKey, Running] = {}
         self.on_node: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
-        for r in snapshot.running:
-            self.on_node[r.allocation.node][r.key] = r
+        self.by_tenant: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
+        self._running_units: dict[ClaimKey, float] = {}
+        self.waiting: dict[ClaimKey, Waiting] = {}
+        self.groups: dict[tuple[str, int], _Group] = {}
+        self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
         self._plan_flavors: dict[int, frozenset[str]] = {}
-        in_use = [k for r in snapshot.running for k in r.allocation.keys]
-        self.state = _fleet_state(snapshot, memo, in_use)
-        for r in snapshot.running:
-            self._count(r.tenant, r.allocation, 1)
-        self.order = itertools.count(max((r.allocated_order for r in snapshot.running), default=0) + 1)
-        self.preemptions: list[Preemption] = []
+        self._plan_unflavored: set[int] = set()  # plans some of whose accepted devices count against no flavor
+        self._plan_least: dict[int, int | None] = {}
+        self.state = _fleet_state(snapshot, memo, ())  # begin() takes what runs
         self._flavor_filters: dict[str, DeviceFilter] = {}
-        self.preempted: set[ClaimKey] = set()
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
         # of claims alike costs one placement attempt per fleet change, not one per claim.
-        self.failed_at: dict[tuple[int, Any], tuple[Any, Decision]] = {}
+        self.failed_at: dict[tuple[int, Any, bool], tuple[Any, Decision]] = {}
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
+        self.started: frozenset[ClaimKey] = frozenset()
+        self.preemptions: list[Preemption] = []
+        self.preempted: set[ClaimKey] = set()
+        self.order = itertools.count(1)
+        self.plans_cleared = memo.plans_cleared
+        self.memo = memo
+
+    def fits(self, snapshot: Snapshot, memo: SelectorMemo) -> bool:
+        """Whether this state may be brought up to date for `snapshot` (else a new one is built)."""
+        kept = memo.states.get("cycle")
+        return (kept is self.state and memo.plans_cleared == self.plans_cleared
+                and snapshot.fleet is self.fleet and snapshot.classes is self.snapshot.classes
+                and (snapshot.quotas is self.snapshot.quotas or snapshot.quotas == self.snapshot.quotas)
+                and dict(snapshot.unusable_nodes) == dict(self.snapshot.unusable_nodes))
+
+    def begin(self, snapshot: Snapshot) -> None:
+        """Bring usage, placement state and the queue up to date with the snapshot."""
+        self.snapshot = snapshot
+        running = {r.key: r for r in snapshot.running}
+        for key, kept in list(self.running.items()):
+            now = running.get(key)
+            if now is kept:
+                continue
+            if now is not None and now.tenant == kept.tenant and now.allocation == kept.allocation:
+                self._relabel(now)  # the same devices: only its priority or order may differ
+            elif now != kept:
+                self._drop(kept)
+        for key, now in running.items():
+            if key not in self.running:
+                self._hold(now)
+        waiting = {w.key: w for w in snapshot.waiting}
+        for key in self.waiting.keys() - waiting.keys():
+            self._unqueue(self.waiting.pop(key))
+        for key, claim in waiting.items():
+            before = self.waiting.get(key)
+            if before is claim:
+                continue
+            if before is not None:
+                self._unqueue(before)
+            self._enqueue(claim)
+        self.waiting = waiting
+        if self.memo.plans_cleared != self.plans_cleared:  # ids of dropped plans may come back
+            self.plans_cleared = self.memo.plans_cleared
+            for cache in (self.failed_at, self.blocked_at, self._plan_flavors, self._plan_least):
+                cache.clear()
+            self._plan_unflavored.clear()
+        self.started = frozenset(self.running)
+        self.preemptions, self.preempted = [], set()
+        self.order = itertools.count(max((r.allocated_order for r in snapshot.running), default=0) + 1)
+
+    def _hold(self, running: Running) -> None:
+        """A claim runs: its devices are taken, its usage counted, and it is found by node and tenant."""
+        self.state.take(running.allocation)
+        self._count(running.tenant, running.allocation, 1)
+        self.running[running.key] = running
+        self.on_node[running.allocation.node][running.key] = running
+        self.by_tenant[running.tenant][running.key] = running
+
+    def _relabel(self, running: Running) -> None:
+        self.running[running.key] = running
+        self.on_node[running.allocation.node][running.key] = running
+        self.by_tenant[running.tenant][running.key] = running
+
+    def _drop(self, running: Running) -> None:
+        self.state.give_back(running.allocation)
+        self._count(running.tenant, running.allocation, -1)
+        del self.running[running.key]
+        del self.on_node[running.allocation.node][running.key]
+        del self.by_tenant[running.tenant][running.key]
+        self._running_flavors.pop(running.key, None)
+        self._running_units.pop(running.key, None)
+
+    def _enqueue(self, waiting: Waiting) -> None:
+        try:
+            plan = self.state.plan(waiting.claim)
+        except Rejected:
+            self.group_of[waiting.key] = None
+            return
+        gid = (waiting.tenant, id(plan))
+        group = self.groups.get(gid)
+        if group is None or group.plan is not plan:
+            group = self.groups[gid] = _Group(waiting.tenant, plan)
+        bisect.insort(group.entries, _entry(waiting))
+        if not waiting.answered:
+            group.fresh.add(waiting.name)
+        self.group_of[waiting.key] = gid
+
+    def _unqueue(self, waiting: Waiting) -> None:
+        gid = self.group_of.pop(waiting.key, None)
+        group = self.groups.get(gid) if gid is not None else None
+        if group is None:
+            return
+        entries = group.entries
+        at = bisect.bisect_left(entries, _entry(waiting))
+        if at < len(entries) and entries[at] == _entry(waiting):
+            del entries[at]
+        group.fresh.discard(waiting.name)
+        if not entries:
+            del self.groups[gid]  # type: ignore[arg-type]
 
     def _devices(self, allocation: Allocation) -> list[FleetDevice]:
         by_key = self.fleet.by_key
@@ -341,7 +469,7 @@ class _Cycle:
 
         The unrestricted best fit comes first; when it would borrow or is blocked, the claim is placed
         on each flavor it has nominal quota of, then on each it may borrow, one flavor at a time."""
-        first = self._decide(waiting, None)
+        first = self._decide(waiting, None, explain=False)
         if not self.snapshot.quotas.enforced or first.allocation is None:
             return first, []  # an open fleet, or capacity (not quota) is what keeps it out
         tenant = waiting.tenant
@@ -363,6 +491,8 @@ class _Cycle:
         blocks = self.book.check(tenant, deltas)
         if not blocks and self._within_nominal(tenant, deltas):
             return first, []
+        if blocks and self._quota_room(waiting) is False:
+            return self._blocked(blocks)
         tried = set(deltas) if len(deltas) == 1 else set()
         relevant = self.claim_flavors(waiting)
         nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
@@ -380,54 +510,147 @@ class _Cycle:
                 return decision, []
         if not blocks:
             return first, []  # it borrows, within every limit, and nothing within nominal fits
+        return self._blocked(blocks)
+
+    @staticmethod
+    def _blocked(blocks: list[Block]) -> tuple[Decision, list[Block]]:
         reason = "; ".join(b.why for b in blocks)
         return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
 
-    def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool = True) -> Decision:
+    def _quota_room(self, waiting: Waiting) -> bool | None:
+        """False when the tenant's quota leaves fewer devices, over every flavor the claim could use,
+        than any placement of it takes: no flavor-by-flavor placement can pass then. None when the claim
+        has no fixed least size (All mode, admin access) or may use devices no flavor counts."""
+        flavors = self.claim_flavors(waiting)
+        need = self._least_devices(waiting)
+        if need is None:
+            return None
+        book, tenant = self.book, waiting.tenant
+        room = 0
+        for flavor in flavors:
+            used, nominal = book.used[(tenant, flavor)], book.nominal(tenant, flavor)
+            borrow = min(self._borrow_cap(tenant, flavor),
+                         book.borrowing(tenant, flavor) + book.lendable(tenant, flavor))
+            room += max(0, nominal - used + borrow)
+            if room >= need:
+                return None
+        return False
+
+    def _least_devices(self, waiting: Waiting) -> int | None:
+        plan = self.state.plan(waiting.claim)
+        found = self._plan_least.get(id(plan), False)
+        if found is False:
+            found = None
+            if self._plan_all_flavored(plan) and not any(a.all_mode or a.admin_access
+                                                        for v in plan.variants for a in v):
+                found = min((sum(a.wanted for a in v) for v in plan.variants), default=None)
+            self._plan_least[id(plan)] = found
+        return found  # type: ignore[return-value]
+
+    def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool) -> Decision:
+        """A placement, or a Pending answer cached per plan, filter and fleet version (with its reason
+        when `explain`: reasons are worked out only for the answers that are given)."""
         try:
-            plan_key: tuple[int, Any] | None = (id(self.state.plan(waiting.claim)), only.key if only else None)
-        except Rejected:
-            plan_key = None
-        version = None
-        if plan_key is not None:
-            version = self.state.capacity_version(self.state.plan(waiting.claim), only)
-            failed = self.failed_at.get(plan_key)
-            if failed is not None and failed[0] == version:
-                return failed[1]
+            plan = self.state.plan(waiting.claim)
+        except Rejected as rejected:
+            return Decision(State.REJECTED, reason=str(rejected))
+        plan_key = (id(plan), only.key if only else None, explain)
+        version = self.state.capacity_version(plan, only)
+        failed = self.failed_at.get(plan_key)
+        if failed is not None and failed[0] == version:
+            return failed[1]
         decision = self.state.decide(waiting.claim, only, explain=explain)
-        if plan_key is not None and decision.state is State.PENDING:
+        if decision.state is State.PENDING:
             self.failed_at[plan_key] = (version, decision)
         return decision
 
+    def answer(self, waiting: Waiting, decision: Decision) -> Decision:
+        """The Pending answer to give: a trial placement's answer carries no reason, so it is worked
+        out now, against what is free after the cycle."""
+        if decision.state is not State.PENDING or decision.reason is not None:
+            return decision
+        explained = self._decide(waiting, None, explain=True)
+        if explained.allocation is not None:  # devices freed by this cycle's preemptions
+            return Decision(State.PENDING, reason="devices were freed in this cycle; it is tried again in the next")
+        return explained
+
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
-        self.state.take(allocation)
-        self._count(waiting.tenant, allocation, 1)
-        running = Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
-                          waiting.arrival, next(self.order))
-        self.running[waiting.key] = running
-        self.on_node[allocation.node][waiting.key] = running
+        self._hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
+                           waiting.arrival, next(self.order)))
 
     # -- preemption ---------------------------------------------------------------------------------
 
-    def _rule(self, preemptor: Waiting, victim: Running) -> str | None:
-        """The rule that lets `preemptor` consider `victim`, before checking the outcome."""
-        if not victim.preemptible or victim.key in self.preempted or victim.key not in self.started:
-            return None  # claims admitted in this very cycle are not taken back in it
-        if victim.key in preemptor.displaced_by:
-            return None  # no back and forth: a claim never preempts the claim that preempted it
-        if victim.tenant == preemptor.tenant:
-            return "priority" if victim.priority < preemptor.priority else None
-        if self.snapshot.quotas.enforced and not self._borrows(victim):
-            return None  # only borrowed devices are taken back or shared out
-        same_cohort = (self.snapshot.quotas.tenant(victim.tenant).cohort is not None and
-                       self.snapshot.quotas.tenant(victim.tenant).cohort ==
-                       self.snapshot.quotas.tenant(preemptor.tenant).cohort)
-        return "reclaim" if same_cohort and self.snapshot.quotas.enforced else "fair-share"
+    def _candidates(self, preemptor: Waiting) -> Iterable[tuple[Running, str]]:
+        """Running claims `preemptor` may consider, with the rule that lets it, before checking the
+        outcome. Only preemptible claims that ran before this cycle, never one that displaced the
+        preemptor (no back and forth); in its own tenant those of lower priority ("priority"); in other
+        tenants only claims holding a flavor their tenant borrows (any claim in an open fleet): "reclaim"
+        within the cohort, for a preemptor with nominal headroom, else "fair-share", from tenants whose
+        share is at least the preemptor's (the victim's share after the move must stay at or above)."""
+        book, quotas = self.book, self.snapshot.quotas
+        enforced = quotas.enforced
+        flavors = self.claim_flavors(preemptor)
+        least = self._least_devices(preemptor) or 0
+        values = [f.value for f in quotas.flavors if f.name in flavors]
+        # the preemptor's share after the move is at least this; a victim tenant's must stay at or above it
+        mine = book.share(preemptor.tenant) + least * min(values, default=0.0) / quotas.tenant(preemptor.tenant).weight
+        cohort = book.cohort_of(preemptor.tenant)
+        headroom: bool | None = None
+        own_only = self._capped(preemptor)
+        for tenant, claims in self.by_tenant.items():
+            if not claims or (own_only and tenant != preemptor.tenant):
+                continue
+            borrowed: frozenset[str | None] | None = None
+            weight = quotas.tenant(tenant).weight
+            share = book.share(tenant)
+            if tenant == preemptor.tenant:
+                rule = "priority"
+            elif enforced and book.cohort_of(tenant) == cohort:
+                if headroom is None:  # reclaim keeps the preemptor within its nominal quota
+                    room = sum(max(0, book.nominal(preemptor.tenant, f) - book.used[(preemptor.tenant, f)])
+                               for f in flavors)
+                    headroom = not flavors or room >= max(1, least)
+                if not headroom:
+                    continue
+                rule = "reclaim"
+            elif share >= mine:
+                rule = "fair-share"
+            else:
+                continue
+            if rule != "priority" and enforced:
+                borrowed = book.borrowed_flavors(tenant)
+                if not borrowed:
+                    continue
+            for victim in claims.values():
+                if (not victim.preemptible or victim.key in self.preempted or victim.key not in self.started
+                        or victim.key in preemptor.displaced_by):
+                    continue
+                if rule == "priority":
+                    if victim.priority >= preemptor.priority:
+                        continue
+                else:
+                    if borrowed is not None and borrowed.isdisjoint(self._flavors_of(victim)):
+                        continue  # only borrowed devices are taken back or shared out
+                    if rule == "fair-share" and share - self._units(victim) / weight < mine:
+                        continue
+                yield victim, rule
 
-    def prefilter(self) -> Callable[[Waiting], bool]:
+    def _capped(self, waiting: Waiting) -> bool:
+        """Its borrowingLimits keep the claim out whatever others free: only its own tenant's devices help."""
+        book, tenant = self.book, waiting.tenant
+        if not self.snapshot.quotas.enforced:
+            return False
+        flavors = self.claim_flavors(waiting)
+        least = self._least_devices(waiting) or 0
+        return bool(flavors) and least > 0 and sum(
+            max(0, book.nominal(tenant, f) - book.used[(tenant, f)] + self._borrow_cap(tenant, f)
+                - book.borrowing(tenant, f)) for f in flavors) < least
+
+    def prefilter(self) -> tuple[Callable[[Waiting], bool], Callable[[str], bool], Mapping[str, int]]:
         """A cheap test, built once per pass, of whether a waiting claim has any victim candidate: a
         lower-priority preemptible claim of its own tenant, or a preemptible claim of another tenant
-        that borrows (any other tenant in an open fleet) with a larger share than its own."""
+        that borrows (any other tenant in an open fleet) with a larger share than its own. Also its two
+        halves: whether a tenant could preempt by share, and each tenant's lowest preemptible priority."""
         lowest: dict[str, int] = {}
         shares: dict[str, float] = {}
         enforced = self.snapshot.quotas.enforced
@@ -440,19 +663,17 @@ class _Cycle:
                 shares[r.tenant] = self.book.share(r.tenant)
         top = max(shares.values(), default=None)
 
-        def test(waiting: Waiting) -> bool:
-            if lowest.get(waiting.tenant, waiting.priority) < waiting.priority:
-                return True
-            mine = self.book.share(waiting.tenant)
+        def by_share(tenant: str) -> bool:
+            mine = self.book.share(tenant)
             if top is None or top < mine:
                 return False
-            return any(t != waiting.tenant and s >= mine for t, s in shares.items())
+            return any(t != tenant and s >= mine for t, s in shares.items())
 
-        return test
+        def test(waiting: Waiting) -> bool:
+            return (lowest.get(waiting.tenant, waiting.priority) < waiting.priority
+                    or (by_share(waiting.tenant) and not self._capped(waiting)))
 
-    def _borrows(self, victim: Running) -> bool:
-        """Whether the victim's tenant borrows any flavor the victim holds."""
-        return any(f is not None and self.book.borrowing(victim.tenant, f) > 0 for f in self._flavors_of(victim))
+        return test, by_share, lowest
 
     def _flavors_of(self, running: Running) -> frozenset[str | None]:
         found = self._running_flavors.get(running.key)
@@ -479,8 +700,16 @@ class _Cycle:
                     for device in index.kinds():
                         if (name := self.flavors.name_of(device)) is not None:
                             names.add(name)
+                        else:
+                            self._plan_unflavored.add(id(plan))
             found = self._plan_flavors[id(plan)] = frozenset(names)
         return found
+
+    def _plan_all_flavored(self, plan: Plan) -> bool:
+        found = self._plan_flavors.get(id(plan))
+        if found is None:
+            return False  # claim_flavors() has not looked yet
+        return id(plan) not in self._plan_unflavored
 
     def try_preempt(self, waiting: Waiting) -> Decision | None:
         try:  # victims only on nodes with devices the claim's first request accepts
@@ -489,12 +718,13 @@ class _Cycle:
         except (Rejected, IndexError):
             return None
         hosts = index.nodes
-        by_node: dict[str, list[tuple[Running, str]]] = defaultdict(list)
-        for node in sorted(hosts & self.on_node.keys()):
-            candidates = [(r, rule) for r in self.on_node[node].values()
-                          if (rule := self._rule(waiting, r)) is not None]
-            if not candidates:
-                continue
+        on_hosts: dict[str, list[tuple[Running, str]]] = defaultdict(list)
+        for victim, rule in self._candidates(waiting):
+            if victim.allocation.node in hosts:
+                on_hosts[victim.allocation.node].append((victim, rule))
+        by_node: dict[str, list[tuple[Running, str]]] = {}
+        for node in sorted(on_hosts):
+            candidates = on_hosts[node]
             accepted = {d.key for d in index.devices_on(node)}
             could_free = sum(1 for r, _ in candidates for k in r.allocation.keys if k in accepted)
             if len(index.free_on(node)) + could_free >= lead.wanted:  # else evicting them cannot make room
@@ -524,23 +754,20 @@ class _Cycle:
         return Decision(State.ALLOCATED, allocation)
 
     def _units(self, r: Running) -> float:
-        return sum(self.flavors.units_of(d) for d in self._devices(r.allocation))
+        found = self._running_units.get(r.key)
+        if found is None:
+            found = self._running_units[r.key] = sum(self.flavors.units_of(d) for d in self._devices(r.allocation))
+        return found
 
     def _victim_order(self, r: Running) -> tuple[float, int, int]:
         return (self._units(r), r.priority, -r.allocated_order)
 
     def _evict(self, victim: Running) -> None:
-        self.state.give_back(victim.allocation)
-        self._count(victim.tenant, victim.allocation, -1)
-        del self.running[victim.key]
-        del self.on_node[victim.allocation.node][victim.key]
+        self._drop(victim)
         self.preempted.add(victim.key)
 
     def _restore(self, victim: Running) -> None:
-        self.state.take(victim.allocation)
-        self._count(victim.tenant, victim.allocation, 1)
-        self.running[victim.key] = victim
-        self.on_node[victim.allocation.node][victim.key] = victim
+        self._hold(victim)
         self.preempted.discard(victim.key)
 
     def _fits_with(self, waiting: Waiting, victims: Sequence[tuple[Running, str]]) -> Allocation | None:
@@ -631,74 +858,113 @@ def _fleet_state(snapshot: Snapshot, memo: SelectorMemo, in_use: Sequence[Device
     return state
 
 
-def _fair_order(cycle: _Cycle, waiting: Sequence[Waiting]) -> Iterable[Waiting]:
-    """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival."""
-    queues: dict[str, list[tuple[int, int, int, Waiting]]] = defaultdict(list)
-    for i, w in enumerate(waiting):
-        queues[w.tenant].append((-w.priority, w.arrival, i, w))
-    for queue in queues.values():
-        queue.sort(key=lambda item: item[:3])
-        queue.reverse()  # pop() from the end gives the head
-    heap = [(cycle.book.share(t), q[-1][0], q[-1][1], t) for t, q in queues.items()]
-    heapq.heapify(heap)
-    while heap:
-        _, _, _, tenant = heapq.heappop(heap)
-        queue = queues[tenant]
-        yield queue.pop()[3]
+def _cycle_for(snapshot: Snapshot, memo: SelectorMemo) -> _Cycle:
+    kept = memo.states.get("admission")
+    if not (isinstance(kept, _Cycle) and kept.fits(snapshot, memo)):
+        kept = memo.states["admission"] = _Cycle(snapshot, memo)
+    kept.begin(snapshot)
+    return kept
+
+
+def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, float]]:
+    """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival.
+
+    Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
+    head; a head that does not fit answers for its whole group. So a cycle costs O(admitted + groups),
+    whatever the depth of the queue. Returns what was decided, in order, and the order tenants came in."""
+    heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
+    position: dict[tuple[str, int], int] = {}
+    for gid, group in cycle.groups.items():
+        heads[group.tenant].append((group.entries[0], gid))
+        position[gid] = 0
+    for queue in heads.values():
+        heapq.heapify(queue)
+    book = cycle.book
+    tenants = [(book.share(t), q[0][0][0], q[0][0][1], t) for t, q in heads.items()]
+    heapq.heapify(tenants)
+    decided: list[tuple[Waiting, Decision, list[Block]]] = []
+    first_seen: dict[str, float] = {}
+    while tenants:
+        _, _, _, tenant = heapq.heappop(tenants)
+        first_seen.setdefault(tenant, len(first_seen))
+        queue = heads[tenant]
+        entry, gid = heapq.heappop(queue)
+        group = cycle.groups[gid]
+        waiting = cycle.waiting[(tenant, entry[2])]
+        decision, blocks = cycle.try_admit(waiting)
+        if not waiting.answered or decision.state is not State.PENDING:
+            decided.append((waiting, decision, blocks))  # an answered claim still Pending keeps its answer
+        if decision.allocation is not None:
+            cycle.admit(waiting, decision.allocation)
+            group.fresh.discard(waiting.name)
+            position[gid] += 1
+            if position[gid] < len(group.entries):
+                heapq.heappush(queue, (group.entries[position[gid]], gid))
+        else:  # the group's answer, for the claims behind the head that have none yet (or all, if Rejected)
+            rest = (group.entries[position[gid] + 1:] if decision.state is State.REJECTED
+                    else sorted(_entry(cycle.waiting[(tenant, n)]) for n in group.fresh if n != waiting.name))
+            decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
         if queue:
-            heapq.heappush(heap, (cycle.book.share(tenant), queue[-1][0], queue[-1][1], tenant))
+            heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))
+    return decided, first_seen
 
 
-def _admin(waiting: Waiting) -> bool:
-    return any(r.exactly is not None and r.exactly.admin_access for r in waiting.claim.spec.devices.requests)
+def _preemptors(cycle: _Cycle, order: Mapping[str, float], admitted: set[ClaimKey]) -> Iterable[Waiting]:
+    """Pending claims that have a victim candidate, in fair-share order: tenants in the order the
+    admission pass took them, each tenant's claims by priority, then arrival. Per tenant the walk stops
+    at the first claim that can preempt nothing, when no claim after it could either."""
+    by_tenant: dict[str, list[_Group]] = defaultdict(list)
+    for group in cycle.groups.values():
+        by_tenant[group.tenant].append(group)
+    may_preempt, by_share, lowest = cycle.prefilter()
+    for tenant in sorted(by_tenant, key=lambda t: (order.get(t, len(order)), t)):
+        entries = heapq.merge(*(g.entries for g in by_tenant[tenant]))
+        for entry in entries:
+            waiting = cycle.waiting[(tenant, entry[2])]
+            if waiting.key in admitted:
+                continue
+            if may_preempt(waiting):
+                done = len(cycle.preemptions)
+                yield waiting
+                if len(cycle.preemptions) != done:  # shares and candidates moved
+                    may_preempt, by_share, lowest = cycle.prefilter()
+            elif not by_share(tenant) and -entry[0] <= lowest.get(tenant, -entry[0]):
+                break  # the rest have no higher priority, and only priority could let them preempt
 
 
 def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResult:
-    """Admit what fits in fair-share order, then preempt where a rule allows, and explain the rest."""
-    cycle = _Cycle(snapshot, memo or SelectorMemo())
-    decided: dict[ClaimKey, tuple[Decision, list[Block]]] = {}
-    order: list[Waiting] = []  # the claims decided this cycle, in fair-share order
-    sequence: list[Waiting] = []  # every waiting claim in fair-share order, decided or not
-    for waiting in _fair_order(cycle, snapshot.waiting):
-        sequence.append(waiting)
-        if waiting.answered and cycle.state.free_devices <= 0 and not _admin(waiting):
-            continue  # nothing is free: it keeps its place and its last answer; only preemption can help
-        decision, blocks = cycle.try_admit(waiting)
-        if decision.allocation is not None:
-            cycle.admit(waiting, decision.allocation)
-        decided[waiting.key] = (decision, blocks)
-        order.append(waiting)
-    attempts = 0
-    may_preempt = cycle.prefilter()
-    for waiting in sequence:  # preemption, in the same fair-share order
-        found = decided.get(waiting.key)
-        if found is not None and found[0].state is not State.PENDING:
-            continue
-        if waiting.key in cycle.preempted or not may_preempt(waiting):
-            continue
-        attempts += 1
+    """Admit what fits in fair-share order, then preempt where a rule allows, and explain the rest.
+
+    Decisions cover every claim admitted, Rejected or tried, and every claim without an answer yet;
+    a claim that keeps waiting behind a head of its kind keeps its last answer."""
+    memo = memo or SelectorMemo()
+    cycle = _cycle_for(snapshot, memo)
+    decided, order = _admission_pass(cycle)
+    for key, gid in cycle.group_of.items():  # claims Rejected as written
+        if gid is None:
+            waiting = cycle.waiting[key]
+            decided.append((waiting, cycle.try_admit(waiting)[0], []))
+    admitted = {w.key for w, d, _ in decided if d.allocation is not None}
+    for waiting in itertools.islice(_preemptors(cycle, order, admitted), MAX_PREEMPTION_ATTEMPTS):
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:
-            if found is None:
-                order.append(waiting)
-            decided[waiting.key] = (preempted, [])
-            may_preempt = cycle.prefilter()
-        if attempts >= MAX_PREEMPTION_ATTEMPTS:
-            break
+            decided.append((waiting, preempted, []))
+            admitted.add(waiting.key)
     from shared.explain import explain_pending
 
+    final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer
     results = []
     candidates = sum(1 for r in cycle.running.values() if r.preemptible)
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     explained: dict[tuple[Any, ...], Mapping[str, Any]] = {}  # claims alike in one tenant read alike
-    for waiting in order:
-        decision, blocks = decided[waiting.key]
+    for waiting, decision, blocks in final.values():
         detail = None
+        decision = cycle.answer(waiting, decision)
         if decision.state is State.PENDING:
-            key = (waiting.tenant, waiting.priority, id(cycle.state.plan(waiting.claim)), decision.reason)
-            detail = explained.get(key)
+            alike = (waiting.tenant, waiting.priority, cycle.group_of.get(waiting.key), decision.reason)
+            detail = explained.get(alike)
             if detail is None:
-                detail = explained[key] = explain_pending(cycle, waiting, decision, blocks, candidates)
+                detail = explained[alike] = explain_pending(cycle, waiting, decision, blocks, candidates)
         elif decision.allocation is not None:
             for d in cycle._devices(decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))

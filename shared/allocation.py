@@ -584,6 +584,7 @@ class FleetState:
                 cached = rejected
             if len(self.memo.plans) > 10_000:
                 self.memo.plans.clear()
+                self.memo.plans_cleared += 1
                 self.reason_cache.clear()  # keyed by plan identity: a dropped plan's id may be reused
             self.memo.plans[key] = cached
         if len(self.memo.plan_of) > 100_000:

@@ -161,14 +161,15 @@ def estimate_cost(node: Any) -> int:
     return 1 + sum(estimate_cost(child) for child in node.children)
 
 
-class _Expired(Exception):
-    pass
+class _Expired(BaseException):
+    """BaseException, so no `except Exception` inside cel-python turns it into an evaluation error."""
 
 
 @contextlib.contextmanager
 def _time_limit(seconds: float) -> Iterator[None]:
     """SIGALRM interrupts a runaway evaluation; only the main thread can take signals, elsewhere the
-    static cost estimate is the guard."""
+    static cost estimate is the guard. The alarm repeats every 50 ms until the evaluation ends: a raise
+    that lands where Python swallows it (a garbage-collector callback) is followed by another."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -177,7 +178,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
         raise _Expired
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
     try:
         yield
     finally:

@@ -31,6 +31,7 @@ class SelectorMemo:
     plans: dict[Any, Any] = field(default_factory=dict)  # prepared claims per spec (shared/allocation.py)
     plan_of: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(claim) -> (claim, plan)
     states: dict[str, Any] = field(default_factory=dict)  # the last cycle's FleetState, for the next one
+    plans_cleared: int = 0  # times `plans` was emptied: caches keyed by a plan's id are void after
     evaluations: int = 0
 
     def _signature(self, selector: CompiledSelector, device: FleetDevice) -> Any:
