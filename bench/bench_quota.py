@@ -2,7 +2,9 @@
 nominal quotas per generation (about the fleet's size in all) and borrowing, a waiting queue held at a
 depth of 1,000 and of 10,000 claims. Each cycle a share of the running claims finishes, new claims
 arrive to keep the depth, and one admission cycle runs: fair-share order, quotas, preemption (claims
-carry priorities), explanations. Prints one JSON line per depth.
+carry priorities), explanations. The fleet is filled first (cycles without finishing claims, until one
+admits nothing), so both depths measure the same steady state of a full fleet. Prints one JSON line per
+depth.
 
 admissions_per_s is claims admitted over the time spent in cycles; cycle_*_ms are per cycle.
 Run: `make bench-quota` (or `python bench/bench_quota.py --depth 1000 --cycles 20`).
@@ -23,6 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.runtime import tune_gc  # noqa: E402
 from shared import dra  # noqa: E402
 from shared.admission import Running, Snapshot, Waiting, run_cycle  # noqa: E402
 from shared.allocation import SelectorMemo  # noqa: E402
@@ -99,9 +102,11 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
     gc.freeze()
     memo = SelectorMemo()
     times, admitted, preempted = [], 0, 0
-    for index in range(cycles + 1):
-        for key in rng.sample(sorted(running), len(running) // 20):  # 5% of running claims finish
-            del running[key]
+    warming, index = True, 0
+    while index < cycles:
+        if not warming:
+            for key in rng.sample(sorted(running), len(running) // 20):  # 5% of running claims finish
+                del running[key]
         while len(waiting) < depth:
             serial += 1
             w = submitted.setdefault(*_keyed(new_claim(rng, serial)))
@@ -125,8 +130,10 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
                 count += 1
             elif not w.answered:
                 waiting[w.key] = replace(w, answered=True)
-        if index == 0:
-            continue  # the first cycle fills an empty fleet: not the steady state measured here
+        if warming:  # fill the fleet first (no claim finishes) until a cycle admits nothing more: the
+            warming = count > 0  # steady state of a full fleet is what is measured, at every depth
+            continue
+        index += 1
         times.append(elapsed)
         admitted += count
         preempted += len(result.preemptions)
@@ -143,6 +150,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, action="append", help="queue depth (repeatable)")
     parser.add_argument("--cycles", type=int, default=30)
     args = parser.parse_args()
+    tune_gc()  # as `claimbroker up` and `serve` run
     for depth in args.depth or (1000, 10_000):
         print(json.dumps(run(args.nodes, depth, args.cycles)), flush=True)
 

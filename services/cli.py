@@ -18,6 +18,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from services.runtime import tune_gc
 from shared import dra, subjects
 from shared.settings import BrokerSettings
 
@@ -89,6 +90,7 @@ def up(
     from shared.settings import Webhook
 
     _logging(True)
+    tune_gc()
     settings = _settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
                          nats_url=nats, api_port=api_port,
                          pending_alert_after=pending_alert_after,
@@ -137,6 +139,7 @@ def serve(
 ) -> None:
     """Run one service against external NATS and database (compose, Kubernetes)."""
     _logging(True)
+    tune_gc()
     settings = _settings(inventory=inventory or None, db=db, nats_url=nats, kube=kube or None,
                          kubeconfig=kubeconfig, nvml=nvml or None)
     if not settings.nats_url:

@@ -30,7 +30,7 @@ import bisect
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -292,6 +292,9 @@ def _deltas(devices: Iterable[FleetDevice], flavors: Flavors) -> dict[str, int]:
     return dict(out)
 
 
+_QUOTA_FULL = Decision(State.PENDING)  # a trial's answer: the tenant's quota cannot hold the claim
+
+
 class _Group:
     """The waiting claims of one tenant with one claim spec (one plan), in the tenant's order: priority,
     then arrival. Claims alike get the same answer, so a cycle tries a group's claims from the head and
@@ -325,6 +328,7 @@ class _Cycle:
         self.on_node: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
         self.by_tenant: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
         self._running_units: dict[ClaimKey, float] = {}
+        self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         self.waiting: dict[ClaimKey, Waiting] = {}
         self.groups: dict[tuple[str, int], _Group] = {}
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
@@ -468,10 +472,13 @@ class _Cycle:
         """Placement within nominal first, then borrowing; the quota check is on the devices chosen.
 
         The unrestricted best fit comes first; when it would borrow or is blocked, the claim is placed
-        on each flavor it has nominal quota of, then on each it may borrow, one flavor at a time."""
+        on each flavor it has nominal quota of, then on each it may borrow, one flavor at a time. When
+        the tenant's quota leaves too few devices for any placement, no other placement is tried."""
         first = self._decide(waiting, None, explain=False)
         if not self.snapshot.quotas.enforced or first.allocation is None:
             return first, []  # an open fleet, or capacity (not quota) is what keeps it out
+        if self._quota_room(waiting) is False:
+            return _QUOTA_FULL, []  # the reason is worked out if it is given (answer())
         tenant = waiting.tenant
         plan = self.state.plan(waiting.claim)
         key = (tenant, id(plan))
@@ -491,17 +498,16 @@ class _Cycle:
         blocks = self.book.check(tenant, deltas)
         if not blocks and self._within_nominal(tenant, deltas):
             return first, []
-        if blocks and self._quota_room(waiting) is False:
-            return self._blocked(blocks)
         tried = set(deltas) if len(deltas) == 1 else set()
+        least = self._least_devices(waiting)
         relevant = self.claim_flavors(waiting)
         nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
         borrowable = [f for f in sorted(relevant) if f not in nominal
                       and self.book.lendable(tenant, f) > 0
                       and self.book.borrowing(tenant, f) < self._borrow_cap(tenant, f)]
         for flavor in (*nominal, *borrowable):
-            if flavor in tried:
-                continue
+            if flavor in tried or (least is not None and self._flavor_room(tenant, flavor) < least):
+                continue  # tried, or its quota cannot hold a placement of the claim
             tried.add(flavor)
             decision = self._decide(waiting, self._only(flavor), explain=False)
             if decision.allocation is None:
@@ -525,16 +531,19 @@ class _Cycle:
         need = self._least_devices(waiting)
         if need is None:
             return None
-        book, tenant = self.book, waiting.tenant
         room = 0
         for flavor in flavors:
-            used, nominal = book.used[(tenant, flavor)], book.nominal(tenant, flavor)
-            borrow = min(self._borrow_cap(tenant, flavor),
-                         book.borrowing(tenant, flavor) + book.lendable(tenant, flavor))
-            room += max(0, nominal - used + borrow)
+            room += self._flavor_room(waiting.tenant, flavor)
             if room >= need:
                 return None
         return False
+
+    def _flavor_room(self, tenant: str, flavor: str) -> int:
+        """Devices of the flavor the tenant may still take: its nominal headroom, then what it may borrow
+        (within its borrowingLimit and what its cohort and the free capacity lend)."""
+        book = self.book
+        borrow = min(self._borrow_cap(tenant, flavor), book.borrowing(tenant, flavor) + book.lendable(tenant, flavor))
+        return max(0, book.nominal(tenant, flavor) - book.used[(tenant, flavor)] + borrow)
 
     def _least_devices(self, waiting: Waiting) -> int | None:
         plan = self.state.plan(waiting.claim)
@@ -564,15 +573,21 @@ class _Cycle:
             self.failed_at[plan_key] = (version, decision)
         return decision
 
-    def answer(self, waiting: Waiting, decision: Decision) -> Decision:
-        """The Pending answer to give: a trial placement's answer carries no reason, so it is worked
-        out now, against what is free after the cycle."""
+    def answer(self, waiting: Waiting, decision: Decision, blocks: list[Block]) -> tuple[Decision, list[Block]]:
+        """The answer to give: a trial's Pending answer carries no reason, so it is worked out now, against
+        what is free and what quota is left after the cycle."""
         if decision.state is not State.PENDING or decision.reason is not None:
-            return decision
+            return decision, blocks
         explained = self._decide(waiting, None, explain=True)
-        if explained.allocation is not None:  # devices freed by this cycle's preemptions
-            return Decision(State.PENDING, reason="devices were freed in this cycle; it is tried again in the next")
-        return explained
+        if explained.allocation is None:
+            return explained, []  # capacity keeps it out
+        if decision is _QUOTA_FULL:
+            blocks = self.book.check(waiting.tenant, _deltas(self._devices(explained.allocation), self.flavors))
+            if blocks:
+                return self._blocked(blocks)
+        # devices freed by this cycle's preemptions, or quota returned by them
+        return Decision(State.PENDING, reason="devices or quota were freed in this cycle; it is tried again in the "
+                                              "next"), []
 
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
         self._hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
@@ -580,9 +595,9 @@ class _Cycle:
 
     # -- preemption ---------------------------------------------------------------------------------
 
-    def _candidates(self, preemptor: Waiting) -> Iterable[tuple[Running, str]]:
+    def _candidates(self, preemptor: Waiting, hosts: Collection[str]) -> Iterable[tuple[Running, str]]:
         """Running claims `preemptor` may consider, with the rule that lets it, before checking the
-        outcome. Only preemptible claims that ran before this cycle, never one that displaced the
+        outcome. Only preemptible claims on `hosts` that ran before this cycle, never one that displaced the
         preemptor (no back and forth); in its own tenant those of lower priority ("priority"); in other
         tenants only claims holding a flavor their tenant borrows (any claim in an open fleet): "reclaim"
         within the cohort, for a preemptor with nominal headroom, else "fair-share", from tenants whose
@@ -621,9 +636,10 @@ class _Cycle:
                 borrowed = book.borrowed_flavors(tenant)
                 if not borrowed:
                     continue
-            for victim in claims.values():
-                if (not victim.preemptible or victim.key in self.preempted or victim.key not in self.started
-                        or victim.key in preemptor.displaced_by):
+            preempted, started, displaced = self.preempted, self.started, preemptor.displaced_by
+            for key, victim in claims.items():
+                if (victim.allocation.node not in hosts or not victim.preemptible or key in preempted
+                        or key not in started or key in displaced):
                     continue
                 if rule == "priority":
                     if victim.priority >= preemptor.priority:
@@ -719,13 +735,14 @@ class _Cycle:
             return None
         hosts = index.nodes
         on_hosts: dict[str, list[tuple[Running, str]]] = defaultdict(list)
-        for victim, rule in self._candidates(waiting):
-            if victim.allocation.node in hosts:
-                on_hosts[victim.allocation.node].append((victim, rule))
+        for victim, rule in self._candidates(waiting, hosts):
+            on_hosts[victim.allocation.node].append((victim, rule))
         by_node: dict[str, list[tuple[Running, str]]] = {}
         for node in sorted(on_hosts):
             candidates = on_hosts[node]
-            accepted = {d.key for d in index.devices_on(node)}
+            accepted = self._accepted_on(index, node)
+            if len(accepted) < lead.wanted:
+                continue
             could_free = sum(1 for r, _ in candidates for k in r.allocation.keys if k in accepted)
             if len(index.free_on(node)) + could_free >= lead.wanted:  # else evicting them cannot make room
                 by_node[node] = candidates
@@ -752,6 +769,14 @@ class _Cycle:
             self.preemptions.append(Preemption(victim.key, waiting.key, rule,
                                                self._preempt_reason(waiting, victim, rule)))
         return Decision(State.ALLOCATED, allocation)
+
+    def _accepted_on(self, index: Any, node: str) -> frozenset[DeviceKey]:
+        """The keys of the node's devices an index accepts: fixed for the fleet, so kept."""
+        key = (id(index), node)
+        found = self._accepted.get(key)
+        if found is None or found[0] is not index:
+            found = self._accepted[key] = (index, frozenset(d.key for d in index.devices_on(node)))
+        return found[1]
 
     def _units(self, r: Running) -> float:
         found = self._running_units.get(r.key)
@@ -959,7 +984,7 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     explained: dict[tuple[Any, ...], Mapping[str, Any]] = {}  # claims alike in one tenant read alike
     for waiting, decision, blocks in final.values():
         detail = None
-        decision = cycle.answer(waiting, decision)
+        decision, blocks = cycle.answer(waiting, decision, blocks)
         if decision.state is State.PENDING:
             alike = (waiting.tenant, waiting.priority, cycle.group_of.get(waiting.key), decision.reason)
             detail = explained.get(alike)

@@ -140,6 +140,16 @@ class Queue:
     waiting: dict[tuple[str, str], Waiting] = field(default_factory=dict)
 
 
+@dataclass
+class QueueCache:
+    """What the last cycle built per claim row. A row whose fields did not change gives back the same
+    object, which the decision core recognises by identity: a deep queue costs a comparison per claim
+    per cycle, not a parse and a re-grouping."""
+
+    waiting: dict[int, Waiting] = field(default_factory=dict)
+    running: dict[int, tuple[Any, Running]] = field(default_factory=dict)  # the allocation JSON it was read from
+
+
 _PARSED: dict[str, dra.ResourceClaim] = {}
 
 
@@ -154,10 +164,13 @@ def _document(row: Claim) -> dra.ResourceClaim:
     return found
 
 
-async def load_queue(session: AsyncSession) -> Queue:
+async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> Queue:
     """Running and waiting claims; a waiting claim carries the claims that ever preempted it (from its
     history), which it may never preempt back."""
     queue = Queue()
+    cache = cache if cache is not None else QueueCache()
+    waiting_now: dict[int, Waiting] = {}
+    running_now: dict[int, tuple[Any, Running]] = {}
     displaced: dict[int, set[tuple[str, str]]] = {}
     preempted = await session.execute(
         select(ClaimEvent.claim_id, ClaimEvent.by).join(Claim, Claim.id == ClaimEvent.claim_id)
@@ -174,12 +187,29 @@ async def load_queue(session: AsyncSession) -> Queue:
         arrival = row.arrival or row.id
         if row.state == State.ALLOCATED.value and row.allocation:
             order = int(row.allocated_at.timestamp() * 1e6) if row.allocated_at else row.id
-            queue.running[key] = Running(row.namespace, row.name, Allocation.from_json(row.allocation), row.priority,
-                                         row.preemptible, arrival, order)
+            kept = cache.running.get(row.id)
+            same = kept is not None and kept[0] == row.allocation and (
+                kept[1].priority, kept[1].preemptible, kept[1].arrival, kept[1].allocated_order
+            ) == (row.priority, row.preemptible, arrival, order)
+            if kept is not None and same:
+                running = kept[1]
+            else:
+                running = Running(row.namespace, row.name, Allocation.from_json(row.allocation), row.priority,
+                                  row.preemptible, arrival, order)
+            running_now[row.id] = (row.allocation, running)
+            queue.running[key] = running
         elif row.state == State.PENDING.value:
-            queue.waiting[key] = Waiting(row.namespace, row.name, _document(row), row.priority, row.preemptible,
-                                         arrival, answered=row.reason is not None,
-                                         displaced_by=frozenset(displaced.get(row.id, ())))
+            answered, displaced_by = row.reason is not None, frozenset(displaced.get(row.id, ()))
+            waiting = cache.waiting.get(row.id)
+            if waiting is None or (waiting.priority, waiting.preemptible, waiting.arrival, waiting.answered,
+                                   waiting.displaced_by) != (row.priority, row.preemptible, arrival, answered,
+                                                             displaced_by):
+                document = waiting.claim if waiting is not None else _document(row)  # a row's spec never changes
+                waiting = Waiting(row.namespace, row.name, document, row.priority, row.preemptible, arrival,
+                                  answered=answered, displaced_by=displaced_by)
+            waiting_now[row.id] = waiting
+            queue.waiting[key] = waiting
+    cache.waiting, cache.running = waiting_now, running_now
     return queue
 
 

@@ -64,6 +64,7 @@ class Allocator:
         self.classes = dict(classes)
         self.fleet = Fleet()
         self.memo = SelectorMemo()
+        self.queue_cache = ops.QueueCache()
         self.batch = batch
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
@@ -187,7 +188,7 @@ class Allocator:
                 ops.emit_status(session, row)
                 row.reason = None  # not answered yet: the cycle below decides it like a new claim
             self.lost_nodes.clear()
-        queue = await ops.load_queue(session)
+        queue = await ops.load_queue(session, self.queue_cache)
         if not queue.waiting:
             self._waiting = False
             return

@@ -188,3 +188,72 @@ def test_waves_settle_without_loops_within_quotas(scenario: tuple[Fleet, QuotaCo
             limit = config.tenant(tenant).limit(flavor)
             if limit is not None and limit.borrowing_limit is not None:
                 assert n <= limit.nominal + limit.borrowing_limit
+
+
+@settings(max_examples=30, deadline=None)
+@given(scenarios(), st.randoms(use_true_random=False))
+def test_a_kept_cycle_state_decides_as_a_new_one(scenario: tuple[Fleet, QuotaConfig, list[list[Any]]],
+                                                 rng: Any) -> None:
+    """The state kept across cycles (usage, placement indexes, queue groups, cached answers) is brought up
+    to date from each snapshot: every cycle decides exactly what a cycle built from scratch decides."""
+    f, config, waves = scenario
+    kept = SelectorMemo()
+    running: dict[tuple[str, str], Running] = {}
+    queued: dict[tuple[str, str], Waiting] = {}
+    arrival = order = 0
+    for wave in waves:
+        for claim in wave:
+            arrival += 1
+            w = Waiting(claim.metadata.namespace, claim.metadata.name, claim,
+                        int(claim.metadata.annotations.get("claimbroker.io/priority", "0")), True, arrival)
+            if w.key not in running:
+                queued.setdefault(w.key, w)
+        for key in [k for k in sorted(running) if rng.random() < 0.3]:  # some claims finish
+            del running[key]
+        for _ in range(3):
+            snapshot = Snapshot(f, BUILTIN_CLASSES, config, tuple(running.values()), tuple(queued.values()))
+            result = run_cycle(snapshot, kept)
+            fresh = run_cycle(snapshot, SelectorMemo())
+            assert result.preemptions == fresh.preemptions
+            assert ({d.name: d.decision.allocation for d in result.decisions if d.decision.allocation} ==
+                    {d.name: d.decision.allocation for d in fresh.decisions if d.decision.allocation})
+            assert {d.name for d in result.decisions} == {d.name for d in fresh.decisions}
+            for p in result.preemptions:
+                victim = running.pop(p.victim)
+                queued[p.victim] = Waiting(victim.tenant, victim.name, _claim_of(waves, p.victim), victim.priority,
+                                           True, victim.arrival, displaced_by=frozenset({p.by}))
+            for d in result.decisions:
+                w = queued.get((d.tenant, d.name))
+                if w is None:
+                    continue
+                if d.decision.allocation is not None:
+                    order += 1
+                    running[w.key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, True, w.arrival,
+                                             order)
+                    del queued[w.key]
+                elif d.decision.state is State.PENDING and not w.answered:
+                    queued[w.key] = Waiting(w.tenant, w.name, w.claim, w.priority, True, w.arrival, answered=True,
+                                            displaced_by=w.displaced_by)
+
+
+def _claim_of(waves: list[list[Any]], key: tuple[str, str]) -> Any:
+    return next(c for wave in waves for c in wave if (c.metadata.namespace, c.metadata.name) == key)
+
+
+def test_a_deep_queue_of_alike_claims_is_answered_once_and_taken_in_order() -> None:
+    """Claims alike (one tenant, one spec) form a group: the head is tried, the rest share its answer the
+    first time and keep it after; freed devices go to the earliest arrival."""
+    f = fleet(*node("n", "H100", 2))
+    memo = SelectorMemo()
+    queue = [waiting(a_claim(f"c{i}", "t").request(), arrival=i) for i in range(6)]
+    first = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), tuple(queue)), memo)
+    states = {d.name: d.decision.state for d in first.decisions}
+    assert states == {"c0": State.ALLOCATED, "c1": State.ALLOCATED, **{f"c{i}": State.PENDING for i in range(2, 6)}}
+    assert all("free 0 of 2" in (d.decision.reason or "") or d.decision.allocation for d in first.decisions)
+    running = tuple(Running("t", d.name, d.decision.allocation, 0, True, int(d.name[1:]), int(d.name[1:]))
+                    for d in first.decisions if d.decision.allocation is not None)
+    answered = tuple(Waiting(w.tenant, w.name, w.claim, 0, True, w.arrival, answered=True) for w in queue[2:])
+    again = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running, answered), memo)
+    assert again.decisions == ()  # nothing changed: nobody is answered again
+    freed = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running[1:], answered), memo)
+    assert [(d.name, d.decision.state) for d in freed.decisions] == [("c2", State.ALLOCATED)]
