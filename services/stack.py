@@ -61,7 +61,7 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
         classes = merge_classes(load_inventory(settings.inventory).classes)
         stack.allocator = Allocator(nc, stack.engine, classes, batch=settings.allocator_batch,
                                     ack_wait=settings.ack_wait, max_deliver=settings.max_deliver,
-                                    inventory_ttl=settings.inventory_ttl)
+                                    inventory_ttl=settings.inventory_ttl, reason_refresh=settings.reason_refresh)
         runner = stack.allocator.run()
     elif name == "notifier":
         runner = Notifier(nc, stack.engine, settings).run()

@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from shared import dra
 from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
@@ -329,6 +329,7 @@ class _Cycle:
         self.by_tenant: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
         self._running_units: dict[ClaimKey, float] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
+        self._room_at: dict[tuple[str, frozenset[str], int], tuple[int, bool | None]] = {}
         self.waiting: dict[ClaimKey, Waiting] = {}
         self.groups: dict[tuple[str, int], _Group] = {}
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
@@ -474,11 +475,14 @@ class _Cycle:
         The unrestricted best fit comes first; when it would borrow or is blocked, the claim is placed
         on each flavor it has nominal quota of, then on each it may borrow, one flavor at a time. When
         the tenant's quota leaves too few devices for any placement, no other placement is tried."""
+        enforced = self.snapshot.quotas.enforced
+        if enforced and self._quota_room(waiting, known_only=True) is False:
+            return _QUOTA_FULL, []  # the reason is worked out if it is given (answer())
         first = self._decide(waiting, None, explain=False)
-        if not self.snapshot.quotas.enforced or first.allocation is None:
+        if not enforced or first.allocation is None:
             return first, []  # an open fleet, or capacity (not quota) is what keeps it out
         if self._quota_room(waiting) is False:
-            return _QUOTA_FULL, []  # the reason is worked out if it is given (answer())
+            return _QUOTA_FULL, []
         tenant = waiting.tenant
         plan = self.state.plan(waiting.claim)
         key = (tenant, id(plan))
@@ -523,20 +527,32 @@ class _Cycle:
         reason = "; ".join(b.why for b in blocks)
         return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
 
-    def _quota_room(self, waiting: Waiting) -> bool | None:
+    def _quota_room(self, waiting: Waiting, known_only: bool = False) -> bool | None:
         """False when the tenant's quota leaves fewer devices, over every flavor the claim could use,
         than any placement of it takes: no flavor-by-flavor placement can pass then. None when the claim
-        has no fixed least size (All mode, admin access) or may use devices no flavor counts."""
+        has no fixed least size (All mode, admin access) or may use devices no flavor counts.
+
+        Answers are kept per tenant, flavors and size while the quota book is unchanged (a tenant's
+        alike claims come one after another in a cycle); `known_only` asks only for a kept answer, so a
+        claim that capacity keeps out anyway costs no quota arithmetic."""
         flavors = self.claim_flavors(waiting)
         need = self._least_devices(waiting)
         if need is None:
             return None
-        room = 0
+        key = (waiting.tenant, flavors, need)
+        kept = self._room_at.get(key)
+        if kept is not None and kept[0] == self.book.version:
+            return kept[1]
+        if known_only:
+            return None
+        room, answer = 0, cast(bool | None, False)
         for flavor in flavors:
             room += self._flavor_room(waiting.tenant, flavor)
             if room >= need:
-                return None
-        return False
+                answer = None
+                break
+        self._room_at[key] = (self.book.version, answer)
+        return answer
 
     def _flavor_room(self, tenant: str, flavor: str) -> int:
         """Devices of the flavor the tenant may still take: its nominal headroom, then what it may borrow
@@ -871,8 +887,9 @@ def _flavors_and_capacity(snapshot: Snapshot, memo: SelectorMemo) -> tuple[Flavo
 
 def _fleet_state(snapshot: Snapshot, memo: SelectorMemo, in_use: Sequence[DeviceKey]) -> FleetState:
     """The last cycle's state when the fleet, classes and unusable nodes are the same objects and values
-    (brought up to date by what is in use now); otherwise a new one. Derived data only: the same
-    answers as a new state, without rebuilding every index each cycle."""
+    (brought up to date by what is in use now); otherwise a new one. Derived data only: placements by
+    the same rules as a new state's, without rebuilding every index each cycle (where two nodes score
+    the same, which one comes first may differ: it follows the order they last changed in)."""
     kept = memo.states.get("cycle")
     if (isinstance(kept, FleetState) and kept.fleet is snapshot.fleet and kept.classes is snapshot.classes
             and kept.unusable_nodes == dict(snapshot.unusable_nodes)):
@@ -909,6 +926,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     heapq.heapify(tenants)
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
     first_seen: dict[str, float] = {}
+    admitted: set[ClaimKey] = set()  # the kept groups are changed only by begin(), never by a cycle
     while tenants:
         _, _, _, tenant = heapq.heappop(tenants)
         first_seen.setdefault(tenant, len(first_seen))
@@ -921,13 +939,14 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             decided.append((waiting, decision, blocks))  # an answered claim still Pending keeps its answer
         if decision.allocation is not None:
             cycle.admit(waiting, decision.allocation)
-            group.fresh.discard(waiting.name)
+            admitted.add(waiting.key)
             position[gid] += 1
             if position[gid] < len(group.entries):
                 heapq.heappush(queue, (group.entries[position[gid]], gid))
         else:  # the group's answer, for the claims behind the head that have none yet (or all, if Rejected)
             rest = (group.entries[position[gid] + 1:] if decision.state is State.REJECTED
-                    else sorted(_entry(cycle.waiting[(tenant, n)]) for n in group.fresh if n != waiting.name))
+                    else sorted(_entry(cycle.waiting[(tenant, n)]) for n in group.fresh
+                                if n != waiting.name and (tenant, n) not in admitted))
             decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
         if queue:
             heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))

@@ -53,8 +53,11 @@ class BrokerSettings(BaseSettings):
     allocator_batch: int = 64
     ack_wait: float = 30.0
     max_deliver: int = 10
+    # A Pending claim's reason is worked out again this often (its numbers drift as the fleet changes);
+    # in between it keeps its answer, so a deep queue costs a cycle nothing.
+    reason_refresh: float = 60.0
 
-    @field_validator("pending_alert_after", mode="before")
+    @field_validator("pending_alert_after", "reason_refresh", mode="before")
     @classmethod
     def _duration(cls, value: str | float) -> float:
         return parse_duration(value)

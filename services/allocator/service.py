@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,6 +56,7 @@ class Allocator:
         max_deliver: int = 10,
         inventory_ttl: float = 90.0,
         cycle_interval: float = 1.0,
+        reason_refresh: float = 60.0,
         shard: str = "default",
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -70,6 +72,8 @@ class Allocator:
         self.max_deliver = max_deliver
         self.inventory_ttl = inventory_ttl
         self.cycle_interval = cycle_interval
+        self.reason_refresh = reason_refresh
+        self._answered_at: dict[tuple[str, str], float] = {}  # when a Pending claim was last answered
         self.shard = shard
         self.holder = f"{socket.gethostname()}:{id(self):x}"
         self.clock = clock
@@ -191,7 +195,9 @@ class Allocator:
         queue = await ops.load_queue(session, self.queue_cache)
         if not queue.waiting:
             self._waiting = False
+            self._answered_at.clear()
             return
+        self._refresh_stale_reasons(queue)
         config = await load_quota_config(session)
         snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()),
                             tuple(queue.waiting.values()), self._unusable_nodes())
@@ -207,18 +213,33 @@ class Allocator:
             ops.emit_status(session, row)
             row.reason = None  # not answered yet: the next cycle decides it like a new claim
         await session.flush()
-        waiting_left = False
+        left = set(queue.waiting)
+        answered_now = self.clock()
         for decided in result.decisions:
-            row = queue.rows[(decided.tenant, decided.name)]
+            key = (decided.tenant, decided.name)
+            row = queue.rows[key]
             decision = decided.decision
+            if decision.state is State.PENDING:
+                self._answered_at[key] = answered_now
+            else:
+                left.discard(key)
             changed = await ops.apply_decision(session, row, decision, result.flavors)
             row.explain = dict(decided.explain) if decided.explain is not None else None
             if decision.allocation is not None:
                 row.allocated_at = now
-            waiting_left = waiting_left or decision.state is State.PENDING
             if changed:
                 ops.emit_status(session, row, unsatisfiable=decision.unsatisfiable)
-        self._waiting = waiting_left or bool(result.preemptions)
+        self._waiting = bool(left) or bool(result.preemptions)
+
+    def _refresh_stale_reasons(self, queue: ops.Queue) -> None:
+        """Claims answered longer than `reason_refresh` ago are asked again: the core answers only claims
+        without an answer (and changes of state), so this keeps reasons current at a bounded cost."""
+        now = self.clock()
+        answered_at = {key: self._answered_at.get(key, now) for key in queue.waiting}  # unknown: as of now
+        self._answered_at = answered_at
+        for key, waiting in queue.waiting.items():
+            if waiting.answered and now - answered_at[key] >= self.reason_refresh:
+                queue.waiting[key] = replace(waiting, answered=False)
 
     async def _submit(self, session: AsyncSession, tenant: str, data: bytes, message_id: str) -> None:
         try:
