@@ -122,7 +122,7 @@ class DeviceIndex:
         self.version = 0  # bumped whenever a free list changes: a Pending answer cached per version holds
         self._free_materialised = 0
         self.blocked: Counter[str] = Counter()
-        self._node_blocked: dict[str, Counter[str]] = {}
+        self._node_blocked: dict[str, dict[str, int]] = {}
         per_node = group_attribute is not None and _reads_identity(group_attribute)
         for shape, names in fleet.nodes_by_shape.items():
             positions = memo.shape_matches(selectors, fleet.nodes[names[0]])
@@ -223,16 +223,17 @@ class DeviceIndex:
             self.refresh(node)
 
     def refresh(self, node: str) -> None:
-        blocked: Counter[str] = Counter()
+        blocked: dict[str, int] = {}
+        unavailable = self.unavailable
         for group in self.by_node.get(node, ()):
             self._free_materialised -= len(group.free)
             free = []
             for d in group.devices:
-                why = self.unavailable(d)
+                why = unavailable(d)
                 if why is None:
                     free.append(d)
                 else:
-                    blocked[why] += 1
+                    blocked[why] = blocked.get(why, 0) + 1
             if free != group.free:
                 self.version += 1
             group.free = free
@@ -246,10 +247,12 @@ class DeviceIndex:
                     self._enter(bucket, ("group", 0, group.key))
         previous = self._node_blocked.get(node)
         if previous:
-            self.blocked.subtract(previous)
+            for why, count in previous.items():
+                self.blocked[why] -= count
         if blocked or previous:
             self._node_blocked[node] = blocked
-            self.blocked.update(blocked)
+            for why, count in blocked.items():
+                self.blocked[why] += count
 
     def _enter(self, bucket: BucketKey, member: Any) -> None:
         members = self.buckets.get(bucket)

@@ -61,8 +61,8 @@ class FleetDevice:
     consumes_counters: tuple[dra.DeviceCounterConsumption, ...] = ()
     health: str = HEALTHY  # from the node's telemetry: placement takes Throttled last, Unhealthy never
 
-    @property
-    def key(self) -> tuple[str, str, str]:
+    @cached_property
+    def key(self) -> tuple[str, str, str]:  # built once: placement and usage look devices up by key constantly
         return (self.driver, self.pool, self.name)
 
     @cached_property
