@@ -331,6 +331,8 @@ class _Cycle:
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         self._room_at: dict[tuple[str, frozenset[str], int], tuple[int, bool | None]] = {}
         self.waiting: dict[ClaimKey, Waiting] = {}
+        self._held: dict[int, Running] = {}  # id -> every running claim counted here
+        self._queued: dict[int, Waiting] = {}  # id -> every waiting claim in the groups
         self.groups: dict[tuple[str, int], _Group] = {}
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
@@ -361,29 +363,25 @@ class _Cycle:
     def begin(self, snapshot: Snapshot) -> None:
         """Bring usage, placement state and the queue up to date with the snapshot."""
         self.snapshot = snapshot
-        running = {r.key: r for r in snapshot.running}
-        for key, kept in list(self.running.items()):
-            now = running.get(key)
-            if now is kept:
-                continue
+        # Objects are compared by identity in bulk (set operations on ids run in C): only the claims that
+        # came, went or were rebuilt cost a Python step. Held objects stay referenced, so ids are unique.
+        running = dict(zip(map(id, snapshot.running), snapshot.running, strict=True))
+        came = {r.key: r for r in sorted((running[i] for i in running.keys() - self._held.keys()),
+                                         key=lambda r: r.key)}  # in a fixed order: placement ties follow it
+        for kept in sorted((self._held[i] for i in self._held.keys() - running.keys()), key=lambda r: r.key):
+            now = came.get(kept.key)
             if now is not None and now.tenant == kept.tenant and now.allocation == kept.allocation:
-                self._relabel(now)  # the same devices: only its priority or order may differ
-            elif now != kept:
+                self._relabel(kept, now)  # the same devices: only its priority or order may differ
+                del came[kept.key]
+            else:
                 self._drop(kept)
-        for key, now in running.items():
-            if key not in self.running:
-                self._hold(now)
-        waiting = {w.key: w for w in snapshot.waiting}
-        for key in self.waiting.keys() - waiting.keys():
-            self._unqueue(self.waiting.pop(key))
-        for key, claim in waiting.items():
-            before = self.waiting.get(key)
-            if before is claim:
-                continue
-            if before is not None:
-                self._unqueue(before)
-            self._enqueue(claim)
-        self.waiting = waiting
+        for now in came.values():
+            self._hold(now)
+        waiting = dict(zip(map(id, snapshot.waiting), snapshot.waiting, strict=True))
+        for i in self._queued.keys() - waiting.keys():
+            self._unqueue(self._queued.pop(i))
+        for i in sorted(waiting.keys() - self._queued.keys(), key=lambda i: waiting[i].key):
+            self._enqueue(self._queued.setdefault(i, waiting[i]))
         if self.memo.plans_cleared != self.plans_cleared:  # ids of dropped plans may come back
             self.plans_cleared = self.memo.plans_cleared
             for cache in (self.failed_at, self.blocked_at, self._plan_flavors, self._plan_least):
@@ -397,11 +395,12 @@ class _Cycle:
         """A claim runs: its devices are taken, its usage counted, and it is found by node and tenant."""
         self.state.take(running.allocation)
         self._count(running.tenant, running.allocation, 1)
-        self.running[running.key] = running
-        self.on_node[running.allocation.node][running.key] = running
-        self.by_tenant[running.tenant][running.key] = running
+        self._relabel(None, running)
 
-    def _relabel(self, running: Running) -> None:
+    def _relabel(self, kept: Running | None, running: Running) -> None:
+        if kept is not None:
+            del self._held[id(kept)]
+        self._held[id(running)] = running
         self.running[running.key] = running
         self.on_node[running.allocation.node][running.key] = running
         self.by_tenant[running.tenant][running.key] = running
@@ -409,6 +408,7 @@ class _Cycle:
     def _drop(self, running: Running) -> None:
         self.state.give_back(running.allocation)
         self._count(running.tenant, running.allocation, -1)
+        del self._held[id(running)]
         del self.running[running.key]
         del self.on_node[running.allocation.node][running.key]
         del self.by_tenant[running.tenant][running.key]
@@ -416,6 +416,7 @@ class _Cycle:
         self._running_units.pop(running.key, None)
 
     def _enqueue(self, waiting: Waiting) -> None:
+        self.waiting[waiting.key] = waiting
         try:
             plan = self.state.plan(waiting.claim)
         except Rejected:
@@ -431,6 +432,8 @@ class _Cycle:
         self.group_of[waiting.key] = gid
 
     def _unqueue(self, waiting: Waiting) -> None:
+        if self.waiting.get(waiting.key) is waiting:
+            del self.waiting[waiting.key]
         gid = self.group_of.pop(waiting.key, None)
         group = self.groups.get(gid) if gid is not None else None
         if group is None:
