@@ -335,6 +335,7 @@ class _Cycle:
         self._queued: dict[int, Waiting] = {}  # id -> every waiting claim in the groups
         self.groups: dict[tuple[str, int], _Group] = {}
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
+        self.invalid: set[ClaimKey] = set()  # claims Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
         self._plan_flavors: dict[int, frozenset[str]] = {}
         self._plan_unflavored: set[int] = set()  # plans some of whose accepted devices count against no flavor
@@ -421,6 +422,7 @@ class _Cycle:
             plan = self.state.plan(waiting.claim)
         except Rejected:
             self.group_of[waiting.key] = None
+            self.invalid.add(waiting.key)
             return
         gid = (waiting.tenant, id(plan))
         group = self.groups.get(gid)
@@ -434,6 +436,7 @@ class _Cycle:
     def _unqueue(self, waiting: Waiting) -> None:
         if self.waiting.get(waiting.key) is waiting:
             del self.waiting[waiting.key]
+        self.invalid.discard(waiting.key)
         gid = self.group_of.pop(waiting.key, None)
         group = self.groups.get(gid) if gid is not None else None
         if group is None:
@@ -987,10 +990,9 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     memo = memo or SelectorMemo()
     cycle = _cycle_for(snapshot, memo)
     decided, order = _admission_pass(cycle)
-    for key, gid in cycle.group_of.items():  # claims Rejected as written
-        if gid is None:
-            waiting = cycle.waiting[key]
-            decided.append((waiting, cycle.try_admit(waiting)[0], []))
+    for key in sorted(cycle.invalid):  # claims Rejected as written
+        waiting = cycle.waiting[key]
+        decided.append((waiting, cycle.try_admit(waiting)[0], []))
     admitted = {w.key for w, d, _ in decided if d.allocation is not None}
     for waiting in itertools.islice(_preemptors(cycle, order, admitted), MAX_PREEMPTION_ATTEMPTS):
         preempted = cycle.try_preempt(waiting)
