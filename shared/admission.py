@@ -918,8 +918,9 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival.
 
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
-    head; a head that does not fit answers for its whole group. So a cycle costs O(admitted + groups),
-    whatever the depth of the queue. Returns what was decided, in order, and the order tenants came in."""
+    head; a head that does not fit answers for its whole group, and a spec no node has room for refuses
+    every tenant's group of it for the rest of the pass. So a cycle costs O(admitted + groups), whatever
+    the depth of the queue. Returns what was decided, in order, and the order tenants came in."""
     heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
     position: dict[tuple[str, int], int] = {}
     for gid, group in cycle.groups.items():
@@ -933,6 +934,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
     first_seen: dict[str, float] = {}
     admitted: set[ClaimKey] = set()  # the kept groups are changed only by begin(), never by a cycle
+    unplaceable: dict[int, Decision] = {}  # per spec (plan): capacity refused it; free devices only shrink
     while tenants:
         _, _, _, tenant = heapq.heappop(tenants)
         first_seen.setdefault(tenant, len(first_seen))
@@ -940,7 +942,10 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
         entry, gid = heapq.heappop(queue)
         group = cycle.groups[gid]
         waiting = cycle.waiting[(tenant, entry[2])]
-        decision, blocks = cycle.try_admit(waiting)
+        refusal = unplaceable.get(id(group.plan))
+        decision, blocks = (refusal, []) if refusal is not None else cycle.try_admit(waiting)
+        if decision.state is State.PENDING and not blocks and decision is not _QUOTA_FULL:
+            unplaceable[id(group.plan)] = decision  # no node has room for the spec, for any tenant, all cycle
         if not waiting.answered or decision.state is not State.PENDING:
             decided.append((waiting, decision, blocks))  # an answered claim still Pending keeps its answer
         if decision.allocation is not None:
