@@ -568,9 +568,11 @@ class _Cycle:
         return max(0, book.nominal(tenant, flavor) - book.used[(tenant, flavor)] + borrow)
 
     def _least_devices(self, waiting: Waiting) -> int | None:
+        """The fewest flavored devices any placement of the claim takes (None: no fixed least size)."""
         plan = self.state.plan(waiting.claim)
         found = self._plan_least.get(id(plan), False)
         if found is False:
+            self.claim_flavors(waiting)  # finds whether some accepted devices count against no flavor
             found = None
             if self._plan_all_flavored(plan) and not any(a.all_mode or a.admin_access
                                                         for v in plan.variants for a in v):
@@ -744,10 +746,8 @@ class _Cycle:
         return found
 
     def _plan_all_flavored(self, plan: Plan) -> bool:
-        found = self._plan_flavors.get(id(plan))
-        if found is None:
-            return False  # claim_flavors() has not looked yet
-        return id(plan) not in self._plan_unflavored
+        """Every device the plan accepts counts against a flavor (after claim_flavors() looked)."""
+        return id(plan) in self._plan_flavors and id(plan) not in self._plan_unflavored
 
     def try_preempt(self, waiting: Waiting) -> Decision | None:
         try:  # victims only on nodes with devices the claim's first request accepts
