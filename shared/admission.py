@@ -635,7 +635,7 @@ class _Cycle:
         mine = book.share(preemptor.tenant) + least * min(values, default=0.0) / quotas.tenant(preemptor.tenant).weight
         cohort = book.cohort_of(preemptor.tenant)
         headroom: bool | None = None
-        own_only = self._capped(preemptor)
+        own_only = self._stuck_on_quota(preemptor)  # a claim its quota keeps out preempts within its tenant
         for tenant, claims in self.by_tenant.items():
             if not claims or (own_only and tenant != preemptor.tenant):
                 continue
@@ -675,16 +675,25 @@ class _Cycle:
                         continue
                 yield victim, rule
 
-    def _capped(self, waiting: Waiting) -> bool:
-        """Its borrowingLimits keep the claim out whatever others free: only its own tenant's devices help."""
+    def _stuck_on_quota(self, waiting: Waiting) -> bool:
+        """Its quota keeps the claim out whatever other tenants' claims are evicted: only its own tenant's
+        claims could give quota back. Either its borrowingLimits stop it, or what it may take now is too
+        little and no eviction elsewhere returns any: no cohort member borrows a flavor it could use and
+        no cohort has spilled into the free capacity of those flavors."""
         book, tenant = self.book, waiting.tenant
         if not self.snapshot.quotas.enforced:
             return False
         flavors = self.claim_flavors(waiting)
         least = self._least_devices(waiting) or 0
-        return bool(flavors) and least > 0 and sum(
-            max(0, book.nominal(tenant, f) - book.used[(tenant, f)] + self._borrow_cap(tenant, f)
-                - book.borrowing(tenant, f)) for f in flavors) < least
+        if not flavors or least <= 0:
+            return False
+        if sum(max(0, book.nominal(tenant, f) - book.used[(tenant, f)] + self._borrow_cap(tenant, f)
+                   - book.borrowing(tenant, f)) for f in flavors) < least:
+            return True  # over its borrowingLimits, whatever is lent
+        if self._quota_room(waiting) is not False or any(book.over[f] > 0 for f in flavors):
+            return False
+        members = book.members[book.cohort_of(tenant)]
+        return not any(m != tenant and book.borrowing(m, f) > 0 for m in members for f in flavors)
 
     def prefilter(self) -> tuple[Callable[[Waiting], bool], Callable[[str], bool], Mapping[str, int]]:
         """A cheap test, built once per pass, of whether a waiting claim has any victim candidate: a
@@ -710,8 +719,9 @@ class _Cycle:
             return any(t != tenant and s >= mine for t, s in shares.items())
 
         def test(waiting: Waiting) -> bool:
+            """A claim its quota keeps out may only preempt lower-priority claims of its own tenant."""
             return (lowest.get(waiting.tenant, waiting.priority) < waiting.priority
-                    or (by_share(waiting.tenant) and not self._capped(waiting)))
+                    or (by_share(waiting.tenant) and not self._stuck_on_quota(waiting)))
 
         return test, by_share, lowest
 
