@@ -9,8 +9,8 @@ allocator service and `claimbroker simulate --quotas` run the same code.
   the flavor's free capacity (devices no tenant's nominal covers), within its borrowingLimit. With no
   quota anywhere the fleet is open.
 - Order: tenants by share (GPU units in use over weight, lowest first), then priority, then arrival.
-  Every waiting claim is tried once per cycle, so a deep queue never stalls admission; a claim whose
-  kind already failed at this fleet version fails again at once.
+  Claims of one tenant and spec form a group tried from its head (see `_admission_pass`), so a deep
+  queue never stalls admission and costs a cycle O(groups + admissions), not O(claims).
 - Placement within nominal first: devices of flavors where the tenant has nominal headroom, then
   flavors it may borrow.
 - Preemption, only of preemptible claims, by three rules: (a) priority within a tenant, (b) reclaim: a
@@ -19,9 +19,10 @@ allocator service and `claimbroker simulate --quotas` run the same code.
   the victim's share afterwards. (b) and (c) only take from borrowers and (c) compares shares after
   the move; and a claim never preempts one that preempted it (`displaced_by`), so no pair of claims
   is preempted back and forth, whatever else changes between cycles. Claims admitted in a cycle are
-  not preempted in the same cycle. The victim set is the
-  smallest that lets the claim in: fewest GPU units, then lowest priority, then most recently
-  allocated, and no victim the claim does not need.
+  not preempted in the same cycle. A claim its quota keeps out whatever other tenants' claims are
+  evicted preempts only within its tenant. The victim set is the smallest that lets the claim in:
+  fewest GPU units, then lowest priority, then most recently allocated, and no victim the claim does
+  not need.
 """
 
 from __future__ import annotations
