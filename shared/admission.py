@@ -331,6 +331,7 @@ class _Cycle:
         self._running_units: dict[ClaimKey, float] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         self._room_at: dict[tuple[str, frozenset[str], int], tuple[int, bool | None]] = {}
+        self._limits: dict[tuple[str, str], tuple[int, int, tuple[str, str], int]] = {}  # fixed by the quotas
         self.waiting: dict[ClaimKey, Waiting] = {}
         self._held: dict[int, Running] = {}  # id -> every running claim counted here
         self._queued: dict[int, Waiting] = {}  # id -> every waiting claim in the groups
@@ -563,10 +564,18 @@ class _Cycle:
 
     def _flavor_room(self, tenant: str, flavor: str) -> int:
         """Devices of the flavor the tenant may still take: its nominal headroom, then what it may borrow
-        (within its borrowingLimit and what its cohort and the free capacity lend)."""
+        (within its borrowingLimit and what its cohort and the free capacity lend). QuotaBook.check's
+        arithmetic, with what the quotas fix looked up once."""
         book = self.book
-        borrow = min(self._borrow_cap(tenant, flavor), book.borrowing(tenant, flavor) + book.lendable(tenant, flavor))
-        return max(0, book.nominal(tenant, flavor) - book.used[(tenant, flavor)] + borrow)
+        fixed = self._limits.get((tenant, flavor))
+        if fixed is None:
+            fixed = self._limits[(tenant, flavor)] = (
+                book.nominal(tenant, flavor), self._borrow_cap(tenant, flavor), (book.cohort_of(tenant), flavor),
+                book.free_capacity(flavor))
+        nominal, cap, cohort, free = fixed
+        used = book.used[(tenant, flavor)]
+        lendable = max(0, book.lends[cohort] - book.spill[cohort]) + max(0, free - book.over[flavor])
+        return max(0, nominal - used + min(cap, max(0, used - nominal) + lendable))
 
     def _least_devices(self, waiting: Waiting) -> int | None:
         """The fewest flavored devices any placement of the claim takes (None: no fixed least size)."""
