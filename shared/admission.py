@@ -728,10 +728,19 @@ class _Cycle:
                 return False
             return any(t != tenant and s >= mine for t, s in shares.items())
 
+        stuck: dict[Any, bool] = {}  # per group: its tenant's quota and its spec decide it alike
+
         def test(waiting: Waiting) -> bool:
             """A claim its quota keeps out may only preempt lower-priority claims of its own tenant."""
-            return (lowest.get(waiting.tenant, waiting.priority) < waiting.priority
-                    or (by_share(waiting.tenant) and not self._stuck_on_quota(waiting)))
+            if lowest.get(waiting.tenant, waiting.priority) < waiting.priority:
+                return True
+            if not by_share(waiting.tenant):
+                return False
+            gid = self.group_of.get(waiting.key)
+            found = stuck.get(gid)
+            if found is None:
+                found = stuck[gid] = self._stuck_on_quota(waiting)
+            return not found
 
         return test, by_share, lowest
 
