@@ -158,10 +158,13 @@ class Allocator:
         await self.publish_outbox()
 
     def _unusable_nodes(self) -> dict[str, str]:
-        """Nodes whose inventory is older than the TTL get no new allocation."""
+        """Nodes whose inventory is older than the TTL get no new allocation. The reason names when the
+        node was last seen, not its age: it stays the same from cycle to cycle, so the decision core
+        keeps its state instead of rebuilding it for a new text."""
         now = self.clock()
         return {
-            name: f"inventory {now - node.observed_at:.0f}s old, over the {self.inventory_ttl:.0f}s TTL"
+            name: (f"inventory last seen {datetime.fromtimestamp(node.observed_at, UTC):%Y-%m-%d %H:%M:%S} UTC, "
+                   f"over the {self.inventory_ttl:.0f}s TTL")
             for name, node in self.fleet.nodes.items()
             if node.observed_at and now - node.observed_at > self.inventory_ttl
         }

@@ -1,4 +1,4 @@
-"""The allocator asks again about Pending claims whose answer is older than `reason_refresh`."""
+"""Allocator reasons: Pending answers older than `reason_refresh` are asked again; stale-node texts stay put."""
 
 from types import SimpleNamespace
 
@@ -19,3 +19,15 @@ def test_only_answers_older_than_the_refresh_are_asked_again() -> None:
     Allocator._refresh_stale_reasons(allocator, queue)  # type: ignore[arg-type]
     assert {k[1]: w.answered for k, w in queue.waiting.items()} == {"old": False, "recent": True, "new": False}
     assert set(allocator._answered_at) == set(queue.waiting)  # claims no longer waiting are forgotten
+
+
+def test_a_stale_node_reads_the_same_from_cycle_to_cycle() -> None:
+    """Nodes over the inventory TTL get no allocation; their reason names when they were last seen, so it
+    does not change every cycle (the decision core keeps its state while the unusable nodes stay the same)."""
+    nodes = {"old": SimpleNamespace(observed_at=1_000.0), "fresh": SimpleNamespace(observed_at=1_150.0)}
+    now = [1_200.0]
+    allocator = SimpleNamespace(clock=lambda: now[0], inventory_ttl=90.0, fleet=SimpleNamespace(nodes=nodes))
+    first = Allocator._unusable_nodes(allocator)  # type: ignore[arg-type]
+    now[0] = 1_230.0
+    assert Allocator._unusable_nodes(allocator) == first  # type: ignore[arg-type]
+    assert first == {"old": "inventory last seen 1970-01-01 00:16:40 UTC, over the 90s TTL"}
