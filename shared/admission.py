@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from shared import dra
 from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
@@ -186,6 +186,7 @@ class QuotaBook:
         self.version = 0  # bumped on every change of usage: answers cached per version stay true
         self.cohort_versions: dict[str, int] = defaultdict(int)  # per cohort: its members' usage changed
         self.free_version = 0  # the free capacity some cohort spilled into changed
+        self._fixed: dict[tuple[str, str], tuple[int, int, tuple[str, str], int]] = {}  # room(): per quotas
         for tenant in config.tenants.values():
             cohort = self.cohort_of(tenant.name)
             self.members[cohort].append(tenant.name)
@@ -232,6 +233,24 @@ class QuotaBook:
 
     def borrowing(self, tenant: str, flavor: str) -> int:
         return max(0, self.used[(tenant, flavor)] - self.nominal(tenant, flavor))
+
+    def borrow_cap(self, tenant: str, flavor: str) -> int:
+        """The tenant's borrowingLimit for the flavor (none: unbounded)."""
+        limit = self.config.tenant(tenant).limit(flavor)
+        return limit.borrowing_limit if limit and limit.borrowing_limit is not None else 1 << 30
+
+    def room(self, tenant: str, flavor: str) -> int:
+        """Devices of the flavor the tenant may still take: check()'s arithmetic solved for the most that
+        passes, its nominal headroom then what it may borrow (within its borrowingLimit and what its
+        cohort and the free capacity lend). What the quotas fix is looked up once per tenant and flavor."""
+        fixed = self._fixed.get((tenant, flavor))
+        if fixed is None:
+            fixed = self._fixed[(tenant, flavor)] = (self.nominal(tenant, flavor), self.borrow_cap(tenant, flavor),
+                                                     (self.cohort_of(tenant), flavor), self.free_capacity(flavor))
+        nominal, cap, cohort, free = fixed
+        used = self.used[(tenant, flavor)]
+        lendable = max(0, self.lends[cohort] - self.spill[cohort]) + max(0, free - self.over[flavor])
+        return max(0, nominal - used + min(cap, max(0, used - nominal) + lendable))
 
     def borrowed_flavors(self, tenant: str) -> frozenset[str | None]:
         """Flavors the tenant uses beyond its nominal quota."""
@@ -293,6 +312,11 @@ def _deltas(devices: Iterable[FleetDevice], flavors: Flavors) -> dict[str, int]:
     return dict(out)
 
 
+class _PlanFacts(NamedTuple):
+    flavors: frozenset[str]  # of the devices the spec's requests accept
+    least: int | None  # fewest flavored devices a placement takes; None: All mode, admin access or unflavored
+
+
 _QUOTA_FULL = Decision(State.PENDING)  # a trial's answer: the tenant's quota cannot hold the claim
 
 
@@ -331,7 +355,6 @@ class _Cycle:
         self._running_units: dict[ClaimKey, float] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         self._room_at: dict[tuple[str, frozenset[str], int], tuple[int, bool | None]] = {}
-        self._limits: dict[tuple[str, str], tuple[int, int, tuple[str, str], int]] = {}  # fixed by the quotas
         self.waiting: dict[ClaimKey, Waiting] = {}
         self._held: dict[int, Running] = {}  # id -> every running claim counted here
         self._queued: dict[int, Waiting] = {}  # id -> every waiting claim in the groups
@@ -339,9 +362,7 @@ class _Cycle:
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
         self.invalid: set[ClaimKey] = set()  # claims Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
-        self._plan_flavors: dict[int, frozenset[str]] = {}
-        self._plan_unflavored: set[int] = set()  # plans some of whose accepted devices count against no flavor
-        self._plan_least: dict[int, int | None] = {}
+        self._plan_facts: dict[int, _PlanFacts] = {}
         self.state = _fleet_state(snapshot, memo, ())  # begin() takes what runs
         self._flavor_filters: dict[str, DeviceFilter] = {}
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
@@ -387,9 +408,8 @@ class _Cycle:
             self._enqueue(self._queued.setdefault(i, waiting[i]))
         if self.memo.plans_cleared != self.plans_cleared:  # ids of dropped plans may come back
             self.plans_cleared = self.memo.plans_cleared
-            for cache in (self.failed_at, self.blocked_at, self._plan_flavors, self._plan_least):
+            for cache in (self.failed_at, self.blocked_at, self._plan_facts):
                 cache.clear()
-            self._plan_unflavored.clear()
         self.started = frozenset(self.running)
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(max((r.allocated_order for r in snapshot.running), default=0) + 1)
@@ -470,10 +490,6 @@ class _Cycle:
                                                                 lambda d: names(d) == flavor)
         return found
 
-    def _borrow_cap(self, tenant: str, flavor: str) -> int:
-        limit = self.snapshot.quotas.tenant(tenant).limit(flavor)
-        return limit.borrowing_limit if limit and limit.borrowing_limit is not None else 1 << 30
-
     def _within_nominal(self, tenant: str, deltas: Mapping[str, int]) -> bool:
         return all(self.book.used[(tenant, f)] + n <= self.book.nominal(tenant, f) for f, n in deltas.items())
 
@@ -516,9 +532,9 @@ class _Cycle:
         nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
         borrowable = [f for f in sorted(relevant) if f not in nominal
                       and self.book.lendable(tenant, f) > 0
-                      and self.book.borrowing(tenant, f) < self._borrow_cap(tenant, f)]
+                      and self.book.borrowing(tenant, f) < self.book.borrow_cap(tenant, f)]
         for flavor in (*nominal, *borrowable):
-            if flavor in tried or (least is not None and self._flavor_room(tenant, flavor) < least):
+            if flavor in tried or (least is not None and self.book.room(tenant, flavor) < least):
                 continue  # tried, or its quota cannot hold a placement of the claim
             tried.add(flavor)
             decision = self._decide(waiting, self._only(flavor), explain=False)
@@ -555,40 +571,16 @@ class _Cycle:
             return None
         room, answer = 0, cast(bool | None, False)
         for flavor in flavors:
-            room += self._flavor_room(waiting.tenant, flavor)
+            room += self.book.room(waiting.tenant, flavor)
             if room >= need:
                 answer = None
                 break
         self._room_at[key] = (self.book.version, answer)
         return answer
 
-    def _flavor_room(self, tenant: str, flavor: str) -> int:
-        """Devices of the flavor the tenant may still take: its nominal headroom, then what it may borrow
-        (within its borrowingLimit and what its cohort and the free capacity lend). QuotaBook.check's
-        arithmetic, with what the quotas fix looked up once."""
-        book = self.book
-        fixed = self._limits.get((tenant, flavor))
-        if fixed is None:
-            fixed = self._limits[(tenant, flavor)] = (
-                book.nominal(tenant, flavor), self._borrow_cap(tenant, flavor), (book.cohort_of(tenant), flavor),
-                book.free_capacity(flavor))
-        nominal, cap, cohort, free = fixed
-        used = book.used[(tenant, flavor)]
-        lendable = max(0, book.lends[cohort] - book.spill[cohort]) + max(0, free - book.over[flavor])
-        return max(0, nominal - used + min(cap, max(0, used - nominal) + lendable))
-
     def _least_devices(self, waiting: Waiting) -> int | None:
         """The fewest flavored devices any placement of the claim takes (None: no fixed least size)."""
-        plan = self.state.plan(waiting.claim)
-        found = self._plan_least.get(id(plan), False)
-        if found is False:
-            self.claim_flavors(waiting)  # finds whether some accepted devices count against no flavor
-            found = None
-            if self._plan_all_flavored(plan) and not any(a.all_mode or a.admin_access
-                                                        for v in plan.variants for a in v):
-                found = min((sum(a.wanted for a in v) for v in plan.variants), default=None)
-            self._plan_least[id(plan)] = found
-        return found  # type: ignore[return-value]
+        return self._facts(waiting).least
 
     def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool) -> Decision:
         """A placement, or a Pending answer cached per plan, filter and fleet version (with its reason
@@ -697,7 +689,7 @@ class _Cycle:
         least = self._least_devices(waiting) or 0
         if not flavors or least <= 0:
             return False
-        if sum(max(0, book.nominal(tenant, f) - book.used[(tenant, f)] + self._borrow_cap(tenant, f)
+        if sum(max(0, book.nominal(tenant, f) - book.used[(tenant, f)] + book.borrow_cap(tenant, f)
                    - book.borrowing(tenant, f)) for f in flavors) < least:
             return True  # over its borrowingLimits, whatever is lent
         if self._quota_room(waiting) is not False or any(book.over[f] > 0 for f in flavors):
@@ -753,13 +745,18 @@ class _Cycle:
 
     def claim_flavors(self, waiting: Waiting) -> frozenset[str]:
         """Flavors of the devices the claim's requests accept at all: the only ones worth trying."""
+        return self._facts(waiting).flavors
+
+    def _facts(self, waiting: Waiting) -> _PlanFacts:
+        """What quota arithmetic needs of a claim's spec, worked out once per plan."""
         try:
             plan = self.state.plan(waiting.claim)
         except Rejected:
-            return frozenset()
-        found = self._plan_flavors.get(id(plan))
+            return _PlanFacts(frozenset(), None)
+        found = self._plan_facts.get(id(plan))
         if found is None:
             names: set[str] = set()
+            unflavored = False  # some accepted device counts against no flavor: it needs no quota
             for _, alternatives in plan.requests:
                 for alternative in alternatives:
                     try:
@@ -770,13 +767,11 @@ class _Cycle:
                         if (name := self.flavors.name_of(device)) is not None:
                             names.add(name)
                         else:
-                            self._plan_unflavored.add(id(plan))
-            found = self._plan_flavors[id(plan)] = frozenset(names)
+                            unflavored = True
+            sized = not unflavored and not any(a.all_mode or a.admin_access for v in plan.variants for a in v)
+            least = min((sum(a.wanted for a in v) for v in plan.variants), default=None) if sized else None
+            found = self._plan_facts[id(plan)] = _PlanFacts(frozenset(names), least)
         return found
-
-    def _plan_all_flavored(self, plan: Plan) -> bool:
-        """Every device the plan accepts counts against a flavor (after claim_flavors() looked)."""
-        return id(plan) in self._plan_flavors and id(plan) not in self._plan_unflavored
 
     def try_preempt(self, waiting: Waiting) -> Decision | None:
         try:  # victims only on nodes with devices the claim's first request accepts

@@ -188,10 +188,9 @@ async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> 
         if row.state == State.ALLOCATED.value and row.allocation:
             order = int(row.allocated_at.timestamp() * 1e6) if row.allocated_at else row.id
             kept = cache.running.get(row.id)
-            same = kept is not None and kept[0] == row.allocation and (
-                kept[1].priority, kept[1].preemptible, kept[1].arrival, kept[1].allocated_order
-            ) == (row.priority, row.preemptible, arrival, order)
-            if kept is not None and same:
+            if kept is not None and kept[0] == row.allocation and (
+                    kept[1].priority, kept[1].preemptible, kept[1].arrival, kept[1].allocated_order
+            ) == (row.priority, row.preemptible, arrival, order):
                 running = kept[1]
             else:
                 running = Running(row.namespace, row.name, Allocation.from_json(row.allocation), row.priority,
