@@ -239,17 +239,19 @@ class QuotaBook:
         limit = self.config.tenant(tenant).limit(flavor)
         return limit.borrowing_limit if limit and limit.borrowing_limit is not None else 1 << 30
 
-    def room(self, tenant: str, flavor: str) -> int:
+    def room(self, tenant: str, flavor: str, *, lent_only: bool = True) -> int:
         """Devices of the flavor the tenant may still take: check()'s arithmetic solved for the most that
         passes, its nominal headroom then what it may borrow (within its borrowingLimit and what its
-        cohort and the free capacity lend). What the quotas fix is looked up once per tenant and flavor."""
+        cohort and the free capacity lend; with `lent_only=False`, as if they lent without end). What the
+        quotas fix is looked up once per tenant and flavor."""
         fixed = self._fixed.get((tenant, flavor))
         if fixed is None:
             fixed = self._fixed[(tenant, flavor)] = (self.nominal(tenant, flavor), self.borrow_cap(tenant, flavor),
                                                      (self.cohort_of(tenant), flavor), self.free_capacity(flavor))
         nominal, cap, cohort, free = fixed
         used = self.used[(tenant, flavor)]
-        lendable = max(0, self.lends[cohort] - self.spill[cohort]) + max(0, free - self.over[flavor])
+        lendable = (max(0, self.lends[cohort] - self.spill[cohort]) + max(0, free - self.over[flavor])
+                    if lent_only else cap)
         return max(0, nominal - used + min(cap, max(0, used - nominal) + lendable))
 
     def borrowed_flavors(self, tenant: str) -> frozenset[str | None]:
@@ -689,9 +691,8 @@ class _Cycle:
         least = self._least_devices(waiting) or 0
         if not flavors or least <= 0:
             return False
-        if sum(max(0, book.nominal(tenant, f) - book.used[(tenant, f)] + book.borrow_cap(tenant, f)
-                   - book.borrowing(tenant, f)) for f in flavors) < least:
-            return True  # over its borrowingLimits, whatever is lent
+        if sum(book.room(tenant, f, lent_only=False) for f in flavors) < least:
+            return True  # its borrowingLimits stop it, whatever is lent
         if self._quota_room(waiting) is not False or any(book.over[f] > 0 for f in flavors):
             return False
         members = book.members[book.cohort_of(tenant)]

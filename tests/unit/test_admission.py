@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import Flavors, Running, Snapshot, Waiting, _Cycle, run_cycle
+from shared.admission import Flavors, QuotaBook, Running, Snapshot, Waiting, _Cycle, run_cycle
 from shared.allocation import SelectorMemo, State
 from shared.classes import BUILTIN_CLASSES
 from shared.inventory import Fleet
@@ -269,3 +269,14 @@ def test_a_deep_queue_of_alike_claims_is_answered_once_and_taken_in_order() -> N
     assert again.decisions == ()  # nothing changed: nobody is answered again
     freed = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running[1:], answered), memo)
     assert [(d.name, d.decision.state) for d in freed.decisions] == [("c2", State.ALLOCATED)]
+
+
+@pytest.mark.parametrize(("used", "expected"), [(0, 12), (5, 7), (8, 4), (10, 2), (12, 0), (13, 0)])
+def test_room_under_a_borrowing_limit_counts_what_is_borrowed_once(used: int, expected: int) -> None:
+    """nominal 8, borrowingLimit 4, unlimited lending: the tenant may hold 12 in all, whatever it holds now."""
+    config = quotas({"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 8, "borrowingLimit": 4}}})
+    book = QuotaBook(config, {"H100": 100})
+    for _ in range(used):
+        book.add("t", "H100", 2.0)
+    assert book.room("t", "H100", lent_only=False) == expected
+    assert not book.check("t", {"H100": expected}) if expected else book.check("t", {"H100": 1})
