@@ -939,13 +939,15 @@ def _cycle_for(snapshot: Snapshot, memo: SelectorMemo) -> _Cycle:
     return kept
 
 
-def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, float]]:
+def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int],
+                                             set[ClaimKey]]:
     """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival.
 
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
     head; a head that does not fit answers for its whole group, and a spec no node has room for refuses
     every tenant's group of it for the rest of the pass. So a cycle costs O(admitted + groups), whatever
-    the depth of the queue. Returns what was decided, in order, and the order tenants came in."""
+    the depth of the queue. Returns what was decided, in order, the order tenants came in, and the claims
+    admitted."""
     heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
     position: dict[tuple[str, int], int] = {}
     for gid, group in cycle.groups.items():
@@ -957,7 +959,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     tenants = [(book.share(t), q[0][0][0], q[0][0][1], t) for t, q in heads.items()]
     heapq.heapify(tenants)
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
-    first_seen: dict[str, float] = {}
+    first_seen: dict[str, int] = {}
     admitted: set[ClaimKey] = set()  # the kept groups are changed only by begin(), never by a cycle
     unplaceable: dict[int, Decision] = {}  # per spec (plan): capacity refused it; free devices only shrink
     while tenants:
@@ -986,10 +988,10 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
         if queue:
             heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))
-    return decided, first_seen
+    return decided, first_seen, admitted
 
 
-def _preemptors(cycle: _Cycle, order: Mapping[str, float], admitted: set[ClaimKey]) -> Iterable[Waiting]:
+def _preemptors(cycle: _Cycle, order: Mapping[str, int], admitted: set[ClaimKey]) -> Iterable[Waiting]:
     """Pending claims that have a victim candidate, in fair-share order: tenants in the order the
     admission pass took them, each tenant's claims by priority, then arrival. Per tenant the walk stops
     at the first claim that can preempt nothing, when no claim after it could either."""
@@ -1019,11 +1021,10 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     a claim that keeps waiting behind a head of its kind keeps its last answer."""
     memo = memo or SelectorMemo()
     cycle = _cycle_for(snapshot, memo)
-    decided, order = _admission_pass(cycle)
+    decided, order, admitted = _admission_pass(cycle)
     for key in sorted(cycle.invalid):  # claims Rejected as written
         waiting = cycle.waiting[key]
         decided.append((waiting, cycle.try_admit(waiting)[0], []))
-    admitted = {w.key for w, d, _ in decided if d.allocation is not None}
     for waiting in itertools.islice(_preemptors(cycle, order, admitted), MAX_PREEMPTION_ATTEMPTS):
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:
