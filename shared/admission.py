@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -183,10 +183,12 @@ class QuotaBook:
         self.spill: dict[tuple[str, str], int] = defaultdict(int)  # members' use beyond what they keep
         self.over: dict[str, int] = defaultdict(int)  # cohorts' spill beyond what they lend: free capacity used
         self.covered: dict[str, int] = defaultdict(int)  # nominal quota per flavor over all tenants
+        self.borrowed_count: dict[str, int] = defaultdict(int)  # flavors a tenant uses beyond its nominal
         self.version = 0  # bumped on every change of usage: answers cached per version stay true
         self.cohort_versions: dict[str, int] = defaultdict(int)  # per cohort: its members' usage changed
         self.free_version = 0  # the free capacity some cohort spilled into changed
         self._fixed: dict[tuple[str, str], tuple[int, int, tuple[str, str], int]] = {}  # room(): per quotas
+        self._nominals: dict[tuple[str, str], int] = {}
         for tenant in config.tenants.values():
             cohort = self.cohort_of(tenant.name)
             self.members[cohort].append(tenant.name)
@@ -200,8 +202,11 @@ class QuotaBook:
         return self.config.tenant(tenant).cohort or f"tenant:{tenant}"
 
     def nominal(self, tenant: str, flavor: str) -> int:
-        limit = self.config.tenant(tenant).limit(flavor)
-        return limit.nominal if limit else 0
+        found = self._nominals.get((tenant, flavor))
+        if found is None:
+            limit = self.config.tenant(tenant).limit(flavor)
+            found = self._nominals[(tenant, flavor)] = limit.nominal if limit else 0
+        return found
 
     def share(self, tenant: str) -> float:
         return self.units[tenant] / self.config.tenant(tenant).weight
@@ -218,9 +223,13 @@ class QuotaBook:
         key = (tenant, flavor)
         self.flavors_used[tenant].add(flavor)
         keep = self.keep.get(key, 0)
-        before = max(0, self.used[key] - keep)
-        self.used[key] += sign
-        after = max(0, self.used[key] - keep)
+        used = self.used[key]
+        before = max(0, used - keep)
+        self.used[key] = used + sign
+        after = max(0, used + sign - keep)
+        nominal = self.nominal(tenant, flavor)
+        if (used > nominal) != (used + sign > nominal):
+            self.borrowed_count[tenant] += sign
         if before != after:
             cohort = (self.cohort_of(tenant), flavor)
             lends = self.lends[cohort]
@@ -283,8 +292,6 @@ class QuotaBook:
             if used + delta <= nominal:
                 continue
             borrow = used + delta - nominal
-            cohort = self.cohort_of(tenant)
-            borrowed_by = {m: b for m in self.members[cohort] if m != tenant and (b := self.borrowing(m, flavor))}
             room = self.lendable(tenant, flavor)
             already = self.borrowing(tenant, flavor)
             if limit and limit.borrowing_limit is not None and borrow > limit.borrowing_limit:
@@ -295,6 +302,8 @@ class QuotaBook:
                        f"{used}), but its cohort and the free capacity lend only {room} more")
             else:
                 continue
+            borrowed_by = {m: b for m in self.members[self.cohort_of(tenant)]
+                           if m != tenant and (b := self.borrowing(m, flavor))}
             blocks.append(Block(flavor, delta, nominal, used, limit.borrowing_limit if limit else None, room,
                                 borrowed_by, why))
         return blocks
@@ -354,6 +363,10 @@ class _Cycle:
         self.running: dict[ClaimKey, Running] = {}
         self.on_node: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
         self.by_tenant: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
+        # priorities of preemptible running claims per tenant, and of those admitted in this cycle (which
+        # are not preempted in it): what prefilter() needs, kept instead of scanning every running claim
+        self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
+        self._admitted_priorities: dict[str, Counter[int]] = defaultdict(Counter)
         self._running_units: dict[ClaimKey, float] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         self._room_at: dict[tuple[str, frozenset[str], int], tuple[int, bool | None]] = {}
@@ -413,6 +426,7 @@ class _Cycle:
             for cache in (self.failed_at, self.blocked_at, self._plan_facts):
                 cache.clear()
         self.started = frozenset(self.running)
+        self._admitted_priorities.clear()
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(max((r.allocated_order for r in snapshot.running), default=0) + 1)
 
@@ -425,6 +439,10 @@ class _Cycle:
     def _relabel(self, kept: Running | None, running: Running) -> None:
         if kept is not None:
             del self._held[id(kept)]
+            if kept.preemptible:
+                self._priorities[kept.tenant][kept.priority] -= 1
+        if running.preemptible:
+            self._priorities[running.tenant][running.priority] += 1
         self._held[id(running)] = running
         self.running[running.key] = running
         self.on_node[running.allocation.node][running.key] = running
@@ -434,6 +452,8 @@ class _Cycle:
         self.state.give_back(running.allocation)
         self._count(running.tenant, running.allocation, -1)
         del self._held[id(running)]
+        if running.preemptible:
+            self._priorities[running.tenant][running.priority] -= 1
         del self.running[running.key]
         del self.on_node[running.allocation.node][running.key]
         del self.by_tenant[running.tenant][running.key]
@@ -502,13 +522,11 @@ class _Cycle:
         on each flavor it has nominal quota of, then on each it may borrow, one flavor at a time. When
         the tenant's quota leaves too few devices for any placement, no other placement is tried."""
         enforced = self.snapshot.quotas.enforced
-        if enforced and self._quota_room(waiting, known_only=True) is False:
-            return _QUOTA_FULL, []  # the reason is worked out if it is given (answer())
+        if enforced and self._quota_room(waiting) is False:
+            return _QUOTA_FULL, []  # no placement needed; the reason is worked out if it is given (answer())
         first = self._decide(waiting, None, explain=False)
         if not enforced or first.allocation is None:
             return first, []  # an open fleet, or capacity (not quota) is what keeps it out
-        if self._quota_room(waiting) is False:
-            return _QUOTA_FULL, []
         tenant = waiting.tenant
         plan = self.state.plan(waiting.claim)
         key = (tenant, id(plan))
@@ -553,24 +571,21 @@ class _Cycle:
         reason = "; ".join(b.why for b in blocks)
         return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
 
-    def _quota_room(self, waiting: Waiting, known_only: bool = False) -> bool | None:
+    def _quota_room(self, waiting: Waiting) -> bool | None:
         """False when the tenant's quota leaves fewer devices, over every flavor the claim could use,
         than any placement of it takes: no flavor-by-flavor placement can pass then. None when the claim
         has no fixed least size (All mode, admin access) or may use devices no flavor counts.
 
         Answers are kept per tenant, flavors and size while the quota book is unchanged (a tenant's
-        alike claims come one after another in a cycle); `known_only` asks only for a kept answer, so a
-        claim that capacity keeps out anyway costs no quota arithmetic."""
-        flavors = self.claim_flavors(waiting)
-        need = self._least_devices(waiting)
+        alike claims come one after another in a cycle). Asked before any placement: the arithmetic
+        costs less than a placement, which a quota-full claim would waste."""
+        flavors, need = self._facts(waiting)
         if need is None:
             return None
         key = (waiting.tenant, flavors, need)
         kept = self._room_at.get(key)
         if kept is not None and kept[0] == self.book.version:
             return kept[1]
-        if known_only:
-            return None
         room, answer = 0, cast(bool | None, False)
         for flavor in flavors:
             room += self.book.room(waiting.tenant, flavor)
@@ -620,6 +635,8 @@ class _Cycle:
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
         self._hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
                            waiting.arrival, next(self.order)))
+        if waiting.preemptible:
+            self._admitted_priorities[waiting.tenant][waiting.priority] += 1
 
     # -- preemption ---------------------------------------------------------------------------------
 
@@ -706,13 +723,14 @@ class _Cycle:
         lowest: dict[str, int] = {}
         shares: dict[str, float] = {}
         enforced = self.snapshot.quotas.enforced
-        borrowing = {t for (t, f), n in self.book.used.items() if n > self.book.nominal(t, f)}
-        for r in self.running.values():
-            if not r.preemptible or r.key not in self.started:
+        for tenant, counts in self._priorities.items():  # preemptible claims that ran before this cycle
+            fresh = self._admitted_priorities.get(tenant)
+            live = [p for p, n in counts.items() if n - (fresh[p] if fresh else 0) > 0]
+            if not live:
                 continue
-            lowest[r.tenant] = min(lowest.get(r.tenant, r.priority), r.priority)
-            if not enforced or r.tenant in borrowing:
-                shares[r.tenant] = self.book.share(r.tenant)
+            lowest[tenant] = min(live)
+            if not enforced or self.book.borrowed_count[tenant] > 0:
+                shares[tenant] = self.book.share(tenant)
         top = max(shares.values(), default=None)
 
         def by_share(tenant: str) -> bool:
@@ -749,11 +767,14 @@ class _Cycle:
         return self._facts(waiting).flavors
 
     def _facts(self, waiting: Waiting) -> _PlanFacts:
-        """What quota arithmetic needs of a claim's spec, worked out once per plan."""
         try:
             plan = self.state.plan(waiting.claim)
         except Rejected:
             return _PlanFacts(frozenset(), None)
+        return self.plan_facts(plan)
+
+    def plan_facts(self, plan: Plan) -> _PlanFacts:
+        """What quota arithmetic needs of a claim's spec, worked out once per plan."""
         found = self._plan_facts.get(id(plan))
         if found is None:
             names: set[str] = set()
@@ -944,15 +965,16 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival.
 
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
-    head; a head that does not fit answers for its whole group, and a spec no node has room for refuses
-    every tenant's group of it for the rest of the pass. So a cycle costs O(admitted + groups), whatever
-    the depth of the queue. Returns what was decided, in order, the order tenants came in, and the claims
-    admitted."""
+    head; a head that does not fit answers for its whole group. Free devices and quota only shrink while
+    the pass admits, so a spec no node has room for is refused for every tenant for the rest of the pass,
+    and so is a tenant's spec of at least as many devices over flavors its quota could not hold: such
+    heads are answered without a trial, and a tenant's run of them without re-ranking. So a cycle costs
+    O(admitted + groups), whatever the depth of the queue. Returns what was decided, in order, the
+    order tenants came in, and the claims admitted."""
     heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
-    position: dict[tuple[str, int], int] = {}
     for gid, group in cycle.groups.items():
         heads[group.tenant].append((group.entries[0], gid))
-        position[gid] = 0
+    position = dict.fromkeys(cycle.groups, 0)
     for queue in heads.values():
         heapq.heapify(queue)
     book = cycle.book
@@ -961,7 +983,31 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
     first_seen: dict[str, int] = {}
     admitted: set[ClaimKey] = set()  # the kept groups are changed only by begin(), never by a cycle
-    unplaceable: dict[int, Decision] = {}  # per spec (plan): capacity refused it; free devices only shrink
+    unplaceable: dict[int, Decision] = {}  # per spec (plan): capacity refused it
+    quota_full: dict[tuple[str, frozenset[str]], int] = {}  # tenant, flavors -> fewest devices refused
+
+    def known_refusal(tenant: str, group: _Group) -> Decision | None:
+        refusal = unplaceable.get(id(group.plan))
+        if refusal is None:
+            flavors, least = cycle.plan_facts(group.plan)
+            if least is not None and quota_full.get((tenant, flavors), least + 1) <= least:
+                refusal = _QUOTA_FULL
+        return refusal
+
+    def refuse(tenant: str, gid: tuple[str, int], group: _Group, head: Waiting, decision: Decision,
+               blocks: list[Block]) -> None:
+        """The group's answer, for the claims behind the head that have none yet (or all, if Rejected)."""
+        if not head.answered or decision.state is not State.PENDING:
+            decided.append((head, decision, blocks))  # an answered claim still Pending keeps its answer
+        if decision.state is State.REJECTED:
+            rest = group.entries[position[gid] + 1:]
+        elif group.fresh:
+            rest = sorted(_entry(cycle.waiting[(tenant, n)]) for n in group.fresh
+                          if n != head.name and (tenant, n) not in admitted)
+        else:
+            return
+        decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
+
     while tenants:
         _, _, _, tenant = heapq.heappop(tenants)
         first_seen.setdefault(tenant, len(first_seen))
@@ -969,23 +1015,30 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
         entry, gid = heapq.heappop(queue)
         group = cycle.groups[gid]
         waiting = cycle.waiting[(tenant, entry[2])]
-        refusal = unplaceable.get(id(group.plan))
-        decision, blocks = (refusal, []) if refusal is not None else cycle.try_admit(waiting)
-        if decision.state is State.PENDING and not blocks and decision is not _QUOTA_FULL:
-            unplaceable[id(group.plan)] = decision  # no node has room for the spec, for any tenant, all cycle
-        if not waiting.answered or decision.state is not State.PENDING:
-            decided.append((waiting, decision, blocks))  # an answered claim still Pending keeps its answer
+        known = known_refusal(tenant, group)
+        decision, blocks = (known, []) if known is not None else cycle.try_admit(waiting)
         if decision.allocation is not None:
+            decided.append((waiting, decision, blocks))
             cycle.admit(waiting, decision.allocation)
             admitted.add(waiting.key)
             position[gid] += 1
             if position[gid] < len(group.entries):
                 heapq.heappush(queue, (group.entries[position[gid]], gid))
-        else:  # the group's answer, for the claims behind the head that have none yet (or all, if Rejected)
-            rest = (group.entries[position[gid] + 1:] if decision.state is State.REJECTED
-                    else sorted(_entry(cycle.waiting[(tenant, n)]) for n in group.fresh
-                                if n != waiting.name and (tenant, n) not in admitted))
-            decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
+        else:
+            refuse(tenant, gid, group, waiting, decision, blocks)
+            if decision is _QUOTA_FULL:
+                flavors, least = cycle.plan_facts(group.plan)
+                quota_full[(tenant, flavors)] = min(quota_full.get((tenant, flavors), least), least)  # type: ignore
+            elif decision.state is State.PENDING and not blocks:
+                unplaceable[id(group.plan)] = decision  # no node has room for the spec, for any tenant
+            while queue:  # heads known to be refused change nothing: answered without re-ranking the tenant
+                entry, gid = queue[0]
+                group = cycle.groups[gid]
+                known = known_refusal(tenant, group)
+                if known is None:
+                    break
+                heapq.heappop(queue)
+                refuse(tenant, gid, group, cycle.waiting[(tenant, entry[2])], known, [])
         if queue:
             heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))
     return decided, first_seen, admitted
