@@ -214,9 +214,10 @@ class QuotaBook:
     def cohort_version(self, tenant: str) -> int:
         return self.cohort_versions[self.cohort_of(tenant)]
 
-    def add(self, tenant: str, flavor: str | None, units: float, sign: int = 1) -> None:
+    def add(self, tenant: str, flavor: str | None, units: float, count: int = 1) -> None:
+        """The tenant takes `count` more devices of the flavor (fewer, when negative), weighing `units`."""
         self.version += 1
-        self.units[tenant] += sign * units
+        self.units[tenant] += units
         if flavor is None:
             return
         self.cohort_versions[self.cohort_of(tenant)] += 1
@@ -225,11 +226,11 @@ class QuotaBook:
         keep = self.keep.get(key, 0)
         used = self.used[key]
         before = max(0, used - keep)
-        self.used[key] = used + sign
-        after = max(0, used + sign - keep)
+        self.used[key] = used + count
+        after = max(0, used + count - keep)
         nominal = self.nominal(tenant, flavor)
-        if (used > nominal) != (used + sign > nominal):
-            self.borrowed_count[tenant] += sign
+        if (used > nominal) != (used + count > nominal):
+            self.borrowed_count[tenant] += 1 if count > 0 else -1
         if before != after:
             cohort = (self.cohort_of(tenant), flavor)
             lends = self.lends[cohort]
@@ -498,8 +499,15 @@ class _Cycle:
         return [by_key[k] for k in allocation.keys if k in by_key]
 
     def _count(self, tenant: str, allocation: Allocation, sign: int) -> None:
+        per_flavor: dict[str | None, tuple[int, float]] = {}
+        of = self.flavors.of
         for d in self._devices(allocation):
-            self.book.add(tenant, self.flavors.name_of(d), self.flavors.units_of(d), sign)
+            flavor = of(d)
+            name = flavor.name if flavor else None
+            n, units = per_flavor.get(name, (0, 0.0))
+            per_flavor[name] = (n + 1, units + (flavor.value if flavor else 0.0))
+        for name, (n, units) in per_flavor.items():
+            self.book.add(tenant, name, sign * units, sign * n)
 
     def _only(self, flavor: str) -> DeviceFilter:
         """Placement restricted to one flavor; one filter object per flavor, shared by every tenant, so

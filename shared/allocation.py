@@ -482,10 +482,13 @@ class FleetState:
     def _changed(self, nodes: Iterable[str]) -> None:
         self.version += 1
         for node in sorted(set(nodes)):  # a fixed order: buckets fill in it, so placement stays deterministic
-            inventory = self.fleet.nodes.get(node)
-            if inventory is not None:
-                for index in self._shape_indexes.get(inventory.shape_id, ()):
-                    index.touch(node)
+            self._touch(node)
+
+    def _touch(self, node: str) -> None:
+        inventory = self.fleet.nodes.get(node)
+        if inventory is not None:
+            for index in self._shape_indexes.get(inventory.shape_id, ()):
+                index.touch(node)
 
     @property
     def free_devices(self) -> int:
@@ -514,7 +517,8 @@ class FleetState:
             device = by_key.get(key)
             if device is not None and key not in self.in_use:
                 self._mark(device, taken=True)
-        self._changed([allocation.node])
+        self.version += 1
+        self._touch(allocation.node)
 
     def give_back(self, allocation: Allocation) -> None:
         by_key = self.fleet.by_key
@@ -522,7 +526,8 @@ class FleetState:
             device = by_key.get(key)
             if device is not None and key in self.in_use:
                 self._mark(device, taken=False)
-        self._changed([allocation.node])
+        self.version += 1
+        self._touch(allocation.node)
 
     def index(self, alternative: Alternative, group_attribute: str | None = None) -> DeviceIndex:
         """The index of devices an alternative accepts (within the current decision's filter); raises

@@ -121,8 +121,9 @@ class DeviceIndex:
         self.kind_samples: dict[int, FleetDevice] = {}  # one accepted device per kind
         self.version = 0  # bumped whenever a free list changes: a Pending answer cached per version holds
         self._free_materialised = 0
-        self.blocked: Counter[str] = Counter()
+        self._blocked: Counter[str] = Counter()
         self._node_blocked: dict[str, dict[str, int]] = {}
+        self._blocked_stale: set[str] = set()  # nodes refreshed since `blocked` was last counted
         per_node = group_attribute is not None and _reads_identity(group_attribute)
         for shape, names in fleet.nodes_by_shape.items():
             positions = memo.shape_matches(selectors, fleet.nodes[names[0]])
@@ -223,21 +224,15 @@ class DeviceIndex:
             self.refresh(node)
 
     def refresh(self, node: str) -> None:
-        blocked: dict[str, int] = {}
+        """Recompute the node's free devices and buckets; why the others are not free is counted when
+        asked (`blocked`), since only reasons read it."""
         unavailable = self.unavailable
         for group in self.by_node.get(node, ()):
-            self._free_materialised -= len(group.free)
-            free = []
-            for d in group.devices:
-                why = unavailable(d)
-                if why is None:
-                    free.append(d)
-                else:
-                    blocked[why] = blocked.get(why, 0) + 1
+            free = [d for d in group.devices if unavailable(d) is None]
             if free != group.free:
                 self.version += 1
-            group.free = free
-            self._free_materialised += len(free)
+                self._free_materialised += len(free) - len(group.free)
+                group.free = free
             bucket = (free[0].fit_rank, len(free)) if free else None
             if bucket != group.bucket:
                 if group.bucket is not None:
@@ -245,14 +240,27 @@ class DeviceIndex:
                 group.bucket = bucket
                 if bucket is not None:
                     self._enter(bucket, ("group", 0, group.key))
-        previous = self._node_blocked.get(node)
-        if previous:
-            for why, count in previous.items():
-                self.blocked[why] -= count
-        if blocked or previous:
-            self._node_blocked[node] = blocked
-            for why, count in blocked.items():
-                self.blocked[why] += count
+        self._blocked_stale.add(node)
+
+    @property
+    def blocked(self) -> Counter[str]:
+        """Accepted devices that are not free, by why (in use, shared counters, ...), over the fleet."""
+        if self._blocked_stale:
+            unavailable = self.unavailable
+            for node in self._blocked_stale:
+                counts: dict[str, int] = {}
+                for group in self.by_node.get(node, ()):
+                    for d in group.devices:
+                        if (why := unavailable(d)) is not None:
+                            counts[why] = counts.get(why, 0) + 1
+                previous = self._node_blocked.get(node)
+                if previous:
+                    self._blocked.subtract(previous)
+                if counts or previous:
+                    self._node_blocked[node] = counts
+                    self._blocked.update(counts)
+            self._blocked_stale.clear()
+        return self._blocked
 
     def _enter(self, bucket: BucketKey, member: Any) -> None:
         members = self.buckets.get(bucket)
