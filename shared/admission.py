@@ -368,6 +368,7 @@ class _Cycle:
         # are not preempted in it): what prefilter() needs, kept instead of scanning every running claim
         self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
         self._admitted_priorities: dict[str, Counter[int]] = defaultdict(Counter)
+        self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
         self._running_units: dict[ClaimKey, float] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         self._room_at: dict[tuple[str, frozenset[str], int], tuple[int, bool | None]] = {}
@@ -379,6 +380,7 @@ class _Cycle:
         self.invalid: set[ClaimKey] = set()  # claims Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
         self._plan_facts: dict[int, _PlanFacts] = {}
+        self.index_figures: dict[int, tuple[Any, int, dict[str, Any]]] = {}  # explain: per index and version
         self.state = _fleet_state(snapshot, memo, ())  # begin() takes what runs
         self._flavor_filters: dict[str, DeviceFilter] = {}
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
@@ -429,7 +431,7 @@ class _Cycle:
         self.started = frozenset(self.running)
         self._admitted_priorities.clear()
         self.preemptions, self.preempted = [], set()
-        self.order = itertools.count(max((r.allocated_order for r in snapshot.running), default=0) + 1)
+        self.order = itertools.count(self._last_order + 1)
 
     def _hold(self, running: Running) -> None:
         """A claim runs: its devices are taken, its usage counted, and it is found by node and tenant."""
@@ -444,6 +446,7 @@ class _Cycle:
                 self._priorities[kept.tenant][kept.priority] -= 1
         if running.preemptible:
             self._priorities[running.tenant][running.priority] += 1
+        self._last_order = max(self._last_order, running.allocated_order)
         self._held[id(running)] = running
         self.running[running.key] = running
         self.on_node[running.allocation.node][running.key] = running
@@ -1095,7 +1098,7 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
 
     final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer
     results = []
-    candidates = sum(1 for r in cycle.running.values() if r.preemptible)
+    candidates = sum(sum(c.values()) for c in cycle._priorities.values())  # preemptible claims running
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     explained: dict[tuple[Any, ...], Mapping[str, Any]] = {}  # claims alike in one tenant read alike
     for waiting, decision, blocks in final.values():

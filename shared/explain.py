@@ -13,6 +13,7 @@ from shared.allocation import Decision, Rejected
 
 if TYPE_CHECKING:
     from shared.admission import Block, Waiting, _Cycle
+    from shared.fleet_index import DeviceIndex
 
 
 def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
@@ -28,17 +29,28 @@ def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
                 index = state.index(alternative)
             except Rejected:
                 continue
-            held = {why: n for why, n in index.blocked.items() if n}
-            if index.tainted:
-                held["tainted"] = index.tainted
-            if index.unhealthy:
-                held["unhealthy"] = index.unhealthy
             requested = "all" if alternative.all_mode else alternative.body.wanted
-            out.append({"request": alternative.result_name, "requested": requested, "matching": index.matching,
-                        "free": index.free_total, "mostFreeOnOneNode": index.most_free(),
-                        "mostOnOneNode": index.largest_group, "nodes": index.nodes_with_matches,
-                        "unavailable": held})
+            figures = _index_figures(cycle, index)
+            out.append({"request": alternative.result_name, "requested": requested, **figures,
+                        "unavailable": dict(figures["unavailable"])})
     return out
+
+
+def _index_figures(cycle: _Cycle, index: DeviceIndex) -> dict[str, Any]:
+    """What an index holds and why the rest is not free: the same for every claim it serves, so worked
+    out once per index while its free devices stay the same."""
+    kept = cycle.index_figures.get(id(index))
+    if kept is not None and kept[0] is index and kept[1] == index.version:
+        return kept[2]
+    held = {why: n for why, n in index.blocked.items() if n}
+    if index.tainted:
+        held["tainted"] = index.tainted
+    if index.unhealthy:
+        held["unhealthy"] = index.unhealthy
+    figures = {"matching": index.matching, "free": index.free_total, "mostFreeOnOneNode": index.most_free(),
+               "mostOnOneNode": index.largest_group, "nodes": index.nodes_with_matches, "unavailable": held}
+    cycle.index_figures[id(index)] = (index, index.version, figures)
+    return figures
 
 
 def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: Decision, tenant: str,
