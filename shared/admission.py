@@ -362,8 +362,9 @@ class _Cycle:
         self.flavors, capacity = _flavors_and_capacity(snapshot, memo)
         self.book = QuotaBook(snapshot.quotas, capacity)
         self.running: dict[ClaimKey, Running] = {}
-        self.on_node: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
         self.by_tenant: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
+        # per tenant and flavor held: where preemption looks for victims (only flavors the claim can use)
+        self.by_flavor: dict[str, dict[str | None, dict[ClaimKey, Running]]] = defaultdict(lambda: defaultdict(dict))
         # priorities of preemptible running claims per tenant, and of those admitted in this cycle (which
         # are not preempted in it): what prefilter() needs, kept instead of scanning every running claim
         self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
@@ -449,8 +450,10 @@ class _Cycle:
         self._last_order = max(self._last_order, running.allocated_order)
         self._held[id(running)] = running
         self.running[running.key] = running
-        self.on_node[running.allocation.node][running.key] = running
         self.by_tenant[running.tenant][running.key] = running
+        pools = self.by_flavor[running.tenant]
+        for flavor in self._flavors_of(running):
+            pools[flavor][running.key] = running
 
     def _drop(self, running: Running) -> None:
         self.state.give_back(running.allocation)
@@ -459,8 +462,10 @@ class _Cycle:
         if running.preemptible:
             self._priorities[running.tenant][running.priority] -= 1
         del self.running[running.key]
-        del self.on_node[running.allocation.node][running.key]
         del self.by_tenant[running.tenant][running.key]
+        pools = self.by_flavor[running.tenant]
+        for flavor in self._flavors_of(running):
+            del pools[flavor][running.key]
         self._running_flavors.pop(running.key, None)
         self._running_units.pop(running.key, None)
 
@@ -660,8 +665,8 @@ class _Cycle:
         share is at least the preemptor's (the victim's share after the move must stay at or above)."""
         book, quotas = self.book, self.snapshot.quotas
         enforced = quotas.enforced
-        flavors = self.claim_flavors(preemptor)
-        least = self._least_devices(preemptor) or 0
+        flavors, sized = self._facts(preemptor)
+        least = sized or 0
         values = [f.value for f in quotas.flavors if f.name in flavors]
         # the preemptor's share after the move is at least this; a victim tenant's must stay at or above it
         mine = book.share(preemptor.tenant) + least * min(values, default=0.0) / quotas.tenant(preemptor.tenant).weight
@@ -692,20 +697,32 @@ class _Cycle:
                 borrowed = book.borrowed_flavors(tenant)
                 if not borrowed:
                     continue
+            # Only claims holding a flavor the preemptor can use could free what it needs (devices or
+            # quota), and under reclaim and fair share only one their tenant borrows: those alone are read.
+            if sized is None:
+                wanted: Collection[str | None] | None = None if borrowed is None else borrowed
+            else:
+                wanted = flavors if borrowed is None else borrowed & flavors
+            pools = self.by_flavor[tenant]
+            sources = ([claims] if wanted is None else
+                       [pools[f] for f in sorted(wanted, key=str) if pools.get(f)])
             preempted, started, displaced = self.preempted, self.started, preemptor.displaced_by
-            for key, victim in claims.items():
-                if (victim.allocation.node not in hosts or not victim.preemptible or key in preempted
-                        or key not in started or key in displaced):
-                    continue
-                if rule == "priority":
-                    if victim.priority >= preemptor.priority:
+            seen: set[ClaimKey] = set()
+            for source in sources:
+                for key, victim in source.items():
+                    if (victim.allocation.node not in hosts or not victim.preemptible or key in preempted
+                            or key not in started or key in displaced):
                         continue
-                else:
-                    if borrowed is not None and borrowed.isdisjoint(self._flavors_of(victim)):
-                        continue  # only borrowed devices are taken back or shared out
-                    if rule == "fair-share" and share - self._units(victim) / weight < mine:
+                    if len(sources) > 1:
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                    if rule == "priority":
+                        if victim.priority >= preemptor.priority:
+                            continue
+                    elif rule == "fair-share" and share - self._units(victim) / weight < mine:
                         continue
-                yield victim, rule
+                    yield victim, rule
 
     def _stuck_on_quota(self, waiting: Waiting) -> bool:
         """Its quota keeps the claim out whatever other tenants' claims are evicted: only its own tenant's

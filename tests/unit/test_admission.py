@@ -222,8 +222,12 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
             assert state.state.in_use == fresh.state.in_use
             assert {t: set(c) for t, c in state.by_tenant.items() if c} == {t: set(c) for t, c in
                                                                                fresh.by_tenant.items() if c}
-            assert {n: set(c) for n, c in state.on_node.items() if c} == {n: set(c) for n, c in
-                                                                             fresh.on_node.items() if c}
+            assert ({(t, f): set(c) for t, pools in state.by_flavor.items() for f, c in pools.items() if c}
+                    == {(t, f): set(c) for t, pools in fresh.by_flavor.items() for f, c in pools.items() if c})
+            assert {t: +c for t, c in state._priorities.items() if +c} == {t: +c for t, c in
+                                                                            fresh._priorities.items() if +c}
+            assert {t: n for t, n in state.book.borrowed_count.items() if n} == {
+                t: n for t, n in fresh.book.borrowed_count.items() if n}
             groups = {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in state.groups.values()}
             assert groups == {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in fresh.groups.values()}
             held = Counter(k for r in running.values() for k in r.allocation.keys)
