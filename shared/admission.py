@@ -377,6 +377,8 @@ class _Cycle:
         self._held: dict[int, Running] = {}  # id -> every running claim counted here
         self._queued: dict[int, Waiting] = {}  # id -> every waiting claim in the groups
         self.groups: dict[tuple[str, int], _Group] = {}
+        # per tenant, each group's head entry with the group, sorted: the pass copies it as its heap
+        self.tenant_heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
         self.invalid: set[ClaimKey] = set()  # claims Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
@@ -480,8 +482,12 @@ class _Cycle:
         gid = (waiting.tenant, id(plan))
         group = self.groups.get(gid)
         if group is None or group.plan is not plan:
+            if group is not None:  # the id of a plan dropped from the memo came back: a new group
+                self._move_head(gid, group.entries[0] if group.entries else None, None)
             group = self.groups[gid] = _Group(waiting.tenant, plan)
+        head = group.entries[0] if group.entries else None
         bisect.insort(group.entries, _entry(waiting))
+        self._move_head(gid, head, group.entries[0])
         if not waiting.answered:
             group.fresh.add(waiting.name)
         self.group_of[waiting.key] = gid
@@ -495,12 +501,24 @@ class _Cycle:
         if group is None:
             return
         entries = group.entries
+        head = entries[0]
         at = bisect.bisect_left(entries, _entry(waiting))
         if at < len(entries) and entries[at] == _entry(waiting):
             del entries[at]
         group.fresh.discard(waiting.name)
+        self._move_head(gid, head, entries[0] if entries else None)  # type: ignore[arg-type]
         if not entries:
             del self.groups[gid]  # type: ignore[arg-type]
+
+    def _move_head(self, gid: tuple[str, int], old: tuple[int, int, str] | None,
+                   new: tuple[int, int, str] | None) -> None:
+        if old == new:
+            return
+        heads = self.tenant_heads[gid[0]]
+        if old is not None:
+            del heads[bisect.bisect_left(heads, (old, gid))]
+        if new is not None:
+            bisect.insort(heads, (new, gid))
 
     def _devices(self, allocation: Allocation) -> list[FleetDevice]:
         by_key = self.fleet.by_key
@@ -999,12 +1017,8 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     heads are answered without a trial, and a tenant's run of them without re-ranking. So a cycle costs
     O(admitted + groups), whatever the depth of the queue. Returns what was decided, in order, the
     order tenants came in, and the claims admitted."""
-    heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
-    for gid, group in cycle.groups.items():
-        heads[group.tenant].append((group.entries[0], gid))
+    heads = {t: list(q) for t, q in cycle.tenant_heads.items() if q}  # sorted lists are heaps
     position = dict.fromkeys(cycle.groups, 0)
-    for queue in heads.values():
-        heapq.heapify(queue)
     book = cycle.book
     tenants = [(book.share(t), q[0][0][0], q[0][0][1], t) for t, q in heads.items()]
     heapq.heapify(tenants)
@@ -1066,7 +1080,8 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                 if known is None:
                     break
                 heapq.heappop(queue)
-                refuse(tenant, gid, group, cycle.waiting[(tenant, entry[2])], known, [])
+                if group.fresh:  # else every claim of the group has its answer already
+                    refuse(tenant, gid, group, cycle.waiting[(tenant, entry[2])], known, [])
         if queue:
             heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))
     return decided, first_seen, admitted

@@ -229,6 +229,10 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
             assert {t: n for t, n in state.book.borrowed_count.items() if n} == {
                 t: n for t, n in fresh.book.borrowed_count.items() if n}
             groups = {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in state.groups.values()}
+            assert ({t: [e for e, _ in q] for t, q in state.tenant_heads.items() if q}
+                    == {t: [e for e, _ in q] for t, q in fresh.tenant_heads.items() if q}
+                    == {t: sorted(g.entries[0] for g in fresh.groups.values() if g.tenant == t)
+                        for t in {g.tenant for g in fresh.groups.values()}})
             assert groups == {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in fresh.groups.values()}
             held = Counter(k for r in running.values() for k in r.allocation.keys)
             for p in result.preemptions:
