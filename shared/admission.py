@@ -423,10 +423,19 @@ class _Cycle:
         for now in came.values():
             self._hold(now)
         waiting = dict(zip(map(id, snapshot.waiting), snapshot.waiting, strict=True))
-        for i in self._queued.keys() - waiting.keys():
-            self._unqueue(self._queued.pop(i))
+        left = {w.key: w for w in map(self._queued.pop, self._queued.keys() - waiting.keys())}
         for i in sorted(waiting.keys() - self._queued.keys(), key=lambda i: waiting[i].key):
-            self._enqueue(self._queued.setdefault(i, waiting[i]))
+            came_back = self._queued[i] = waiting[i]
+            before = left.pop(came_back.key, None)
+            if (before is not None and before.claim is came_back.claim and before.priority == came_back.priority
+                    and before.arrival == came_back.arrival):
+                self._answered(came_back)  # the same claim in the same place: only its answer changed
+                continue
+            if before is not None:
+                self._unqueue(before)
+            self._enqueue(came_back)
+        for gone in left.values():
+            self._unqueue(gone)
         if self.memo.plans_cleared != self.plans_cleared:  # ids of dropped plans may come back
             self.plans_cleared = self.memo.plans_cleared
             for cache in (self.failed_at, self.blocked_at, self._plan_facts):
@@ -491,6 +500,18 @@ class _Cycle:
         if not waiting.answered:
             group.fresh.add(waiting.name)
         self.group_of[waiting.key] = gid
+
+    def _answered(self, now: Waiting) -> None:
+        """A waiting claim rebuilt with the same spec, priority and arrival (it was answered, or what
+        displaced it changed): its group and place stay; only whether it awaits an answer may change."""
+        self.waiting[now.key] = now
+        gid = self.group_of.get(now.key)
+        group = self.groups.get(gid) if gid is not None else None
+        if group is not None:
+            if now.answered:
+                group.fresh.discard(now.name)
+            else:
+                group.fresh.add(now.name)
 
     def _unqueue(self, waiting: Waiting) -> None:
         if self.waiting.get(waiting.key) is waiting:
