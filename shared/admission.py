@@ -11,8 +11,8 @@ allocator service and `claimbroker simulate --quotas` run the same code.
 - Order: tenants by share (GPU units in use over weight, lowest first), then priority, then arrival.
   Claims of one tenant and spec form a group tried from its head (see `_admission_pass`), so a deep
   queue never stalls admission and costs a cycle O(groups + admissions), not O(claims).
-- Placement within nominal first: devices of flavors where the tenant has nominal headroom, then
-  flavors it may borrow.
+- Placement within nominal first: devices of flavors where the tenant has nominal headroom, then the
+  best fit it may borrow (or, when the best fit is blocked, another flavor it may borrow).
 - Preemption, only of preemptible claims, by three rules: (a) priority within a tenant, (b) reclaim: a
   tenant that stays within its nominal takes back devices another tenant of its cohort borrows, (c)
   fair share: a tenant preempts a borrowing tenant only while its share afterwards stays at or below
@@ -573,9 +573,10 @@ class _Cycle:
     def try_admit(self, waiting: Waiting) -> tuple[Decision, list[Block]]:
         """Placement within nominal first, then borrowing; the quota check is on the devices chosen.
 
-        The unrestricted best fit comes first; when it would borrow or is blocked, the claim is placed
-        on each flavor it has nominal quota of, then on each it may borrow, one flavor at a time. When
-        the tenant's quota leaves too few devices for any placement, no other placement is tried."""
+        The unrestricted best fit comes first; when it would borrow, the claim is placed on each flavor
+        it has nominal quota of, one flavor at a time, and takes the best fit if none passes; when the
+        best fit is blocked, then also on each flavor it may still borrow. When the tenant's quota leaves
+        too few devices for any placement, no placement is tried."""
         enforced = self.snapshot.quotas.enforced
         if enforced and self._quota_room(waiting) is False:
             return _QUOTA_FULL, []  # no placement needed; the reason is worked out if it is given (answer())
@@ -605,21 +606,30 @@ class _Cycle:
         least = self._least_devices(waiting)
         relevant = self.claim_flavors(waiting)
         nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
+        found = self._first_passing(waiting, nominal, tried, least)
+        if found is not None:
+            return found, []
+        if not blocks:
+            return first, []  # it borrows, within every limit, and nothing within nominal fits: best fit
         borrowable = [f for f in sorted(relevant) if f not in nominal
                       and self.book.lendable(tenant, f) > 0
                       and self.book.borrowing(tenant, f) < self.book.borrow_cap(tenant, f)]
-        for flavor in (*nominal, *borrowable):
-            if flavor in tried or (least is not None and self.book.room(tenant, flavor) < least):
+        found = self._first_passing(waiting, borrowable, tried, least)
+        return (found, []) if found is not None else self._blocked(blocks)
+
+    def _first_passing(self, waiting: Waiting, flavors: Iterable[str], tried: set[str], least: int | None
+                       ) -> Decision | None:
+        """The first placement on one of `flavors` alone that the tenant's quota lets in."""
+        for flavor in flavors:
+            if flavor in tried or (least is not None and self.book.room(waiting.tenant, flavor) < least):
                 continue  # tried, or its quota cannot hold a placement of the claim
             tried.add(flavor)
             decision = self._decide(waiting, self._only(flavor), explain=False)
             if decision.allocation is None:
                 continue
-            if not self.book.check(tenant, _deltas(self._devices(decision.allocation), self.flavors)):
-                return decision, []
-        if not blocks:
-            return first, []  # it borrows, within every limit, and nothing within nominal fits
-        return self._blocked(blocks)
+            if not self.book.check(waiting.tenant, _deltas(self._devices(decision.allocation), self.flavors)):
+                return decision
+        return None
 
     @staticmethod
     def _blocked(blocks: list[Block]) -> tuple[Decision, list[Block]]:
