@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from shared import dra
 from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
@@ -44,6 +44,7 @@ from shared.matching import SelectorMemo
 from shared.quota import Flavor, QuotaConfig
 
 ClaimKey = tuple[str, str]  # tenant, name
+_Claim = TypeVar("_Claim", "Running", "Waiting")
 MAX_PREEMPTION_NODES = 8  # nodes tried per preempting claim, most promising first
 MAX_PREEMPTION_ATTEMPTS = 8  # waiting claims that search for victims per cycle, in fair-share order
 
@@ -347,6 +348,15 @@ class _Group:
         self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
 
 
+def _new(claims: Sequence[_Claim], ids: Collection[int]) -> Iterable[_Claim]:
+    """The claims whose ids are in `ids`, picked in C (no Python step per claim of a deep queue)."""
+    return itertools.compress(claims, map(ids.__contains__, map(id, claims))) if ids else ()
+
+
+def _key(claim: Running | Waiting) -> ClaimKey:
+    return claim.key
+
+
 def _entry(waiting: Waiting) -> tuple[int, int, str]:
     return (-waiting.priority, waiting.arrival, waiting.name)
 
@@ -410,10 +420,10 @@ class _Cycle:
         self.snapshot = snapshot
         # Objects are compared by identity in bulk (set operations on ids run in C): only the claims that
         # came, went or were rebuilt cost a Python step. Held objects stay referenced, so ids are unique.
-        running = dict(zip(map(id, snapshot.running), snapshot.running, strict=True))
-        came = {r.key: r for r in sorted((running[i] for i in running.keys() - self._held.keys()),
-                                         key=lambda r: r.key)}  # in a fixed order: placement ties follow it
-        for kept in sorted((self._held[i] for i in self._held.keys() - running.keys()), key=lambda r: r.key):
+        running = set(map(id, snapshot.running))
+        came = {r.key: r for r in sorted(_new(snapshot.running, running - self._held.keys()),
+                                         key=_key)}  # in a fixed order: placement ties follow it
+        for kept in sorted((self._held[i] for i in self._held.keys() - running), key=_key):
             now = came.get(kept.key)
             if now is not None and now.tenant == kept.tenant and now.allocation == kept.allocation:
                 self._relabel(kept, now)  # the same devices: only its priority or order may differ
@@ -422,10 +432,10 @@ class _Cycle:
                 self._drop(kept)
         for now in came.values():
             self._hold(now)
-        waiting = dict(zip(map(id, snapshot.waiting), snapshot.waiting, strict=True))
-        left = {w.key: w for w in map(self._queued.pop, self._queued.keys() - waiting.keys())}
-        for i in sorted(waiting.keys() - self._queued.keys(), key=lambda i: waiting[i].key):
-            came_back = self._queued[i] = waiting[i]
+        waiting = set(map(id, snapshot.waiting))
+        left = {w.key: w for w in map(self._queued.pop, self._queued.keys() - waiting)}
+        for came_back in sorted(_new(snapshot.waiting, waiting - self._queued.keys()), key=_key):
+            self._queued[id(came_back)] = came_back
             before = left.pop(came_back.key, None)
             if (before is not None and before.claim is came_back.claim and before.priority == came_back.priority
                     and before.arrival == came_back.arrival):
