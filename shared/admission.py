@@ -188,7 +188,7 @@ class QuotaBook:
         self.version = 0  # bumped on every change of usage: answers cached per version stay true
         self.cohort_versions: dict[str, int] = defaultdict(int)  # per cohort: its members' usage changed
         self.free_version = 0  # the free capacity some cohort spilled into changed
-        self._fixed: dict[tuple[str, str], tuple[int, int, tuple[str, str], int]] = {}  # room(): per quotas
+        self._fixed: dict[tuple[str, str], tuple[int, int, tuple[str, str], int, int]] = {}  # per quotas
         self._nominals: dict[tuple[str, str], int] = {}
         for tenant in config.tenants.values():
             cohort = self.cohort_of(tenant.name)
@@ -253,17 +253,21 @@ class QuotaBook:
     def room(self, tenant: str, flavor: str, *, lent_only: bool = True) -> int:
         """Devices of the flavor the tenant may still take: check()'s arithmetic solved for the most that
         passes, its nominal headroom then what it may borrow (within its borrowingLimit and what its
-        cohort and the free capacity lend; with `lent_only=False`, as if they lent without end). What the
-        quotas fix is looked up once per tenant and flavor."""
+        cohort and the free capacity lend; with `lent_only=False`, as if they lent without end)."""
+        nominal, cap, _, _, _ = self._fixed_of(tenant, flavor)
+        used = self.used[(tenant, flavor)]
+        cap_left = max(0, cap - max(0, used - nominal))
+        return max(0, nominal - used) + (min(cap_left, self.borrowable(tenant, flavor)) if lent_only else cap_left)
+
+    def _fixed_of(self, tenant: str, flavor: str) -> tuple[int, int, tuple[str, str], int, int]:
+        """What the quotas fix for a tenant and flavor: nominal, borrowing cap, cohort key, the flavor's
+        free capacity and the part of its nominal the tenant keeps (never lends); looked up once."""
         fixed = self._fixed.get((tenant, flavor))
         if fixed is None:
-            fixed = self._fixed[(tenant, flavor)] = (self.nominal(tenant, flavor), self.borrow_cap(tenant, flavor),
-                                                     (self.cohort_of(tenant), flavor), self.free_capacity(flavor))
-        nominal, cap, cohort, free = fixed
-        used = self.used[(tenant, flavor)]
-        lendable = (max(0, self.lends[cohort] - self.spill[cohort]) + max(0, free - self.over[flavor])
-                    if lent_only else cap)
-        return max(0, nominal - used + min(cap, max(0, used - nominal) + lendable))
+            fixed = self._fixed[(tenant, flavor)] = (
+                self.nominal(tenant, flavor), self.borrow_cap(tenant, flavor), (self.cohort_of(tenant), flavor),
+                self.free_capacity(flavor), self.keep.get((tenant, flavor), 0))
+        return fixed
 
     def borrowed_flavors(self, tenant: str) -> frozenset[str | None]:
         """Flavors the tenant uses beyond its nominal quota."""
@@ -273,12 +277,16 @@ class QuotaBook:
         """Devices of the flavor no tenant's nominal quota covers: anyone may borrow them."""
         return max(0, self.capacity.get(flavor, 0) - self.covered[flavor])
 
-    def lendable(self, tenant: str, flavor: str) -> int:
-        """How much more of the flavor the tenant's cohort and the free capacity could still lend it:
-        what its cohort lends and nobody uses, plus the free capacity no cohort has spilled into."""
-        cohort = (self.cohort_of(tenant), flavor)
-        return (max(0, self.lends[cohort] - self.spill[cohort])
-                + max(0, self.free_capacity(flavor) - self.over[flavor]))
+    def borrowable(self, tenant: str, flavor: str) -> int:
+        """How many more devices of the flavor the tenant could take beyond its nominal quota from what
+        its cohort lends and nobody uses and the free capacity no cohort has spilled into. That pool
+        holds the tenant's own lent, unused quota, which its nominal headroom already counts: it is
+        taken out, so a tenant never borrows its own quota (nor, through it, past another's
+        lendingLimit)."""
+        nominal, _, cohort, free, keep = self._fixed_of(tenant, flavor)
+        used = self.used[(tenant, flavor)]
+        pool = max(0, self.lends[cohort] - self.spill[cohort]) + max(0, free - self.over[flavor])
+        return max(0, pool + max(0, keep - used) - max(0, nominal - used))
 
     def check(self, tenant: str, deltas: Mapping[str, int]) -> list[Block]:
         """Blocking quotas if the tenant took `deltas` more devices per flavor; [] when it may."""
@@ -294,7 +302,7 @@ class QuotaBook:
             if used + delta <= nominal:
                 continue
             borrow = used + delta - nominal
-            room = self.lendable(tenant, flavor)
+            room = self.borrowable(tenant, flavor)
             already = self.borrowing(tenant, flavor)
             if limit and limit.borrowing_limit is not None and borrow > limit.borrowing_limit:
                 why = (f"{tenant} would borrow {borrow} {flavor} beyond its nominal {nominal}, over its "
@@ -622,7 +630,7 @@ class _Cycle:
         if not blocks:
             return first, []  # it borrows, within every limit, and nothing within nominal fits: best fit
         borrowable = [f for f in sorted(relevant) if f not in nominal
-                      and self.book.lendable(tenant, f) > 0
+                      and self.book.borrowable(tenant, f) > 0
                       and self.book.borrowing(tenant, f) < self.book.borrow_cap(tenant, f)]
         found = self._first_passing(waiting, borrowable, tried, least)
         return (found, []) if found is not None else self._blocked(blocks)

@@ -190,10 +190,19 @@ def test_waves_settle_without_loops_within_quotas(scenario: tuple[Fleet, QuotaCo
             used[(outcome.namespace, flavor)] += 1
     assert not [k for k, n in taken.items() if n > 1], "a device was allocated twice"
     if config.enforced:
+        capacity = Counter(flavors.name_of(d) for d in f.devices)
+        covered = Counter({m: sum(t.quotas[m].nominal for t in config.tenants.values() if m in t.quotas)
+                           for m in MODELS})
         for (tenant, flavor), n in used.items():
             limit = config.tenant(tenant).limit(flavor)
+            nominal = limit.nominal if limit else 0
             if limit is not None and limit.borrowing_limit is not None:
-                assert n <= limit.nominal + limit.borrowing_limit
+                assert n <= nominal + limit.borrowing_limit
+            # what it borrows, others of its cohort lend it or nobody's quota covers: never its own quota
+            cohort = config.tenant(tenant).cohort
+            lent = sum(t.quotas[flavor].nominal for t in config.tenants.values()
+                       if t.name != tenant and t.cohort == cohort and flavor in t.quotas)
+            assert n - nominal <= lent + max(0, capacity[flavor] - covered[flavor]), (tenant, flavor, n)
 
 
 @settings(max_examples=30, deadline=None)
@@ -283,6 +292,29 @@ def test_a_deep_queue_of_alike_claims_is_answered_once_and_taken_in_order() -> N
     assert again.decisions == ()  # nothing changed: nobody is answered again
     freed = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running[1:], answered), memo)
     assert [(d.name, d.decision.state) for d in freed.decisions] == [("c2", State.ALLOCATED)]
+
+
+@pytest.mark.parametrize(("tenants", "devices", "used", "room"), [
+    ([{"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 4}}}], 4, 0, 4),  # alone: no one lends to it
+    ([{"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 4}}}], 4, 3, 1),
+    ([{"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 4}}}], 8, 0, 8),  # 4 nobody's quota covers
+    ([{"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 4}}},
+      {"name": "u", "cohort": "c", "quotas": {"H100": {"nominal": 4}}}], 8, 0, 8),  # u lends its 4
+    ([{"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 4}}},
+      {"name": "u", "cohort": "c", "quotas": {"H100": {"nominal": 4, "lendingLimit": 0}}}], 8, 0, 4),
+    ([{"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 4, "lendingLimit": 2}}},
+      {"name": "u", "cohort": "c", "quotas": {"H100": {"nominal": 4, "lendingLimit": 1}}}], 8, 2, 3),
+])
+def test_a_tenant_never_borrows_its_own_quota(tenants: list[dict[str, Any]], devices: int, used: int,
+                                              room: int) -> None:
+    """What a tenant may take is its nominal headroom plus what others of its cohort lend and the free
+    capacity: the pool of lent quota also holds its own unused quota, which must not count twice."""
+    book = QuotaBook(quotas(*tenants), {"H100": devices})
+    for _ in range(used):
+        book.add("t", "H100", 2.0)
+    assert book.room("t", "H100") == room
+    assert not book.check("t", {"H100": room}) if room else True
+    assert book.check("t", {"H100": room + 1})
 
 
 @pytest.mark.parametrize(("used", "expected"), [(0, 12), (5, 7), (8, 4), (10, 2), (12, 0), (13, 0)])
