@@ -425,6 +425,7 @@ class FleetState:
         self._counter_fit: dict[DeviceKey, bool] = {}  # per device, dropped when its counter set changes
         self._only: DeviceFilter | None = None
         self._plan_indexes: dict[tuple[int, Any], tuple[Plan, tuple[DeviceIndex, ...]]] = {}
+        self._configs: dict[tuple[int, frozenset[str]], tuple[Plan, frozenset[str], tuple[dict[str, Any], ...]]] = {}
         self._free = sum(1 for n in fleet.nodes.values() if n.node not in self.unusable_nodes
                          for d in n.devices if d.health != UNHEALTHY)
         for node in fleet.nodes.values():
@@ -610,8 +611,6 @@ class FleetState:
             self._only = None
 
     def _decide(self, claim: dra.ResourceClaim, explain: bool) -> Decision:
-        from shared.reasons import pending_reason  # reasons read the indexes; they import this module
-
         try:
             plan = self.plan(claim)
             budget = [self.budget]
@@ -627,6 +626,8 @@ class FleetState:
                 "combinations on the free devices; simplify them or ask for fewer devices"))
         if not explain:
             return Decision(State.PENDING)
+        from shared.reasons import pending_reason  # reasons read the indexes; they import this module
+
         try:
             reason, unsatisfiable = pending_reason(self, plan)
         except Rejected as rejected:
@@ -636,14 +637,19 @@ class FleetState:
     def _allocated(self, claim: dra.ResourceClaim, plan: Plan, found: tuple[str, list[tuple[str, FleetDevice]]]
                    ) -> Decision:
         node, picked = found
-        used_names = {name for name, _ in picked}
-        used = [a for _, alts in plan.requests for a in alts if a.result_name in used_names]
         if len(picked) > dra.MAX_DEVICES_PER_CLAIM:
             return Decision(State.REJECTED, reason=(
                 f"claim would get {len(picked)} devices, over the claim limit of {dra.MAX_DEVICES_PER_CLAIM}"))
-        admin = {a.result_name for a in used if a.admin_access}
+        used_names = frozenset(name for name, _ in picked)
+        key = (id(plan), used_names)
+        known = self._configs.get(key)
+        if known is None or known[0] is not plan:  # per spec and requests used: the same for every claim
+            used = [a for _, alts in plan.requests for a in alts if a.result_name in used_names]
+            known = self._configs[key] = (plan, frozenset(a.result_name for a in used if a.admin_access),
+                                          _config_for(claim, self.classes, used))
+        _, admin, config = known
         results = tuple(DeviceResult(name, d.driver, d.pool, d.name, name in admin) for name, d in picked)
-        return Decision(State.ALLOCATED, Allocation(node, results, _config_for(claim, self.classes, used)))
+        return Decision(State.ALLOCATED, Allocation(node, results, config))
 
     def _place(self, plan: Plan, variant: Sequence[Alternative], budget: list[int]
                ) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
