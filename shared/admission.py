@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, cast
 
 from shared import dra
 from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
@@ -44,12 +44,11 @@ from shared.matching import SelectorMemo
 from shared.quota import Flavor, QuotaConfig
 
 ClaimKey = tuple[str, str]  # tenant, name
-_Claim = TypeVar("_Claim", "Running", "Waiting")
 MAX_PREEMPTION_NODES = 8  # nodes tried per preempting claim, most promising first
 MAX_PREEMPTION_ATTEMPTS = 8  # waiting claims that search for victims per cycle, in fair-share order
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cycle diffs snapshots by object
 class Running:
     tenant: str
     name: str
@@ -64,7 +63,7 @@ class Running:
         return (self.tenant, self.name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cycle diffs snapshots by object
 class Waiting:
     tenant: str
     name: str
@@ -356,11 +355,6 @@ class _Group:
         self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
 
 
-def _new(claims: Sequence[_Claim], ids: Collection[int]) -> Iterable[_Claim]:
-    """The claims whose ids are in `ids`, picked in C (no Python step per claim of a deep queue)."""
-    return itertools.compress(claims, map(ids.__contains__, map(id, claims))) if ids else ()
-
-
 def _key(claim: Running | Waiting) -> ClaimKey:
     return claim.key
 
@@ -392,8 +386,8 @@ class _Cycle:
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         self._room_at: dict[tuple[str, frozenset[str], int], tuple[int, bool | None]] = {}
         self.waiting: dict[ClaimKey, Waiting] = {}
-        self._held: dict[int, Running] = {}  # id -> every running claim counted here
-        self._queued: dict[int, Waiting] = {}  # id -> every waiting claim in the groups
+        self._held: set[Running] = set()  # every running claim counted here
+        self._queued: set[Waiting] = set()  # every waiting claim in the groups
         self.groups: dict[tuple[str, int], _Group] = {}
         # per tenant, each group's head entry with the group, sorted: the pass copies it as its heap
         self.tenant_heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
@@ -426,12 +420,11 @@ class _Cycle:
     def begin(self, snapshot: Snapshot) -> None:
         """Bring usage, placement state and the queue up to date with the snapshot."""
         self.snapshot = snapshot
-        # Objects are compared by identity in bulk (set operations on ids run in C): only the claims that
-        # came, went or were rebuilt cost a Python step. Held objects stay referenced, so ids are unique.
-        running = set(map(id, snapshot.running))
-        came = {r.key: r for r in sorted(_new(snapshot.running, running - self._held.keys()),
-                                         key=_key)}  # in a fixed order: placement ties follow it
-        for kept in sorted((self._held[i] for i in self._held.keys() - running), key=_key):
+        # Claims are compared by identity in bulk (set operations run in C, on identity hashes): only the
+        # claims that came, went or were rebuilt cost a Python step.
+        running = set(snapshot.running)
+        came = {r.key: r for r in sorted(running - self._held, key=_key)}  # a fixed order: ties follow it
+        for kept in sorted(self._held - running, key=_key):
             now = came.get(kept.key)
             if now is not None and now.tenant == kept.tenant and now.allocation == kept.allocation:
                 self._relabel(kept, now)  # the same devices: only its priority or order may differ
@@ -440,10 +433,11 @@ class _Cycle:
                 self._drop(kept)
         for now in came.values():
             self._hold(now)
-        waiting = set(map(id, snapshot.waiting))
-        left = {w.key: w for w in map(self._queued.pop, self._queued.keys() - waiting)}
-        for came_back in sorted(_new(snapshot.waiting, waiting - self._queued.keys()), key=_key):
-            self._queued[id(came_back)] = came_back
+        waiting = set(snapshot.waiting)
+        left = {w.key: w for w in self._queued - waiting}
+        new = waiting - self._queued
+        self._queued = waiting
+        for came_back in sorted(new, key=_key):
             before = left.pop(came_back.key, None)
             if (before is not None and before.claim is came_back.claim and before.priority == came_back.priority
                     and before.arrival == came_back.arrival):
@@ -471,13 +465,13 @@ class _Cycle:
 
     def _relabel(self, kept: Running | None, running: Running) -> None:
         if kept is not None:
-            del self._held[id(kept)]
+            self._held.discard(kept)
             if kept.preemptible:
                 self._priorities[kept.tenant][kept.priority] -= 1
         if running.preemptible:
             self._priorities[running.tenant][running.priority] += 1
         self._last_order = max(self._last_order, running.allocated_order)
-        self._held[id(running)] = running
+        self._held.add(running)
         self.running[running.key] = running
         self.by_tenant[running.tenant][running.key] = running
         pools = self.by_flavor[running.tenant]
@@ -487,7 +481,7 @@ class _Cycle:
     def _drop(self, running: Running) -> None:
         self.state.give_back(running.allocation)
         self._count(running.tenant, running.allocation, -1)
-        del self._held[id(running)]
+        self._held.discard(running)
         if running.preemptible:
             self._priorities[running.tenant][running.priority] -= 1
         del self.running[running.key]
