@@ -401,6 +401,9 @@ class _Cycle:
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
         # of claims alike costs one placement attempt per fleet change, not one per claim.
         self.failed_at: dict[tuple[int, Any, bool], tuple[Any, Decision]] = {}
+        # While the admission pass runs, devices are only taken: a placement that failed stays failed
+        # for the rest of the pass, whatever the fleet version (None outside the pass).
+        self.shrinking: dict[tuple[int, Any, bool], Decision] | None = None
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
         self.started: frozenset[ClaimKey] = frozenset()
         self.preemptions: list[Preemption] = []
@@ -684,6 +687,9 @@ class _Cycle:
         except Rejected as rejected:
             return Decision(State.REJECTED, reason=str(rejected))
         plan_key = (id(plan), only.key if only else None, explain)
+        shrinking = self.shrinking
+        if shrinking is not None and (known := shrinking.get(plan_key)) is not None:
+            return known
         version = self.state.capacity_version(plan, only)
         failed = self.failed_at.get(plan_key)
         if failed is not None and failed[0] == version:
@@ -691,6 +697,8 @@ class _Cycle:
         decision = self.state.decide(waiting.claim, only, explain=explain)
         if decision.state is State.PENDING:
             self.failed_at[plan_key] = (version, decision)
+            if shrinking is not None:
+                shrinking[plan_key] = decision
         return decision
 
     def answer(self, waiting: Waiting, decision: Decision, blocks: list[Block]) -> tuple[Decision, list[Block]]:
@@ -1093,40 +1101,44 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             return
         decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
 
-    while tenants:
-        _, _, _, tenant = heapq.heappop(tenants)
-        first_seen.setdefault(tenant, len(first_seen))
-        queue = heads[tenant]
-        entry, gid = heapq.heappop(queue)
-        group = cycle.groups[gid]
-        waiting = cycle.waiting[(tenant, entry[2])]
-        known = known_refusal(tenant, group)
-        decision, blocks = (known, []) if known is not None else cycle.try_admit(waiting)
-        if decision.allocation is not None:
-            decided.append((waiting, decision, blocks))
-            cycle.admit(waiting, decision.allocation)
-            admitted.add(waiting.key)
-            position[gid] += 1
-            if position[gid] < len(group.entries):
-                heapq.heappush(queue, (group.entries[position[gid]], gid))
-        else:
-            refuse(tenant, gid, group, waiting, decision, blocks)
-            if decision is _QUOTA_FULL:
-                flavors, least = cycle.plan_facts(group.plan)
-                quota_full[(tenant, flavors)] = min(quota_full.get((tenant, flavors), least), least)  # type: ignore
-            elif decision.state is State.PENDING and not blocks:
-                unplaceable[id(group.plan)] = decision  # no node has room for the spec, for any tenant
-            while queue:  # heads known to be refused change nothing: answered without re-ranking the tenant
-                entry, gid = queue[0]
-                group = cycle.groups[gid]
-                known = known_refusal(tenant, group)
-                if known is None:
-                    break
-                heapq.heappop(queue)
-                if group.fresh:  # else every claim of the group has its answer already
-                    refuse(tenant, gid, group, cycle.waiting[(tenant, entry[2])], known, [])
-        if queue:
-            heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))
+    cycle.shrinking = {}
+    try:
+        while tenants:
+            _, _, _, tenant = heapq.heappop(tenants)
+            first_seen.setdefault(tenant, len(first_seen))
+            queue = heads[tenant]
+            entry, gid = heapq.heappop(queue)
+            group = cycle.groups[gid]
+            waiting = cycle.waiting[(tenant, entry[2])]
+            known = known_refusal(tenant, group)
+            decision, blocks = (known, []) if known is not None else cycle.try_admit(waiting)
+            if decision.allocation is not None:
+                decided.append((waiting, decision, blocks))
+                cycle.admit(waiting, decision.allocation)
+                admitted.add(waiting.key)
+                position[gid] += 1
+                if position[gid] < len(group.entries):
+                    heapq.heappush(queue, (group.entries[position[gid]], gid))
+            else:
+                refuse(tenant, gid, group, waiting, decision, blocks)
+                if decision is _QUOTA_FULL:
+                    flavors, least = cycle.plan_facts(group.plan)
+                    quota_full[(tenant, flavors)] = min(quota_full.get((tenant, flavors), least), least)  # type: ignore
+                elif decision.state is State.PENDING and not blocks:
+                    unplaceable[id(group.plan)] = decision  # no node has room for the spec, for any tenant
+                while queue:  # heads known to be refused change nothing: answered without re-ranking the tenant
+                    entry, gid = queue[0]
+                    group = cycle.groups[gid]
+                    known = known_refusal(tenant, group)
+                    if known is None:
+                        break
+                    heapq.heappop(queue)
+                    if group.fresh:  # else every claim of the group has its answer already
+                        refuse(tenant, gid, group, cycle.waiting[(tenant, entry[2])], known, [])
+            if queue:
+                heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))
+    finally:
+        cycle.shrinking = None
     return decided, first_seen, admitted
 
 
