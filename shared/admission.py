@@ -384,7 +384,7 @@ class _Cycle:
         self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
         self._running_units: dict[ClaimKey, float] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
-        self._room_at: dict[tuple[str, frozenset[str], int], tuple[int, bool | None]] = {}
+        self._room_at: dict[tuple[str, frozenset[str], int], tuple[tuple[int, int], bool | None]] = {}
         self.waiting: dict[ClaimKey, Waiting] = {}
         self._held: set[Running] = set()  # every running claim counted here
         self._queued: set[Waiting] = set()  # every waiting claim in the groups
@@ -656,15 +656,16 @@ class _Cycle:
         than any placement of it takes: no flavor-by-flavor placement can pass then. None when the claim
         has no fixed least size (All mode, admin access) or may use devices no flavor counts.
 
-        Answers are kept per tenant, flavors and size while the quota book is unchanged (a tenant's
-        alike claims come one after another in a cycle). Asked before any placement: the arithmetic
-        costs less than a placement, which a quota-full claim would waste."""
+        Answers are kept per tenant, flavors and size while its cohort's usage and the free capacity
+        other cohorts spilled into stay the same (all a tenant's room depends on). Asked before any
+        placement: the arithmetic costs less than a placement, which a quota-full claim would waste."""
         flavors, need = self._facts(waiting)
         if need is None:
             return None
         key = (waiting.tenant, flavors, need)
+        stamp = (self.book.cohort_version(waiting.tenant), self.book.free_version)
         kept = self._room_at.get(key)
-        if kept is not None and kept[0] == self.book.version:
+        if kept is not None and kept[0] == stamp:
             return kept[1]
         room, answer = 0, cast(bool | None, False)
         for flavor in flavors:
@@ -672,7 +673,7 @@ class _Cycle:
             if room >= need:
                 answer = None
                 break
-        self._room_at[key] = (self.book.version, answer)
+        self._room_at[key] = (stamp, answer)
         return answer
 
     def _least_devices(self, waiting: Waiting) -> int | None:
