@@ -395,7 +395,7 @@ class _Cycle:
         self.invalid: set[ClaimKey] = set()  # claims Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
         self._plan_facts: dict[int, _PlanFacts] = {}
-        self.index_figures: dict[int, tuple[Any, int, dict[str, Any]]] = {}  # explain: per index and version
+        self.index_figures: dict[Any, tuple[Any, int, Any]] = {}  # explain: per index (or spec) and version
         self.state = _fleet_state(snapshot, memo, ())  # begin() takes what runs
         self._flavor_filters: dict[str, DeviceFilter] = {}
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue

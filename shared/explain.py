@@ -17,11 +17,16 @@ if TYPE_CHECKING:
 
 
 def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
+    """Per request: what matches, what is free and why the rest is not; the same for every claim of one
+    spec while the fleet's state stays the same, so worked out once per spec and state."""
     state = cycle.state
     try:
         plan = state.plan(waiting.claim)
     except Rejected:
         return []
+    kept = cycle.index_figures.get(("plan", id(plan)))
+    if kept is not None and kept[0] is plan and kept[1] == state.version:
+        return kept[2]  # type: ignore[no-any-return]
     out = []
     for _, alternatives in plan.requests:
         for alternative in alternatives:
@@ -33,6 +38,7 @@ def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
             figures = _index_figures(cycle, index)
             out.append({"request": alternative.result_name, "requested": requested, **figures,
                         "unavailable": dict(figures["unavailable"])})
+    cycle.index_figures[("plan", id(plan))] = (plan, state.version, out)
     return out
 
 
