@@ -983,13 +983,24 @@ class _Cycle:
 
     def _victims_on(self, waiting: Waiting, candidates: list[tuple[Running, str]]
                     ) -> tuple[list[tuple[Running, str]], Allocation] | None:
-        """Greedy on one node until the claim fits, then drop every victim it does not need."""
+        """Greedy on one node until the claim fits, then drop every victim it does not need.
+
+        A victim is first taken out of the quota book only: while the claim's quota still keeps it out,
+        no placement can pass, so the fleet is not touched (the outcome is the same, for less)."""
         taken: list[tuple[Running, str]] = []
+        in_book_only: list[Running] = []
         allocation = None
         try:
             for candidate in candidates:
-                self._evict(candidate[0])
+                self._count(candidate[0].tenant, candidate[0].allocation, -1)
+                in_book_only.append(candidate[0])
                 taken.append(candidate)
+                if self._quota_room(waiting) is False:
+                    continue
+                for victim in in_book_only:
+                    self._count(victim.tenant, victim.allocation, 1)
+                    self._evict(victim)
+                in_book_only.clear()
                 allocation = self._fits_with(waiting, taken)
                 if allocation is not None:
                     break
@@ -1006,7 +1017,10 @@ class _Cycle:
             return list(taken), allocation
         finally:
             for victim, _ in taken:
-                self._restore(victim)
+                if victim in in_book_only:
+                    self._count(victim.tenant, victim.allocation, 1)
+                else:
+                    self._restore(victim)
 
     def _preempt_reason(self, waiting: Waiting, victim: Running, rule: str) -> str:
         by = f"{waiting.tenant}/{waiting.name}"
