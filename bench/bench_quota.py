@@ -93,7 +93,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
     serial = 0
     waiting: dict[tuple[str, str], Waiting] = {}
     running: dict[tuple[str, str], Running] = {}
-    submitted: dict[tuple[str, str], Waiting] = {}
+    submitted: dict[tuple[str, str], Waiting] = {}  # waiting and running claims as first queued (none that ended)
     while len(waiting) < depth:
         serial += 1
         w = submitted.setdefault(*_keyed(new_claim(rng, serial)))
@@ -107,6 +107,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
         if not warming:
             for key in rng.sample(sorted(running), len(running) // 20):  # 5% of running claims finish
                 del running[key]
+                del submitted[key]
         while len(waiting) < depth:
             serial += 1
             w = submitted.setdefault(*_keyed(new_claim(rng, serial)))

@@ -253,10 +253,17 @@ class QuotaBook:
         """Devices of the flavor the tenant may still take: check()'s arithmetic solved for the most that
         passes, its nominal headroom then what it may borrow (within its borrowingLimit and what its
         cohort and the free capacity lend; with `lent_only=False`, as if they lent without end)."""
-        nominal, cap, _, _, _ = self._fixed_of(tenant, flavor)
+        nominal, cap, cohort, free, keep = self._fixed_of(tenant, flavor)
         used = self.used[(tenant, flavor)]
-        cap_left = max(0, cap - max(0, used - nominal))
-        return max(0, nominal - used) + (min(cap_left, self.borrowable(tenant, flavor)) if lent_only else cap_left)
+        headroom = nominal - used if used < nominal else 0
+        cap_left = cap - (used - nominal if used > nominal else 0)
+        if cap_left <= 0:
+            return headroom
+        if not lent_only:
+            return headroom + cap_left
+        # borrowable(), inlined: room() is asked for every claim a cycle tries
+        pool = max(0, self.lends[cohort] - self.spill[cohort]) + max(0, free - self.over[flavor])
+        return headroom + min(cap_left, max(0, pool + (keep - used if used < keep else 0) - headroom))
 
     def _fixed_of(self, tenant: str, flavor: str) -> tuple[int, int, tuple[str, str], int, int]:
         """What the quotas fix for a tenant and flavor: nominal, borrowing cap, cohort key, the flavor's
