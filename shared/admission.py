@@ -1099,13 +1099,15 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     first_seen: dict[str, int] = {}
     admitted: set[ClaimKey] = set()  # the kept groups are changed only by begin(), never by a cycle
     unplaceable: dict[int, Decision] = {}  # per spec (plan): capacity refused it
-    quota_full: dict[tuple[str, frozenset[str]], int] = {}  # tenant, flavors -> fewest devices refused
+    # per tenant: (flavors, devices) its quota refused; room over fewer flavors is no larger, so a spec
+    # of as many devices or more over a subset of those flavors is refused too
+    quota_full: dict[str, list[tuple[frozenset[str], int]]] = defaultdict(list)
 
     def known_refusal(tenant: str, group: _Group) -> Decision | None:
         refusal = unplaceable.get(id(group.plan))
         if refusal is None:
             flavors, least = cycle.plan_facts(group.plan)
-            if least is not None and quota_full.get((tenant, flavors), least + 1) <= least:
+            if least is not None and any(n <= least and flavors <= refused for refused, n in quota_full[tenant]):
                 refusal = _QUOTA_FULL
         return refusal
 
@@ -1144,8 +1146,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             else:
                 refuse(tenant, gid, group, waiting, decision, blocks)
                 if decision is _QUOTA_FULL:
-                    flavors, least = cycle.plan_facts(group.plan)
-                    quota_full[(tenant, flavors)] = min(quota_full.get((tenant, flavors), least), least)  # type: ignore
+                    quota_full[tenant].append(cycle.plan_facts(group.plan))  # type: ignore[arg-type]
                 elif decision.state is State.PENDING and not blocks:
                     unplaceable[id(group.plan)] = decision  # no node has room for the spec, for any tenant
                 while queue:  # heads known to be refused change nothing: answered without re-ranking the tenant
