@@ -910,21 +910,20 @@ class _Cycle:
         on_hosts: dict[str, list[tuple[Running, str]]] = defaultdict(list)
         for victim, rule in self._candidates(waiting, hosts):
             on_hosts[victim.allocation.node].append((victim, rule))
-        by_node: dict[str, list[tuple[Running, str]]] = {}
-        for node in sorted(on_hosts):
+        best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
+        tried = 0  # nodes where evicting the candidates could make room, fewest candidate units first
+        for node in sorted(on_hosts, key=lambda n: (sum(self._units(r) for r, _ in on_hosts[n]), n)):
+            if tried == MAX_PREEMPTION_NODES:
+                break
             candidates = on_hosts[node]
             accepted = self._accepted_on(index, node)
             if len(accepted) < lead.wanted:
                 continue
             could_free = sum(1 for r, _ in candidates for k in r.allocation.keys if k in accepted)
-            if len(index.free_on(node)) + could_free >= lead.wanted:  # else evicting them cannot make room
-                by_node[node] = candidates
-        if not by_node:
-            return None
-        best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
-        nodes = sorted(by_node, key=lambda n: (sum(self._units(r) for r, _ in by_node[n]), n))
-        for node in nodes[:MAX_PREEMPTION_NODES]:
-            found = self._victims_on(waiting, sorted(by_node[node], key=lambda c: self._victim_order(c[0])))
+            if len(index.free_on(node)) + could_free < lead.wanted:
+                continue  # evicting them cannot make room
+            tried += 1
+            found = self._victims_on(waiting, sorted(candidates, key=lambda c: self._victim_order(c[0])))
             if found is None:
                 continue
             victims, allocation = found
