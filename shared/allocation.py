@@ -447,6 +447,11 @@ class FleetState:
         """Nothing on the node is in use and it may be used: every healthy device of it is free."""
         return not self.usage.get(node) and node not in self.unusable_nodes
 
+    def _only_use(self, node: str) -> bool:
+        """Whether an accepted device of the node that is not free can only be in use: no shared counters
+        on it and its inventory is current (health is judged when an index is built)."""
+        return node not in self._counters and node not in self.unusable_nodes
+
     def unavailable(self, device: FleetDevice) -> str | None:
         """Why an accepted device cannot be given now, or None when it can."""
         if device.key in self.in_use:
@@ -540,7 +545,7 @@ class FleetState:
             try:
                 found = DeviceIndex(alternative.selectors, alternative.body.tolerations, group_attribute,
                                     self.fleet, self.memo, self.unavailable, self.idle,
-                                    only.accepts if only else None)
+                                    only.accepts if only else None, self._only_use)
             except SelectorError as error:
                 found = error
             else:

@@ -96,6 +96,7 @@ class DeviceIndex:
         unavailable: Unavailability,
         idle: Callable[[str], bool] = lambda node: False,
         accepts: Callable[[FleetDevice], bool] | None = None,
+        only_use: Callable[[str], bool] = lambda node: False,
     ) -> None:
         """Raises SelectorError when a selector fails on a device: the claim is wrong as written.
         `accepts` narrows the devices further (a quota tier); it must judge a device by its kind."""
@@ -104,6 +105,7 @@ class DeviceIndex:
         self.tolerations = tolerations
         self.fleet = fleet
         self.unavailable = unavailable
+        self.only_use = only_use  # node where a device that is not free can only be in use (no counters, not stale)
         self.groups: dict[GroupKey, Group] = {}
         self.by_node: dict[str, list[Group]] = {}
         self.idle_nodes: dict[int, _IdleNodes] = {}  # shape -> its untouched nodes
@@ -249,10 +251,14 @@ class DeviceIndex:
             unavailable = self.unavailable
             for node in self._blocked_stale:
                 counts: dict[str, int] = {}
-                for group in self.by_node.get(node, ()):
-                    for d in group.devices:
-                        if (why := unavailable(d)) is not None:
-                            counts[why] = counts.get(why, 0) + 1
+                if self.only_use(node):
+                    if in_use := sum(len(g.devices) - len(g.free) for g in self.by_node.get(node, ())):
+                        counts["in use"] = in_use
+                else:
+                    for group in self.by_node.get(node, ()):
+                        for d in group.devices:
+                            if (why := unavailable(d)) is not None:
+                                counts[why] = counts.get(why, 0) + 1
                 previous = self._node_blocked.get(node)
                 if previous:
                     self._blocked.subtract(previous)
