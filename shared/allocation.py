@@ -545,7 +545,7 @@ class FleetState:
             try:
                 found = DeviceIndex(alternative.selectors, alternative.body.tolerations, group_attribute,
                                     self.fleet, self.memo, self.unavailable, self.idle,
-                                    only.accepts if only else None, self._only_use)
+                                    only.accepts if only else None, self._only_use, self.in_use)
             except SelectorError as error:
                 found = error
             else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -97,6 +97,7 @@ class DeviceIndex:
         idle: Callable[[str], bool] = lambda node: False,
         accepts: Callable[[FleetDevice], bool] | None = None,
         only_use: Callable[[str], bool] = lambda node: False,
+        in_use: Collection[tuple[str, str, str]] = frozenset(),
     ) -> None:
         """Raises SelectorError when a selector fails on a device: the claim is wrong as written.
         `accepts` narrows the devices further (a quota tier); it must judge a device by its kind."""
@@ -106,6 +107,7 @@ class DeviceIndex:
         self.fleet = fleet
         self.unavailable = unavailable
         self.only_use = only_use  # node where a device that is not free can only be in use (no counters, not stale)
+        self.in_use = in_use  # the keys of devices in use (the caller's set, kept current by it)
         self.groups: dict[GroupKey, Group] = {}
         self.by_node: dict[str, list[Group]] = {}
         self.idle_nodes: dict[int, _IdleNodes] = {}  # shape -> its untouched nodes
@@ -228,9 +230,13 @@ class DeviceIndex:
     def refresh(self, node: str) -> None:
         """Recompute the node's free devices and buckets; why the others are not free is counted when
         asked (`blocked`), since only reasons read it."""
-        unavailable = self.unavailable
+        unavailable, in_use = self.unavailable, self.in_use
+        only_use = self.only_use(node)
         for group in self.by_node.get(node, ()):
-            free = [d for d in group.devices if unavailable(d) is None]
+            if only_use:
+                free = [d for d in group.devices if d.key not in in_use]
+            else:
+                free = [d for d in group.devices if unavailable(d) is None]
             if free != group.free:
                 self.version += 1
                 self._free_materialised += len(free) - len(group.free)
