@@ -417,6 +417,7 @@ class FleetState:
         self.usage: dict[str, int] = {}
         self._counters: dict[str, dict[CounterKey, Amount]] = {}
         self._indexes: dict[tuple[Any, ...], DeviceIndex | SelectorError] = {}
+        self._index_of: dict[tuple[int, str | None, Any], tuple[Alternative, DeviceIndex | SelectorError]] = {}
         self._shape_indexes: dict[int, list[DeviceIndex]] = {}
         self._counter_peers: dict[tuple[str, tuple[str, str, str]], list[FleetDevice]] = {}
         self.version = 0  # bumped on every take or give back: reasons cached per version stay true
@@ -539,6 +540,22 @@ class FleetState:
         """The index of devices an alternative accepts (within the current decision's filter); raises
         Rejected on a CEL runtime error."""
         only = self._only
+        only_key = only.key if only else None
+        known = self._index_of.get((id(alternative), group_attribute, only_key))
+        if known is not None and known[0] is alternative:  # the same request object: no key to build
+            found: DeviceIndex | SelectorError | None = known[1]
+        else:
+            found = self._index_by_key(alternative, group_attribute, only)
+            if len(self._index_of) > 50_000:  # requests of specs long gone: bounded like the plan memo
+                self._index_of.clear()
+            self._index_of[(id(alternative), group_attribute, only_key)] = (alternative, found)
+        if isinstance(found, SelectorError):
+            raise Rejected(f"request {alternative.result_name!r}: {found}")
+        assert found is not None
+        return found
+
+    def _index_by_key(self, alternative: Alternative, group_attribute: str | None, only: DeviceFilter | None
+                      ) -> DeviceIndex | SelectorError:
         key = (*alternative.index_key(group_attribute), only.key if only else None)
         found = self._indexes.get(key)
         if found is None:
@@ -552,8 +569,6 @@ class FleetState:
                 for shape in found.shapes:
                     self._shape_indexes.setdefault(shape, []).append(found)
             self._indexes[key] = found
-        if isinstance(found, SelectorError):
-            raise Rejected(f"request {alternative.result_name!r}: {found}")
         return found
 
     def capacity_version(self, plan: Plan, only: DeviceFilter | None = None) -> tuple[int, ...]:
