@@ -189,6 +189,8 @@ class QuotaBook:
         self.free_version = 0  # the free capacity some cohort spilled into changed
         self._fixed: dict[tuple[str, str], tuple[int, int, tuple[str, str], int, int]] = {}  # per quotas
         self._nominals: dict[tuple[str, str], int] = {}
+        self._cohorts: dict[str, str] = {}  # the quotas are fixed for a book's life: looked up once
+        self._weights: dict[str, float] = {}
         for tenant in config.tenants.values():
             cohort = self.cohort_of(tenant.name)
             self.members[cohort].append(tenant.name)
@@ -199,7 +201,16 @@ class QuotaBook:
                 self.covered[flavor] += limit.nominal
 
     def cohort_of(self, tenant: str) -> str:
-        return self.config.tenant(tenant).cohort or f"tenant:{tenant}"
+        found = self._cohorts.get(tenant)
+        if found is None:
+            found = self._cohorts[tenant] = self.config.tenant(tenant).cohort or f"tenant:{tenant}"
+        return found
+
+    def weight(self, tenant: str) -> float:
+        found = self._weights.get(tenant)
+        if found is None:
+            found = self._weights[tenant] = self.config.tenant(tenant).weight
+        return found
 
     def nominal(self, tenant: str, flavor: str) -> int:
         found = self._nominals.get((tenant, flavor))
@@ -209,7 +220,7 @@ class QuotaBook:
         return found
 
     def share(self, tenant: str) -> float:
-        return self.units[tenant] / self.config.tenant(tenant).weight
+        return self.units[tenant] / self.weight(tenant)
 
     def cohort_version(self, tenant: str) -> int:
         return self.cohort_versions[self.cohort_of(tenant)]
@@ -353,11 +364,13 @@ class _Group:
     stops at the first that does not fit: what stays free and what quota is left only shrink while a
     cycle admits, so the rest would not fit either."""
 
-    __slots__ = ("tenant", "plan", "entries", "fresh")
+    __slots__ = ("tenant", "plan", "plan_id", "facts", "entries", "fresh")
 
     def __init__(self, tenant: str, plan: Plan) -> None:
         self.tenant = tenant
         self.plan = plan
+        self.plan_id = id(plan)
+        self.facts: _PlanFacts | None = None  # the spec's quota facts, once a pass asked for them
         self.entries: list[tuple[int, int, str]] = []  # (-priority, arrival, name), sorted
         self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
 
@@ -746,7 +759,7 @@ class _Cycle:
         least = sized or 0
         values = [f.value for f in quotas.flavors if f.name in flavors]
         # the preemptor's share after the move is at least this; a victim tenant's must stay at or above it
-        mine = book.share(preemptor.tenant) + least * min(values, default=0.0) / quotas.tenant(preemptor.tenant).weight
+        mine = book.share(preemptor.tenant) + least * min(values, default=0.0) / book.weight(preemptor.tenant)
         cohort = book.cohort_of(preemptor.tenant)
         headroom: bool | None = None
         own_only = self._stuck_on_quota(preemptor)  # a claim its quota keeps out preempts within its tenant
@@ -754,7 +767,7 @@ class _Cycle:
             if not claims or (own_only and tenant != preemptor.tenant):
                 continue
             borrowed: frozenset[str | None] | None = None
-            weight = quotas.tenant(tenant).weight
+            weight = book.weight(tenant)
             share = book.share(tenant)
             if tenant == preemptor.tenant:
                 rule = "priority"
@@ -975,7 +988,7 @@ class _Cycle:
         devices = self._devices(decision.allocation)
         deltas = _deltas(devices, self.flavors)
         units = sum(self.flavors.units_of(d) for d in devices)
-        weight = self.snapshot.quotas.tenant(waiting.tenant).weight
+        weight = self.book.weight(waiting.tenant)
         for victim, rule in victims:
             if rule == "reclaim":
                 if any(self.book.used[(waiting.tenant, f)] + n > self.book.nominal(waiting.tenant, f)
@@ -1103,9 +1116,11 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     quota_full: dict[str, list[tuple[frozenset[str], int]]] = defaultdict(list)
 
     def known_refusal(tenant: str, group: _Group) -> Decision | None:
-        refusal = unplaceable.get(id(group.plan))
+        refusal = unplaceable.get(group.plan_id)
         if refusal is None:
-            flavors, least = cycle.plan_facts(group.plan)
+            if group.facts is None:
+                group.facts = cycle.plan_facts(group.plan)
+            flavors, least = group.facts
             if least is not None and any(n <= least and flavors <= refused for refused, n in quota_full[tenant]):
                 refusal = _QUOTA_FULL
         return refusal
@@ -1147,7 +1162,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                 if decision is _QUOTA_FULL:
                     quota_full[tenant].append(cycle.plan_facts(group.plan))  # type: ignore[arg-type]
                 elif decision.state is State.PENDING and not blocks:
-                    unplaceable[id(group.plan)] = decision  # no node has room for the spec, for any tenant
+                    unplaceable[group.plan_id] = decision  # no node has room for the spec, for any tenant
                 while queue:  # heads known to be refused change nothing: answered without re-ranking the tenant
                     entry, gid = queue[0]
                     group = cycle.groups[gid]
