@@ -1098,7 +1098,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
     head; a head that does not fit answers for its whole group. Free devices and quota only shrink while
     the pass admits, so a spec no node has room for is refused for every tenant for the rest of the pass,
-    and so is a tenant's spec of at least as many devices over flavors its quota could not hold: such
+    and so is a tenant's spec of as many devices or more over some of the flavors its quota refused: such
     heads are answered without a trial, and a tenant's run of them without re-ranking. So a cycle costs
     O(admitted + groups), whatever the depth of the queue. Returns what was decided, in order, the
     order tenants came in, and the claims admitted."""
