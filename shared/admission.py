@@ -314,21 +314,21 @@ class QuotaBook:
             if delta <= 0:
                 continue
             used = self.used[(tenant, flavor)]
-            limit = self.config.tenant(tenant).limit(flavor)
-            nominal = limit.nominal if limit else 0
+            nominal, cap, _, _, _ = self._fixed_of(tenant, flavor)
             if used + delta <= nominal:
                 continue
             borrow = used + delta - nominal
             room = self.borrowable(tenant, flavor)
-            already = self.borrowing(tenant, flavor)
-            if limit and limit.borrowing_limit is not None and borrow > limit.borrowing_limit:
+            already = max(0, used - nominal)
+            if borrow > cap:
                 why = (f"{tenant} would borrow {borrow} {flavor} beyond its nominal {nominal}, over its "
-                       f"borrowingLimit of {limit.borrowing_limit}")
+                       f"borrowingLimit of {cap}")
             elif borrow - already > room:
                 why = (f"{tenant} needs to borrow {borrow - already} more {flavor} (nominal {nominal}, in use "
                        f"{used}), but its cohort and the free capacity lend only {room} more")
             else:
                 continue
+            limit = self.config.tenant(tenant).limit(flavor)
             borrowed_by = {m: b for m in self.members[self.cohort_of(tenant)]
                            if m != tenant and (b := self.borrowing(m, flavor))}
             blocks.append(Block(flavor, delta, nominal, used, limit.borrowing_limit if limit else None, room,
