@@ -184,7 +184,6 @@ class QuotaBook:
         self.over: dict[str, int] = defaultdict(int)  # cohorts' spill beyond what they lend: free capacity used
         self.covered: dict[str, int] = defaultdict(int)  # nominal quota per flavor over all tenants
         self.borrowed_count: dict[str, int] = defaultdict(int)  # flavors a tenant uses beyond its nominal
-        self.version = 0  # bumped on every change of usage: answers cached per version stay true
         self.cohort_versions: dict[str, int] = defaultdict(int)  # per cohort: its members' usage changed
         self.free_version = 0  # the free capacity some cohort spilled into changed
         self._fixed: dict[tuple[str, str], tuple[int, int, tuple[str, str], int, int]] = {}  # per quotas
@@ -227,7 +226,6 @@ class QuotaBook:
 
     def add(self, tenant: str, flavor: str | None, units: float, count: int = 1) -> None:
         """The tenant takes `count` more devices of the flavor (fewer, when negative), weighing `units`."""
-        self.version += 1
         self.units[tenant] += units
         if flavor is None:
             return
@@ -264,17 +262,16 @@ class QuotaBook:
         """Devices of the flavor the tenant may still take: check()'s arithmetic solved for the most that
         passes, its nominal headroom then what it may borrow (within its borrowingLimit and what its
         cohort and the free capacity lend; with `lent_only=False`, as if they lent without end)."""
-        nominal, cap, cohort, free, keep = self._fixed_of(tenant, flavor)
+        fixed = self._fixed_of(tenant, flavor)
+        nominal, cap = fixed[0], fixed[1]
         used = self.used[(tenant, flavor)]
-        headroom = nominal - used if used < nominal else 0
-        cap_left = cap - (used - nominal if used > nominal else 0)
+        headroom = max(0, nominal - used)
+        cap_left = cap - max(0, used - nominal)
         if cap_left <= 0:
             return headroom
         if not lent_only:
             return headroom + cap_left
-        # borrowable(), inlined: room() is asked for every claim a cycle tries
-        pool = max(0, self.lends[cohort] - self.spill[cohort]) + max(0, free - self.over[flavor])
-        return headroom + min(cap_left, max(0, pool + (keep - used if used < keep else 0) - headroom))
+        return headroom + min(cap_left, self._borrowable(fixed, flavor, used))
 
     def _fixed_of(self, tenant: str, flavor: str) -> tuple[int, int, tuple[str, str], int, int]:
         """What the quotas fix for a tenant and flavor: nominal, borrowing cap, cohort key, the flavor's
@@ -300,8 +297,10 @@ class QuotaBook:
         holds the tenant's own lent, unused quota, which its nominal headroom already counts: it is
         taken out, so a tenant never borrows its own quota (nor, through it, past another's
         lendingLimit)."""
-        nominal, _, cohort, free, keep = self._fixed_of(tenant, flavor)
-        used = self.used[(tenant, flavor)]
+        return self._borrowable(self._fixed_of(tenant, flavor), flavor, self.used[(tenant, flavor)])
+
+    def _borrowable(self, fixed: tuple[int, int, tuple[str, str], int, int], flavor: str, used: int) -> int:
+        nominal, _, cohort, free, keep = fixed
         pool = max(0, self.lends[cohort] - self.spill[cohort]) + max(0, free - self.over[flavor])
         return max(0, pool + max(0, keep - used) - max(0, nominal - used))
 
@@ -366,11 +365,11 @@ class _Group:
 
     __slots__ = ("tenant", "plan", "plan_id", "facts", "entries", "fresh")
 
-    def __init__(self, tenant: str, plan: Plan) -> None:
+    def __init__(self, tenant: str, plan: Plan, facts: _PlanFacts) -> None:
         self.tenant = tenant
         self.plan = plan
         self.plan_id = id(plan)
-        self.facts: _PlanFacts | None = None  # the spec's quota facts, once a pass asked for them
+        self.facts = facts  # what quota arithmetic needs of the spec
         self.entries: list[tuple[int, int, str]] = []  # (-priority, arrival, name), sorted
         self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
 
@@ -397,10 +396,9 @@ class _Cycle:
         self.by_tenant: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
         # per tenant and flavor held: where preemption looks for victims (only flavors the claim can use)
         self.by_flavor: dict[str, dict[str | None, dict[ClaimKey, Running]]] = defaultdict(lambda: defaultdict(dict))
-        # priorities of preemptible running claims per tenant, and of those admitted in this cycle (which
-        # are not preempted in it): what prefilter() needs, kept instead of scanning every running claim
+        # priorities of preemptible running claims per tenant: what prefilter() needs, kept instead of
+        # scanning every running claim
         self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
-        self._admitted_priorities: dict[str, Counter[int]] = defaultdict(Counter)
         self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
         self._running_units: dict[ClaimKey, float] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
@@ -415,7 +413,9 @@ class _Cycle:
         self.invalid: set[ClaimKey] = set()  # claims Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
         self._plan_facts: dict[int, _PlanFacts] = {}
-        self.index_figures: dict[Any, tuple[Any, int, Any]] = {}  # explain: per index (or spec) and version
+        # explain: what an index holds, and a spec's capacity per request, kept per fleet version
+        self.index_figures: dict[int, tuple[Any, int, dict[str, Any]]] = {}
+        self.spec_capacity: dict[int, tuple[Plan, int, list[dict[str, Any]]]] = {}
         self.state = _fleet_state(snapshot, memo, ())  # begin() takes what runs
         self._flavor_filters: dict[str, DeviceFilter] = {}
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
@@ -425,7 +425,7 @@ class _Cycle:
         # for the rest of the pass, whatever the fleet version (None outside the pass).
         self.shrinking: dict[tuple[int, Any, bool], Decision] | None = None
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
-        self.started: frozenset[ClaimKey] = frozenset()
+        self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
         self.preemptions: list[Preemption] = []
         self.preempted: set[ClaimKey] = set()
         self.order = itertools.count(1)
@@ -475,8 +475,7 @@ class _Cycle:
             self.plans_cleared = self.memo.plans_cleared
             for cache in (self.failed_at, self.blocked_at, self._plan_facts):
                 cache.clear()
-        self.started = frozenset(self.running)
-        self._admitted_priorities.clear()
+        self.admitted_now = set()
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(self._last_order + 1)
 
@@ -528,7 +527,7 @@ class _Cycle:
         if group is None or group.plan is not plan:
             if group is not None:  # the id of a plan dropped from the memo came back: a new group
                 self._move_head(gid, group.entries[0] if group.entries else None, None)
-            group = self.groups[gid] = _Group(waiting.tenant, plan)
+            group = self.groups[gid] = _Group(waiting.tenant, plan, self.plan_facts(plan))
         head = group.entries[0] if group.entries else None
         bisect.insort(group.entries, _entry(waiting))
         self._move_head(gid, head, group.entries[0])
@@ -638,8 +637,7 @@ class _Cycle:
         if not blocks and self._within_nominal(tenant, deltas):
             return first, []
         tried = set(deltas) if len(deltas) == 1 else set()
-        least = self._least_devices(waiting)
-        relevant = self.claim_flavors(waiting)
+        relevant, least = self._facts(waiting)
         nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
         found = self._first_passing(waiting, nominal, tried, least)
         if found is not None:
@@ -696,10 +694,6 @@ class _Cycle:
         self._room_at[key] = (stamp, answer)
         return answer
 
-    def _least_devices(self, waiting: Waiting) -> int | None:
-        """The fewest flavored devices any placement of the claim takes (None: no fixed least size)."""
-        return self._facts(waiting).least
-
     def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool) -> Decision:
         """A placement, or a Pending answer cached per plan, filter and fleet version (with its reason
         when `explain`: reasons are worked out only for the answers that are given)."""
@@ -714,6 +708,8 @@ class _Cycle:
         version = self.state.capacity_version(plan, only)
         failed = self.failed_at.get(plan_key)
         if failed is not None and failed[0] == version:
+            if shrinking is not None:
+                shrinking[plan_key] = failed[1]
             return failed[1]
         decision = self.state.decide(waiting.claim, only, explain=explain)
         if decision.state is State.PENDING:
@@ -741,8 +737,7 @@ class _Cycle:
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
         self._hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
                            waiting.arrival, next(self.order)))
-        if waiting.preemptible:
-            self._admitted_priorities[waiting.tenant][waiting.priority] += 1
+        self.admitted_now.add(waiting.key)
 
     # -- preemption ---------------------------------------------------------------------------------
 
@@ -796,12 +791,12 @@ class _Cycle:
             pools = self.by_flavor[tenant]
             sources = ([claims] if wanted is None else
                        [pools[f] for f in sorted(wanted, key=str) if pools.get(f)])
-            preempted, started, displaced = self.preempted, self.started, preemptor.displaced_by
+            preempted, admitted, displaced = self.preempted, self.admitted_now, preemptor.displaced_by
             seen: set[ClaimKey] = set()
             for source in sources:
                 for key, victim in source.items():
                     if (victim.allocation.node not in hosts or not victim.preemptible or key in preempted
-                            or key not in started or key in displaced):
+                            or key in admitted or key in displaced):
                         continue
                     if len(sources) > 1:
                         if key in seen:
@@ -822,8 +817,8 @@ class _Cycle:
         book, tenant = self.book, waiting.tenant
         if not self.snapshot.quotas.enforced:
             return False
-        flavors = self.claim_flavors(waiting)
-        least = self._least_devices(waiting) or 0
+        flavors, sized = self._facts(waiting)
+        least = sized or 0
         if not flavors or least <= 0:
             return False
         if sum(book.room(tenant, f, lent_only=False) for f in flavors) < least:
@@ -841,9 +836,12 @@ class _Cycle:
         lowest: dict[str, int] = {}
         shares: dict[str, float] = {}
         enforced = self.snapshot.quotas.enforced
+        fresh: dict[str, Counter[int]] = defaultdict(Counter)  # admitted in this cycle: not candidates
+        for key in self.admitted_now:
+            if (admitted := self.running[key]).preemptible:
+                fresh[admitted.tenant][admitted.priority] += 1
         for tenant, counts in self._priorities.items():  # preemptible claims that ran before this cycle
-            fresh = self._admitted_priorities.get(tenant)
-            live = [p for p, n in counts.items() if n - (fresh[p] if fresh else 0) > 0]
+            live = [p for p, n in counts.items() if n - fresh[tenant][p] > 0]
             if not live:
                 continue
             lowest[tenant] = min(live)
@@ -1091,8 +1089,7 @@ def _cycle_for(snapshot: Snapshot, memo: SelectorMemo) -> _Cycle:
     return kept
 
 
-def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int],
-                                             set[ClaimKey]]:
+def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int]]:
     """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival.
 
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
@@ -1100,8 +1097,8 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     the pass admits, so a spec no node has room for is refused for every tenant for the rest of the pass,
     and so is a tenant's spec of as many devices or more over some of the flavors its quota refused: such
     heads are answered without a trial, and a tenant's run of them without re-ranking. So a cycle costs
-    O(admitted + groups), whatever the depth of the queue. Returns what was decided, in order, the
-    order tenants came in, and the claims admitted."""
+    O(admitted + groups), whatever the depth of the queue. Returns what was decided, in order, and the
+    order tenants came in (the claims admitted are `cycle.admitted_now`)."""
     heads = {t: list(q) for t, q in cycle.tenant_heads.items() if q}  # sorted lists are heaps
     position = dict.fromkeys(cycle.groups, 0)
     book = cycle.book
@@ -1109,17 +1106,15 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     heapq.heapify(tenants)
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
     first_seen: dict[str, int] = {}
-    admitted: set[ClaimKey] = set()  # the kept groups are changed only by begin(), never by a cycle
-    unplaceable: dict[int, Decision] = {}  # per spec (plan): capacity refused it
+    admitted = cycle.admitted_now  # so far in this cycle (the kept groups change only in begin())
+    shrinking: dict[tuple[int, Any, bool], Decision] = {}  # failed placements (see _Cycle.shrinking)
     # per tenant: (flavors, devices) its quota refused; room over fewer flavors is no larger, so a spec
     # of as many devices or more over a subset of those flavors is refused too
     quota_full: dict[str, list[tuple[frozenset[str], int]]] = defaultdict(list)
 
     def known_refusal(tenant: str, group: _Group) -> Decision | None:
-        refusal = unplaceable.get(group.plan_id)
+        refusal = shrinking.get((group.plan_id, None, False))  # no node has room for the spec
         if refusal is None:
-            if group.facts is None:
-                group.facts = cycle.plan_facts(group.plan)
             flavors, least = group.facts
             if least is not None and any(n <= least and flavors <= refused for refused, n in quota_full[tenant]):
                 refusal = _QUOTA_FULL
@@ -1139,7 +1134,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             return
         decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
 
-    cycle.shrinking = {}
+    cycle.shrinking = shrinking
     try:
         while tenants:
             _, _, _, tenant = heapq.heappop(tenants)
@@ -1153,16 +1148,13 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             if decision.allocation is not None:
                 decided.append((waiting, decision, blocks))
                 cycle.admit(waiting, decision.allocation)
-                admitted.add(waiting.key)
                 position[gid] += 1
                 if position[gid] < len(group.entries):
                     heapq.heappush(queue, (group.entries[position[gid]], gid))
             else:
                 refuse(tenant, gid, group, waiting, decision, blocks)
                 if decision is _QUOTA_FULL:
-                    quota_full[tenant].append(cycle.plan_facts(group.plan))  # type: ignore[arg-type]
-                elif decision.state is State.PENDING and not blocks:
-                    unplaceable[group.plan_id] = decision  # no node has room for the spec, for any tenant
+                    quota_full[tenant].append(group.facts)  # type: ignore[arg-type]
                 while queue:  # heads known to be refused change nothing: answered without re-ranking the tenant
                     entry, gid = queue[0]
                     group = cycle.groups[gid]
@@ -1176,10 +1168,10 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                 heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))
     finally:
         cycle.shrinking = None
-    return decided, first_seen, admitted
+    return decided, first_seen
 
 
-def _preemptors(cycle: _Cycle, order: Mapping[str, int], admitted: set[ClaimKey]) -> Iterable[Waiting]:
+def _preemptors(cycle: _Cycle, order: Mapping[str, int]) -> Iterable[Waiting]:
     """Pending claims that have a victim candidate, in fair-share order: tenants in the order the
     admission pass took them, each tenant's claims by priority, then arrival. Per tenant the walk stops
     at the first claim that can preempt nothing, when no claim after it could either."""
@@ -1191,7 +1183,7 @@ def _preemptors(cycle: _Cycle, order: Mapping[str, int], admitted: set[ClaimKey]
         entries = heapq.merge(*(g.entries for g in by_tenant[tenant]))
         for entry in entries:
             waiting = cycle.waiting[(tenant, entry[2])]
-            if waiting.key in admitted:
+            if waiting.key in cycle.admitted_now:
                 continue
             if may_preempt(waiting):
                 done = len(cycle.preemptions)
@@ -1209,15 +1201,14 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     a claim that keeps waiting behind a head of its kind keeps its last answer."""
     memo = memo or SelectorMemo()
     cycle = _cycle_for(snapshot, memo)
-    decided, order, admitted = _admission_pass(cycle)
+    decided, order = _admission_pass(cycle)
     for key in sorted(cycle.invalid):  # claims Rejected as written
         waiting = cycle.waiting[key]
         decided.append((waiting, cycle.try_admit(waiting)[0], []))
-    for waiting in itertools.islice(_preemptors(cycle, order, admitted), MAX_PREEMPTION_ATTEMPTS):
+    for waiting in itertools.islice(_preemptors(cycle, order), MAX_PREEMPTION_ATTEMPTS):
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:
             decided.append((waiting, preempted, []))
-            admitted.add(waiting.key)
     from shared.explain import explain_pending
 
     final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer

@@ -24,9 +24,9 @@ def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
         plan = state.plan(waiting.claim)
     except Rejected:
         return []
-    kept = cycle.index_figures.get(("plan", id(plan)))
+    kept = cycle.spec_capacity.get(id(plan))
     if kept is not None and kept[0] is plan and kept[1] == state.version:
-        return kept[2]  # type: ignore[no-any-return]
+        return kept[2]
     out = []
     for _, alternatives in plan.requests:
         for alternative in alternatives:
@@ -38,7 +38,7 @@ def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
             figures = _index_figures(cycle, index)
             out.append({"request": alternative.result_name, "requested": requested, **figures,
                         "unavailable": dict(figures["unavailable"])})
-    cycle.index_figures[("plan", id(plan))] = (plan, state.version, out)
+    cycle.spec_capacity[id(plan)] = (plan, state.version, out)
     return out
 
 
