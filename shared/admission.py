@@ -31,10 +31,10 @@ import bisect
 import heapq
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from shared import dra
 from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
@@ -363,12 +363,11 @@ class _Group:
     stops at the first that does not fit: what stays free and what quota is left only shrink while a
     cycle admits, so the rest would not fit either."""
 
-    __slots__ = ("tenant", "plan", "plan_id", "facts", "entries", "fresh")
+    __slots__ = ("tenant", "plan", "facts", "entries", "fresh")
 
     def __init__(self, tenant: str, plan: Plan, facts: _PlanFacts) -> None:
         self.tenant = tenant
         self.plan = plan
-        self.plan_id = id(plan)
         self.facts = facts  # what quota arithmetic needs of the spec
         self.entries: list[tuple[int, int, str]] = []  # (-priority, arrival, name), sorted
         self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
@@ -402,7 +401,9 @@ class _Cycle:
         self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
         self._running_units: dict[ClaimKey, float] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
-        self._room_at: dict[tuple[str, frozenset[str], int], tuple[tuple[int, int], bool | None]] = {}
+        # per tenant: its room per flavor, kept while its cohort's usage and the free capacity other
+        # cohorts spilled into stay the same (all a tenant's room depends on)
+        self._rooms: dict[str, tuple[int, int, dict[str, int]]] = {}
         self.waiting: dict[ClaimKey, Waiting] = {}
         self._held: set[Running] = set()  # every running claim counted here
         self._queued: set[Waiting] = set()  # every waiting claim in the groups
@@ -424,6 +425,7 @@ class _Cycle:
         # While the admission pass runs, devices are only taken: a placement that failed stays failed
         # for the rest of the pass, whatever the fleet version (None outside the pass).
         self.shrinking: dict[tuple[int, Any, bool], Decision] | None = None
+        self.no_room: dict[int, Decision] = {}  # in the pass: plans (by id) no node has room for
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
         self.preemptions: list[Preemption] = []
@@ -674,25 +676,30 @@ class _Cycle:
         than any placement of it takes: no flavor-by-flavor placement can pass then. None when the claim
         has no fixed least size (All mode, admin access) or may use devices no flavor counts.
 
-        Answers are kept per tenant, flavors and size while its cohort's usage and the free capacity
-        other cohorts spilled into stay the same (all a tenant's room depends on). Asked before any
-        placement: the arithmetic costs less than a placement, which a quota-full claim would waste."""
-        flavors, need = self._facts(waiting)
+        Asked before any placement: the arithmetic (on rooms kept per tenant and flavor) costs less than
+        a placement, which a quota-full claim would waste."""
+        return self.quota_room(waiting.tenant, self._facts(waiting))
+
+    def quota_room(self, tenant: str, facts: _PlanFacts) -> bool | None:
+        """`_quota_room` for a tenant and a spec's facts."""
+        flavors, need = facts
         if need is None:
             return None
-        key = (waiting.tenant, flavors, need)
-        stamp = (self.book.cohort_version(waiting.tenant), self.book.free_version)
-        kept = self._room_at.get(key)
-        if kept is not None and kept[0] == stamp:
-            return kept[1]
-        room, answer = 0, cast(bool | None, False)
+        book = self.book
+        cohort_version, free_version = book.cohort_version(tenant), book.free_version
+        kept = self._rooms.get(tenant)
+        if kept is None or kept[0] != cohort_version or kept[1] != free_version:
+            kept = self._rooms[tenant] = (cohort_version, free_version, {})
+        rooms = kept[2]
+        room = 0
         for flavor in flavors:
-            room += self.book.room(waiting.tenant, flavor)
+            found = rooms.get(flavor)
+            if found is None:
+                found = rooms[flavor] = book.room(tenant, flavor)
+            room += found
             if room >= need:
-                answer = None
-                break
-        self._room_at[key] = (stamp, answer)
-        return answer
+                return None
+        return False
 
     def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool) -> Decision:
         """A placement, or a Pending answer cached per plan, filter and fleet version (with its reason
@@ -709,14 +716,20 @@ class _Cycle:
         failed = self.failed_at.get(plan_key)
         if failed is not None and failed[0] == version:
             if shrinking is not None:
-                shrinking[plan_key] = failed[1]
+                self._failed_in_pass(plan_key, failed[1])
             return failed[1]
         decision = self.state.decide(waiting.claim, only, explain=explain)
         if decision.state is State.PENDING:
             self.failed_at[plan_key] = (version, decision)
             if shrinking is not None:
-                shrinking[plan_key] = decision
+                self._failed_in_pass(plan_key, decision)
         return decision
+
+    def _failed_in_pass(self, plan_key: tuple[int, Any, bool], decision: Decision) -> None:
+        assert self.shrinking is not None
+        self.shrinking[plan_key] = decision
+        if plan_key[1] is None and not plan_key[2]:
+            self.no_room[plan_key[0]] = decision
 
     def answer(self, waiting: Waiting, decision: Decision, blocks: list[Block]) -> tuple[Decision, list[Block]]:
         """The answer to give: a trial's Pending answer carries no reason, so it is worked out now, against
@@ -1089,35 +1102,92 @@ def _cycle_for(snapshot: Snapshot, memo: SelectorMemo) -> _Cycle:
     return kept
 
 
+_Head = tuple[tuple[int, int, str], tuple[str, int]]  # a group's head entry, and the group
+
+
+class _Heads:
+    """A tenant's group heads during a pass, least first: the heads it started with, read in their
+    sorted order (not copied: the kept groups do not change in a pass), merged with a heap of the heads
+    that follow admitted ones. A refused head costs an index step, not a heap operation."""
+
+    __slots__ = ("sorted", "at", "pushed")
+
+    def __init__(self, heads: list[_Head]) -> None:
+        self.sorted = heads
+        self.at = 0
+        self.pushed: list[_Head] = []
+
+    def first(self) -> _Head | None:
+        if self.at < len(self.sorted):
+            head = self.sorted[self.at]
+            if not self.pushed or head < self.pushed[0]:
+                return head
+        return self.pushed[0] if self.pushed else None
+
+    def pop(self) -> _Head:
+        if self.at < len(self.sorted):
+            head = self.sorted[self.at]
+            if not self.pushed or head < self.pushed[0]:
+                self.at += 1
+                return head
+        return heapq.heappop(self.pushed)
+
+    def push(self, head: _Head) -> None:
+        heapq.heappush(self.pushed, head)
+
+    def refused(self, refusal: Callable[[tuple[str, int]], Decision | None]
+                ) -> Iterator[tuple[tuple[int, int, str], tuple[str, int], Decision]]:
+        """Takes the heads `refusal` refuses, from the least, until one it does not."""
+        heads, pushed = self.sorted, self.pushed
+        while True:
+            at = self.at
+            if at < len(heads) and (not pushed or heads[at] < pushed[0]):
+                entry, gid = heads[at]
+                known = refusal(gid)
+                if known is None:
+                    return
+                self.at = at + 1
+            elif pushed:
+                entry, gid = pushed[0]
+                known = refusal(gid)
+                if known is None:
+                    return
+                heapq.heappop(pushed)
+            else:
+                return
+            yield entry, gid, known
+
+
 def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int]]:
     """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival.
 
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
     head; a head that does not fit answers for its whole group. Free devices and quota only shrink while
     the pass admits, so a spec no node has room for is refused for every tenant for the rest of the pass,
-    and so is a tenant's spec of as many devices or more over some of the flavors its quota refused: such
-    heads are answered without a trial, and a tenant's run of them without re-ranking. So a cycle costs
+    and so is a spec its tenant's quota has too little room for (the arithmetic, kept per tenant, spec
+    flavors and size, costs less than a trial): such heads are answered without a trial, and a tenant's
+    run of them without re-ranking. So a cycle costs
     O(admitted + groups), whatever the depth of the queue. Returns what was decided, in order, and the
     order tenants came in (the claims admitted are `cycle.admitted_now`)."""
-    heads = {t: list(q) for t, q in cycle.tenant_heads.items() if q}  # sorted lists are heaps
-    position = dict.fromkeys(cycle.groups, 0)
+    heads = {t: _Heads(q) for t, q in cycle.tenant_heads.items() if q}
+    position: dict[tuple[str, int], int] = {}  # per group: claims admitted from it so far
     book = cycle.book
-    tenants = [(book.share(t), q[0][0][0], q[0][0][1], t) for t, q in heads.items()]
+    tenants = [(book.share(t), q[0][0][0], q[0][0][1], t) for t, q in cycle.tenant_heads.items() if q]
     heapq.heapify(tenants)
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
     first_seen: dict[str, int] = {}
     admitted = cycle.admitted_now  # so far in this cycle (the kept groups change only in begin())
-    shrinking: dict[tuple[int, Any, bool], Decision] = {}  # failed placements (see _Cycle.shrinking)
-    # per tenant: (flavors, devices) its quota refused; room over fewer flavors is no larger, so a spec
-    # of as many devices or more over a subset of those flavors is refused too
-    quota_full: dict[str, list[tuple[frozenset[str], int]]] = defaultdict(list)
+    no_room = cycle.no_room = {}
+    enforced = cycle.snapshot.quotas.enforced
+    quota_room = cycle.quota_room
 
-    def known_refusal(tenant: str, group: _Group) -> Decision | None:
-        refusal = shrinking.get((group.plan_id, None, False))  # no node has room for the spec
-        if refusal is None:
-            flavors, least = group.facts
-            if least is not None and any(n <= least and flavors <= refused for refused, n in quota_full[tenant]):
-                refusal = _QUOTA_FULL
+    groups = cycle.groups
+
+    def known_refusal(gid: tuple[str, int]) -> Decision | None:
+        """No node has room for the spec, or the tenant's quota none for its least placement."""
+        refusal = no_room.get(gid[1])
+        if refusal is None and enforced and quota_room(gid[0], groups[gid].facts) is False:
+            refusal = _QUOTA_FULL
         return refusal
 
     def refuse(tenant: str, gid: tuple[str, int], group: _Group, head: Waiting, decision: Decision,
@@ -1126,7 +1196,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
         if not head.answered or decision.state is not State.PENDING:
             decided.append((head, decision, blocks))  # an answered claim still Pending keeps its answer
         if decision.state is State.REJECTED:
-            rest = group.entries[position[gid] + 1:]
+            rest = group.entries[position.get(gid, 0) + 1:]
         elif group.fresh:
             rest = sorted(_entry(cycle.waiting[(tenant, n)]) for n in group.fresh
                           if n != head.name and (tenant, n) not in admitted)
@@ -1134,40 +1204,33 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             return
         decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
 
-    cycle.shrinking = shrinking
+    cycle.shrinking = {}  # failed placements (see _Cycle.shrinking)
     try:
         while tenants:
             _, _, _, tenant = heapq.heappop(tenants)
             first_seen.setdefault(tenant, len(first_seen))
             queue = heads[tenant]
-            entry, gid = heapq.heappop(queue)
+            entry, gid = queue.pop()
             group = cycle.groups[gid]
             waiting = cycle.waiting[(tenant, entry[2])]
-            known = known_refusal(tenant, group)
+            known = known_refusal(gid)
             decision, blocks = (known, []) if known is not None else cycle.try_admit(waiting)
             if decision.allocation is not None:
                 decided.append((waiting, decision, blocks))
                 cycle.admit(waiting, decision.allocation)
-                position[gid] += 1
-                if position[gid] < len(group.entries):
-                    heapq.heappush(queue, (group.entries[position[gid]], gid))
+                at = position[gid] = position.get(gid, 0) + 1
+                if at < len(group.entries):
+                    queue.push((group.entries[at], gid))
             else:
                 refuse(tenant, gid, group, waiting, decision, blocks)
-                if decision is _QUOTA_FULL:
-                    quota_full[tenant].append(group.facts)  # type: ignore[arg-type]
-                while queue:  # heads known to be refused change nothing: answered without re-ranking the tenant
-                    entry, gid = queue[0]
-                    group = cycle.groups[gid]
-                    known = known_refusal(tenant, group)
-                    if known is None:
-                        break
-                    heapq.heappop(queue)
+                for entry, gid, known in queue.refused(known_refusal):  # answered without re-ranking the tenant
+                    group = groups[gid]
                     if group.fresh:  # else every claim of the group has its answer already
                         refuse(tenant, gid, group, cycle.waiting[(tenant, entry[2])], known, [])
-            if queue:
-                heapq.heappush(tenants, (book.share(tenant), queue[0][0][0], queue[0][0][1], tenant))
+            if (top := queue.first()) is not None:
+                heapq.heappush(tenants, (book.share(tenant), top[0][0], top[0][1], tenant))
     finally:
-        cycle.shrinking = None
+        cycle.shrinking, cycle.no_room = None, {}
     return decided, first_seen
 
 
