@@ -428,6 +428,8 @@ class _Cycle:
         self.no_room: dict[int, Decision] = {}  # in the pass: plans (by id) no node has room for
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
+        self._cycles = 0  # cycles begun: with the claims admitted so far, names a state of the book
+        self._tenant_view: tuple[tuple[int, int], list[Any]] = ((-1, -1), [])
         self.preemptions: list[Preemption] = []
         self.preempted: set[ClaimKey] = set()
         self.order = itertools.count(1)
@@ -478,6 +480,7 @@ class _Cycle:
             for cache in (self.failed_at, self.blocked_at, self._plan_facts):
                 cache.clear()
         self.admitted_now = set()
+        self._cycles += 1
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(self._last_order + 1)
 
@@ -771,15 +774,13 @@ class _Cycle:
         cohort = book.cohort_of(preemptor.tenant)
         headroom: bool | None = None
         own_only = self._stuck_on_quota(preemptor)  # a claim its quota keeps out preempts within its tenant
-        for tenant, claims in self.by_tenant.items():
+        for tenant, claims, weight, share, tenant_cohort, tenant_borrows in self._victim_tenants():
             if not claims or (own_only and tenant != preemptor.tenant):
                 continue
             borrowed: frozenset[str | None] | None = None
-            weight = book.weight(tenant)
-            share = book.share(tenant)
             if tenant == preemptor.tenant:
                 rule = "priority"
-            elif enforced and book.cohort_of(tenant) == cohort:
+            elif enforced and tenant_cohort == cohort:
                 if headroom is None:  # reclaim keeps the preemptor within its nominal quota
                     room = sum(max(0, book.nominal(preemptor.tenant, f) - book.used[(preemptor.tenant, f)])
                                for f in flavors)
@@ -792,7 +793,7 @@ class _Cycle:
             else:
                 continue
             if rule != "priority" and enforced:
-                borrowed = book.borrowed_flavors(tenant)
+                borrowed = tenant_borrows
                 if not borrowed:
                     continue
             # Only claims holding a flavor the preemptor can use could free what it needs (devices or
@@ -821,6 +822,18 @@ class _Cycle:
                     elif rule == "fair-share" and share - self._units(victim) / weight < mine:
                         continue
                     yield victim, rule
+
+    def _victim_tenants(self) -> list[tuple[str, dict[ClaimKey, Running], float, float, str, frozenset[str | None]]]:
+        """Per tenant that runs claims: its claims, weight, share, cohort and the flavors it borrows. The
+        same for every preemption attempt until one succeeds (a failed search restores what it tried),
+        so worked out once per success, not per attempt."""
+        epoch = (self._cycles, len(self.admitted_now))
+        if self._tenant_view[0] != epoch:
+            book = self.book
+            self._tenant_view = (epoch, [
+                (tenant, claims, book.weight(tenant), book.share(tenant), book.cohort_of(tenant),
+                 book.borrowed_flavors(tenant)) for tenant, claims in self.by_tenant.items() if claims])
+        return self._tenant_view[1]
 
     def _stuck_on_quota(self, waiting: Waiting) -> bool:
         """Its quota keeps the claim out whatever other tenants' claims are evicted: only its own tenant's
