@@ -373,6 +373,10 @@ class _Group:
         self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
 
 
+# a tenant preemption may take from: its claims, weight, share, cohort and the flavors it borrows
+_VictimTenant = tuple[str, dict[ClaimKey, Running], float, float, str, frozenset[str | None]]
+
+
 def _key(claim: Running | Waiting) -> ClaimKey:
     return claim.key
 
@@ -429,7 +433,7 @@ class _Cycle:
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
         self._cycles = 0  # cycles begun: with the claims admitted so far, names a state of the book
-        self._tenant_view: tuple[tuple[int, int], list[Any]] = ((-1, -1), [])
+        self._tenant_view: tuple[tuple[int, int], list[_VictimTenant]] = ((-1, -1), [])
         self.preemptions: list[Preemption] = []
         self.preempted: set[ClaimKey] = set()
         self.order = itertools.count(1)
@@ -823,7 +827,7 @@ class _Cycle:
                         continue
                     yield victim, rule
 
-    def _victim_tenants(self) -> list[tuple[str, dict[ClaimKey, Running], float, float, str, frozenset[str | None]]]:
+    def _victim_tenants(self) -> list[_VictimTenant]:
         """Per tenant that runs claims: its claims, weight, share, cohort and the flavors it borrows. The
         same for every preemption attempt until one succeeds (a failed search restores what it tried),
         so worked out once per success, not per attempt."""
@@ -1151,24 +1155,9 @@ class _Heads:
     def refused(self, refusal: Callable[[tuple[str, int]], Decision | None]
                 ) -> Iterator[tuple[tuple[int, int, str], tuple[str, int], Decision]]:
         """Takes the heads `refusal` refuses, from the least, until one it does not."""
-        heads, pushed = self.sorted, self.pushed
-        while True:
-            at = self.at
-            if at < len(heads) and (not pushed or heads[at] < pushed[0]):
-                entry, gid = heads[at]
-                known = refusal(gid)
-                if known is None:
-                    return
-                self.at = at + 1
-            elif pushed:
-                entry, gid = pushed[0]
-                known = refusal(gid)
-                if known is None:
-                    return
-                heapq.heappop(pushed)
-            else:
-                return
-            yield entry, gid, known
+        while (head := self.first()) is not None and (known := refusal(head[1])) is not None:
+            self.pop()
+            yield head[0], head[1], known
 
 
 def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int]]:
@@ -1177,11 +1166,11 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
     head; a head that does not fit answers for its whole group. Free devices and quota only shrink while
     the pass admits, so a spec no node has room for is refused for every tenant for the rest of the pass,
-    and so is a spec its tenant's quota has too little room for (the arithmetic, kept per tenant, spec
-    flavors and size, costs less than a trial): such heads are answered without a trial, and a tenant's
-    run of them without re-ranking. So a cycle costs
-    O(admitted + groups), whatever the depth of the queue. Returns what was decided, in order, and the
-    order tenants came in (the claims admitted are `cycle.admitted_now`)."""
+    and so is a spec its tenant's quota has too little room for (arithmetic on rooms kept per tenant and
+    flavor, cheaper than a trial): such heads are answered without a trial, and a tenant's run of them
+    without re-ranking. So a cycle costs O(admitted + groups), whatever the depth of the queue. Returns
+    what was decided, in order, and the order tenants came in (the claims admitted are
+    `cycle.admitted_now`)."""
     heads = {t: _Heads(q) for t, q in cycle.tenant_heads.items() if q}
     position: dict[tuple[str, int], int] = {}  # per group: claims admitted from it so far
     book = cycle.book
@@ -1193,7 +1182,6 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     no_room = cycle.no_room = {}
     enforced = cycle.snapshot.quotas.enforced
     quota_room = cycle.quota_room
-
     groups = cycle.groups
 
     def known_refusal(gid: tuple[str, int]) -> Decision | None:
