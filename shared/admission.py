@@ -373,8 +373,23 @@ class _Group:
         self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
 
 
-# a tenant preemption may take from: its claims, weight, share, cohort and the flavors it borrows
-_VictimTenant = tuple[str, dict[ClaimKey, Running], float, float, str, frozenset[str | None]]
+class _VictimTenants:
+    """Each tenant that runs claims with its claims, weight, share and cohort, and (asked only under
+    reclaim and fair share) the flavors it borrows."""
+
+    def __init__(self, epoch: tuple[int, int], book: QuotaBook, by_tenant: Mapping[str, dict[ClaimKey, Running]]
+                 ) -> None:
+        self.epoch = epoch
+        self.book = book
+        self.tenants = [(tenant, claims, book.weight(tenant), book.share(tenant), book.cohort_of(tenant))
+                        for tenant, claims in by_tenant.items() if claims]
+        self._borrowed: dict[str, frozenset[str | None]] = {}
+
+    def borrowed(self, tenant: str) -> frozenset[str | None]:
+        found = self._borrowed.get(tenant)
+        if found is None:
+            found = self._borrowed[tenant] = self.book.borrowed_flavors(tenant)
+        return found
 
 
 def _key(claim: Running | Waiting) -> ClaimKey:
@@ -433,7 +448,7 @@ class _Cycle:
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
         self._cycles = 0  # cycles begun: with the claims admitted so far, names a state of the book
-        self._tenant_view: tuple[tuple[int, int], list[_VictimTenant]] = ((-1, -1), [])
+        self._tenant_view = _VictimTenants((-1, -1), self.book, {})
         self.preemptions: list[Preemption] = []
         self.preempted: set[ClaimKey] = set()
         self.order = itertools.count(1)
@@ -778,7 +793,8 @@ class _Cycle:
         cohort = book.cohort_of(preemptor.tenant)
         headroom: bool | None = None
         own_only = self._stuck_on_quota(preemptor)  # a claim its quota keeps out preempts within its tenant
-        for tenant, claims, weight, share, tenant_cohort, tenant_borrows in self._victim_tenants():
+        view = self._victim_tenants()
+        for tenant, claims, weight, share, tenant_cohort in view.tenants:
             if not claims or (own_only and tenant != preemptor.tenant):
                 continue
             borrowed: frozenset[str | None] | None = None
@@ -797,7 +813,7 @@ class _Cycle:
             else:
                 continue
             if rule != "priority" and enforced:
-                borrowed = tenant_borrows
+                borrowed = view.borrowed(tenant)
                 if not borrowed:
                     continue
             # Only claims holding a flavor the preemptor can use could free what it needs (devices or
@@ -827,17 +843,13 @@ class _Cycle:
                         continue
                     yield victim, rule
 
-    def _victim_tenants(self) -> list[_VictimTenant]:
-        """Per tenant that runs claims: its claims, weight, share, cohort and the flavors it borrows. The
-        same for every preemption attempt until one succeeds (a failed search restores what it tried),
-        so worked out once per success, not per attempt."""
+    def _victim_tenants(self) -> _VictimTenants:
+        """The tenants that run claims as preemption sees them: the same for every attempt until one
+        succeeds (a failed search restores what it tried), so worked out once per success."""
         epoch = (self._cycles, len(self.admitted_now))
-        if self._tenant_view[0] != epoch:
-            book = self.book
-            self._tenant_view = (epoch, [
-                (tenant, claims, book.weight(tenant), book.share(tenant), book.cohort_of(tenant),
-                 book.borrowed_flavors(tenant)) for tenant, claims in self.by_tenant.items() if claims])
-        return self._tenant_view[1]
+        if self._tenant_view.epoch != epoch:
+            self._tenant_view = _VictimTenants(epoch, self.book, self.by_tenant)
+        return self._tenant_view
 
     def _stuck_on_quota(self, waiting: Waiting) -> bool:
         """Its quota keeps the claim out whatever other tenants' claims are evicted: only its own tenant's
