@@ -377,9 +377,7 @@ class _VictimTenants:
     """Each tenant that runs claims with its claims, weight, share and cohort, and (asked only under
     reclaim and fair share) the flavors it borrows."""
 
-    def __init__(self, epoch: tuple[int, int], book: QuotaBook, by_tenant: Mapping[str, dict[ClaimKey, Running]]
-                 ) -> None:
-        self.epoch = epoch
+    def __init__(self, book: QuotaBook, by_tenant: Mapping[str, dict[ClaimKey, Running]]) -> None:
         self.book = book
         self.tenants = [(tenant, claims, book.weight(tenant), book.share(tenant), book.cohort_of(tenant))
                         for tenant, claims in by_tenant.items() if claims]
@@ -447,8 +445,7 @@ class _Cycle:
         self.no_room: dict[int, Decision] = {}  # in the pass: plans (by id) no node has room for
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
-        self._cycles = 0  # cycles begun: with the claims admitted so far, names a state of the book
-        self._tenant_view = _VictimTenants((-1, -1), self.book, {})
+        self._victim_view: _VictimTenants | None = None  # dropped whenever a claim is admitted
         self.preemptions: list[Preemption] = []
         self.preempted: set[ClaimKey] = set()
         self.order = itertools.count(1)
@@ -499,7 +496,7 @@ class _Cycle:
             for cache in (self.failed_at, self.blocked_at, self._plan_facts):
                 cache.clear()
         self.admitted_now = set()
-        self._cycles += 1
+        self._victim_view = None
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(self._last_order + 1)
 
@@ -636,7 +633,7 @@ class _Cycle:
         best fit is blocked, then also on each flavor it may still borrow. When the tenant's quota leaves
         too few devices for any placement, no placement is tried."""
         enforced = self.snapshot.quotas.enforced
-        if enforced and self._quota_room(waiting) is False:
+        if enforced and self.quota_room(waiting.tenant, self._facts(waiting)) is False:
             return _QUOTA_FULL, []  # no placement needed; the reason is worked out if it is given (answer())
         first = self._decide(waiting, None, explain=False)
         if not enforced or first.allocation is None:
@@ -693,17 +690,13 @@ class _Cycle:
         reason = "; ".join(b.why for b in blocks)
         return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
 
-    def _quota_room(self, waiting: Waiting) -> bool | None:
+    def quota_room(self, tenant: str, facts: _PlanFacts) -> bool | None:
         """False when the tenant's quota leaves fewer devices, over every flavor the claim could use,
         than any placement of it takes: no flavor-by-flavor placement can pass then. None when the claim
         has no fixed least size (All mode, admin access) or may use devices no flavor counts.
 
         Asked before any placement: the arithmetic (on rooms kept per tenant and flavor) costs less than
         a placement, which a quota-full claim would waste."""
-        return self.quota_room(waiting.tenant, self._facts(waiting))
-
-    def quota_room(self, tenant: str, facts: _PlanFacts) -> bool | None:
-        """`_quota_room` for a tenant and a spec's facts."""
         flavors, need = facts
         if need is None:
             return None
@@ -773,6 +766,7 @@ class _Cycle:
         self._hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
                            waiting.arrival, next(self.order)))
         self.admitted_now.add(waiting.key)
+        self._victim_view = None  # shares moved
 
     # -- preemption ---------------------------------------------------------------------------------
 
@@ -846,10 +840,9 @@ class _Cycle:
     def _victim_tenants(self) -> _VictimTenants:
         """The tenants that run claims as preemption sees them: the same for every attempt until one
         succeeds (a failed search restores what it tried), so worked out once per success."""
-        epoch = (self._cycles, len(self.admitted_now))
-        if self._tenant_view.epoch != epoch:
-            self._tenant_view = _VictimTenants(epoch, self.book, self.by_tenant)
-        return self._tenant_view
+        if self._victim_view is None:
+            self._victim_view = _VictimTenants(self.book, self.by_tenant)
+        return self._victim_view
 
     def _stuck_on_quota(self, waiting: Waiting) -> bool:
         """Its quota keeps the claim out whatever other tenants' claims are evicted: only its own tenant's
@@ -859,13 +852,13 @@ class _Cycle:
         book, tenant = self.book, waiting.tenant
         if not self.snapshot.quotas.enforced:
             return False
-        flavors, sized = self._facts(waiting)
-        least = sized or 0
+        facts = self._facts(waiting)
+        flavors, least = facts[0], facts[1] or 0
         if not flavors or least <= 0:
             return False
         if sum(book.room(tenant, f, lent_only=False) for f in flavors) < least:
             return True  # its borrowingLimits stop it, whatever is lent
-        if self._quota_room(waiting) is not False or any(book.over[f] > 0 for f in flavors):
+        if self.quota_room(tenant, facts) is not False or any(book.over[f] > 0 for f in flavors):
             return False
         members = book.members[book.cohort_of(tenant)]
         return not any(m != tenant and book.borrowing(m, f) > 0 for m in members for f in flavors)
@@ -1049,12 +1042,13 @@ class _Cycle:
         taken: list[tuple[Running, str]] = []
         in_book_only: list[Running] = []
         allocation = None
+        facts = self._facts(waiting)
         try:
             for candidate in candidates:
                 self._count(candidate[0].tenant, candidate[0].allocation, -1)
                 in_book_only.append(candidate[0])
                 taken.append(candidate)
-                if self._quota_room(waiting) is False:
+                if self.quota_room(waiting.tenant, facts) is False:
                     continue
                 for victim in in_book_only:
                     self._count(victim.tenant, victim.allocation, 1)
@@ -1251,12 +1245,10 @@ def _preemptors(cycle: _Cycle, order: Mapping[str, int]) -> Iterable[Waiting]:
     """Pending claims that have a victim candidate, in fair-share order: tenants in the order the
     admission pass took them, each tenant's claims by priority, then arrival. Per tenant the walk stops
     at the first claim that can preempt nothing, when no claim after it could either."""
-    by_tenant: dict[str, list[_Group]] = defaultdict(list)
-    for group in cycle.groups.values():
-        by_tenant[group.tenant].append(group)
     may_preempt, by_share, lowest = cycle.prefilter()
-    for tenant in sorted(by_tenant, key=lambda t: (order.get(t, len(order)), t)):
-        entries = heapq.merge(*(g.entries for g in by_tenant[tenant]))
+    queued = [t for t, heads in cycle.tenant_heads.items() if heads]
+    for tenant in sorted(queued, key=lambda t: (order.get(t, len(order)), t)):
+        entries = heapq.merge(*(cycle.groups[gid].entries for _, gid in cycle.tenant_heads[tenant]))
         for entry in entries:
             waiting = cycle.waiting[(tenant, entry[2])]
             if waiting.key in cycle.admitted_now:

@@ -28,7 +28,7 @@ from typing import Any
 
 from shared import dra
 from shared.cel import CompiledSelector, SelectorError, compile_selector
-from shared.fleet_index import DeviceIndex, Group
+from shared.fleet_index import IN_USE, DeviceIndex, Group
 from shared.inventory import UNHEALTHY, CounterKey, Fleet, FleetDevice
 from shared.matching import SelectorMemo
 from shared.quantity import exact
@@ -456,7 +456,7 @@ class FleetState:
     def unavailable(self, device: FleetDevice) -> str | None:
         """Why an accepted device cannot be given now, or None when it can."""
         if device.key in self.in_use:
-            return "in use"
+            return IN_USE
         if device.node in self.unusable_nodes:
             return "stale inventory"
         if device.health == UNHEALTHY:
@@ -753,7 +753,7 @@ class FleetState:
             candidates: dict[str, list[FleetDevice]] = {}
             for alternative, index in zip(variant, indexes, strict=True):
                 if alternative.admin_access:
-                    here = [d for d in index.devices_on(node) if self.unavailable(d) in (None, "in use")]
+                    here = [d for d in index.devices_on(node) if self.unavailable(d) in (None, IN_USE)]
                 else:
                     here = index.free_on(node)
                     if alternative.all_mode and len(here) != len(index.devices_on(node)):

@@ -23,8 +23,9 @@ from shared.cel import CompiledSelector
 from shared.inventory import IDENTITY_ATTRIBUTES, UNHEALTHY, Fleet, FleetDevice
 from shared.matching import SelectorMemo
 
+IN_USE = "in use"  # the one reason an index also counts by subtraction, on nodes where it is the only one
 GroupKey = tuple[str, str | None]  # node, value of the grouping attribute (None: the whole node)
-# Why a matching device is not free: "in use", "shared counters", "unhealthy", "stale inventory".
+# Why a matching device is not free: IN_USE, "shared counters", "unhealthy", "stale inventory".
 Unavailability = Callable[[FleetDevice], str | None]
 
 
@@ -259,7 +260,7 @@ class DeviceIndex:
                 counts: dict[str, int] = {}
                 if self.only_use(node):
                     if in_use := sum(len(g.devices) - len(g.free) for g in self.by_node.get(node, ())):
-                        counts["in use"] = in_use
+                        counts[IN_USE] = in_use
                 else:
                     for group in self.by_node.get(node, ()):
                         for d in group.devices:
