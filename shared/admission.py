@@ -31,10 +31,10 @@ import bisect
 import heapq
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from shared import dra
 from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
@@ -428,6 +428,7 @@ class _Cycle:
         # per tenant, each group's head entry with the group, sorted: the pass copies it as its heap
         self.tenant_heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
+        self.fresh_groups: set[tuple[str, int]] = set()  # groups that may hold claims with no answer yet
         self.invalid: set[ClaimKey] = set()  # claims Rejected as written
         self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
         self._plan_facts: dict[int, _PlanFacts] = {}
@@ -554,6 +555,7 @@ class _Cycle:
         self._move_head(gid, head, group.entries[0])
         if not waiting.answered:
             group.fresh.add(waiting.name)
+            self.fresh_groups.add(gid)
         self.group_of[waiting.key] = gid
 
     def _answered(self, now: Waiting) -> None:
@@ -567,6 +569,7 @@ class _Cycle:
                 group.fresh.discard(now.name)
             else:
                 group.fresh.add(now.name)
+                self.fresh_groups.add(gid)  # type: ignore[arg-type]
 
     def _unqueue(self, waiting: Waiting) -> None:
         if self.waiting.get(waiting.key) is waiting:
@@ -625,15 +628,16 @@ class _Cycle:
     def _within_nominal(self, tenant: str, deltas: Mapping[str, int]) -> bool:
         return all(self.book.used[(tenant, f)] + n <= self.book.nominal(tenant, f) for f, n in deltas.items())
 
-    def try_admit(self, waiting: Waiting) -> tuple[Decision, list[Block]]:
+    def try_admit(self, waiting: Waiting, *, room_known: bool = False) -> tuple[Decision, list[Block]]:
         """Placement within nominal first, then borrowing; the quota check is on the devices chosen.
 
         The unrestricted best fit comes first; when it would borrow, the claim is placed on each flavor
         it has nominal quota of, one flavor at a time, and takes the best fit if none passes; when the
         best fit is blocked, then also on each flavor it may still borrow. When the tenant's quota leaves
-        too few devices for any placement, no placement is tried."""
+        too few devices for any placement, no placement is tried (`room_known`: the caller found it has
+        enough just now)."""
         enforced = self.snapshot.quotas.enforced
-        if enforced and self.quota_room(waiting.tenant, self._facts(waiting)) is False:
+        if enforced and not room_known and self.quota_room(waiting.tenant, self._facts(waiting)) is False:
             return _QUOTA_FULL, []  # no placement needed; the reason is worked out if it is given (answer())
         first = self._decide(waiting, None, explain=False)
         if not enforced or first.allocation is None:
@@ -1158,12 +1162,34 @@ class _Heads:
     def push(self, head: _Head) -> None:
         heapq.heappush(self.pushed, head)
 
-    def refused(self, refusal: Callable[[tuple[str, int]], Decision | None]
-                ) -> Iterator[tuple[tuple[int, int, str], tuple[str, int], Decision]]:
-        """Takes the heads `refusal` refuses, from the least, until one it does not."""
-        while (head := self.first()) is not None and (known := refusal(head[1])) is not None:
-            self.pop()
-            yield head[0], head[1], known
+    def skip(self, closed: Container[int], dead: Container[tuple[str, int]],
+             quota_full: Callable[[tuple[str, int]], bool] | None) -> bool:
+        """Drops from the front the heads of specs no node has room for (`closed`, by plan id) and of
+        groups whose tenant's quota is too small for them (`dead`, or found so by `quota_full`): both
+        stay refused for the rest of the pass. Whether any head was dropped. A dropped head costs a set
+        lookup, not a trial or an answer (the pass answers such groups at its end)."""
+        ordered, at, pushed = self.sorted, self.at, self.pushed
+        start, popped = at, False
+        while True:
+            bound = pushed[0] if pushed else _LAST
+            while at < len(ordered) and (head := ordered[at]) < bound:  # the sorted heads before the pushed
+                gid = head[1]
+                if not (gid[1] in closed or gid in dead or (quota_full is not None and quota_full(gid))):
+                    self.at = at
+                    return popped or at != start
+                at += 1
+            if not pushed:
+                break
+            gid = pushed[0][1]  # the least head now
+            if not (gid[1] in closed or gid in dead or (quota_full is not None and quota_full(gid))):
+                break
+            heapq.heappop(pushed)
+            popped = True
+        self.at = at
+        return popped or at != start
+
+
+_LAST = cast(_Head, ((float("inf"),),))  # compares greater than every head
 
 
 def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int]]:
@@ -1172,10 +1198,11 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
     head; a head that does not fit answers for its whole group. Free devices and quota only shrink while
     the pass admits, so a spec no node has room for is refused for every tenant for the rest of the pass,
-    and so is a spec its tenant's quota has too little room for (arithmetic on rooms kept per tenant and
-    flavor, cheaper than a trial): such heads are answered without a trial, and a tenant's run of them
-    without re-ranking. So a cycle costs O(admitted + groups), whatever the depth of the queue. Returns
-    what was decided, in order, and the order tenants came in (the claims admitted are
+    and so is a group whose tenant's quota has too little room for its spec (arithmetic on rooms kept per
+    tenant and flavor, cheaper than a trial): such heads are dropped without a trial and without
+    re-ranking the tenant, and the claims of their groups that have no answer yet are answered at the
+    end. So a cycle costs O(admitted + trials) plus a set lookup per group, whatever the depth of the
+    queue. Returns what was decided and the order tenants came in (the claims admitted are
     `cycle.admitted_now`)."""
     heads = {t: _Heads(q) for t, q in cycle.tenant_heads.items() if q}
     position: dict[tuple[str, int], int] = {}  # per group: claims admitted from it so far
@@ -1186,20 +1213,32 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     first_seen: dict[str, int] = {}
     admitted = cycle.admitted_now  # so far in this cycle (the kept groups change only in begin())
     no_room = cycle.no_room = {}
-    enforced = cycle.snapshot.quotas.enforced
-    quota_room = cycle.quota_room
     groups = cycle.groups
+    quota_dead: set[tuple[str, int]] = set()  # groups their tenant's quota keeps out for the rest of the pass
+    # per tenant and flavors a spec accepts: the fewest devices found too many for its quota; as rooms
+    # only shrink in a pass, any spec of as many devices or more over those flavors is kept out too
+    too_many: dict[tuple[str, frozenset[str]], int] = {}
+    quota_full: Callable[[tuple[str, int]], bool] | None = None
+    if cycle.snapshot.quotas.enforced:
+        quota_room = cycle.quota_room
 
-    def known_refusal(gid: tuple[str, int]) -> Decision | None:
-        """No node has room for the spec, or the tenant's quota none for its least placement."""
-        refusal = no_room.get(gid[1])
-        if refusal is None and enforced and quota_room(gid[0], groups[gid].facts) is False:
-            refusal = _QUOTA_FULL
-        return refusal
+        def quota_full(gid: tuple[str, int]) -> bool:
+            facts = groups[gid].facts
+            need = facts.least
+            if need is None:
+                return False
+            key = (gid[0], facts.flavors)
+            if need < too_many.get(key, need + 1) and quota_room(gid[0], facts) is not False:
+                return False
+            too_many[key] = min(need, too_many.get(key, need))
+            quota_dead.add(gid)
+            return True
 
-    def refuse(tenant: str, gid: tuple[str, int], group: _Group, head: Waiting, decision: Decision,
-               blocks: list[Block]) -> None:
+    tried: set[tuple[str, int]] = set()  # groups a trial answered
+
+    def refuse(tenant: str, gid: tuple[str, int], head: Waiting, decision: Decision, blocks: list[Block]) -> None:
         """The group's answer, for the claims behind the head that have none yet (or all, if Rejected)."""
+        group = groups[gid]
         if not head.answered or decision.state is not State.PENDING:
             decided.append((head, decision, blocks))  # an answered claim still Pending keeps its answer
         if decision.state is State.REJECTED:
@@ -1217,28 +1256,43 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             _, _, _, tenant = heapq.heappop(tenants)
             first_seen.setdefault(tenant, len(first_seen))
             queue = heads[tenant]
-            entry, gid = queue.pop()
-            group = cycle.groups[gid]
-            waiting = cycle.waiting[(tenant, entry[2])]
-            known = known_refusal(gid)
-            decision, blocks = (known, []) if known is not None else cycle.try_admit(waiting)
-            if decision.allocation is not None:
-                decided.append((waiting, decision, blocks))
-                cycle.admit(waiting, decision.allocation)
-                at = position[gid] = position.get(gid, 0) + 1
-                if at < len(group.entries):
-                    queue.push((group.entries[at], gid))
-            else:
-                refuse(tenant, gid, group, waiting, decision, blocks)
-                for entry, gid, known in queue.refused(known_refusal):  # answered without re-ranking the tenant
-                    group = groups[gid]
-                    if group.fresh:  # else every claim of the group has its answer already
-                        refuse(tenant, gid, group, cycle.waiting[(tenant, entry[2])], known, [])
+            if not queue.skip(no_room, quota_dead, quota_full):  # a head that may fit: tried
+                entry, gid = queue.pop()
+                waiting = cycle.waiting[(tenant, entry[2])]
+                decision, blocks = cycle.try_admit(waiting, room_known=True)
+                if decision.allocation is not None:
+                    decided.append((waiting, decision, blocks))
+                    cycle.admit(waiting, decision.allocation)
+                    at = position[gid] = position.get(gid, 0) + 1
+                    if at < len(entries := groups[gid].entries):
+                        queue.push((entries[at], gid))
+                else:
+                    refuse(tenant, gid, waiting, decision, blocks)
+                    tried.add(gid)
+                    queue.skip(no_room, quota_dead, quota_full)  # dropped without re-ranking the tenant
             if (top := queue.first()) is not None:
                 heapq.heappush(tenants, (book.share(tenant), top[0][0], top[0][1], tenant))
+        _answer_dropped(cycle, position, tried, refuse, lambda gid: _QUOTA_FULL if gid in quota_dead
+                        else no_room[gid[1]])
     finally:
         cycle.shrinking, cycle.no_room = None, {}
     return decided, first_seen
+
+
+def _answer_dropped(cycle: _Cycle, position: Mapping[tuple[str, int], int], tried: Collection[tuple[str, int]],
+                    refuse: Callable[[str, tuple[str, int], Waiting, Decision, list[Block]], None],
+                    refusal: Callable[[tuple[str, int]], Decision]) -> None:
+    """The groups the pass dropped without a trial answer their claims that have no answer yet (the rest
+    keep their answers), in tenant order, then head order."""
+    pending = []
+    for gid in list(cycle.fresh_groups):
+        group = cycle.groups.get(gid)
+        if group is None or not group.fresh:
+            cycle.fresh_groups.discard(gid)
+        elif gid not in tried and (at := position.get(gid, 0)) < len(group.entries):
+            pending.append((gid[0], group.entries[at], gid))
+    for tenant, head, gid in sorted(pending):
+        refuse(tenant, gid, cycle.waiting[(tenant, head[2])], refusal(gid), [])
 
 
 def _preemptors(cycle: _Cycle, order: Mapping[str, int]) -> Iterable[Waiting]:
