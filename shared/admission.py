@@ -1172,7 +1172,9 @@ class _Heads:
         start, popped = at, False
         while True:
             bound = pushed[0] if pushed else _LAST
-            while at < len(ordered) and (head := ordered[at]) < bound:  # the sorted heads before the pushed
+            for head in itertools.islice(ordered, at, None):  # the sorted heads before the least pushed
+                if bound < head:
+                    break
                 gid = head[1]
                 if not (gid[1] in closed or gid in dead or (quota_full is not None and quota_full(gid))):
                     self.at = at
