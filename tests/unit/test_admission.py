@@ -294,6 +294,37 @@ def test_a_deep_queue_of_alike_claims_is_answered_once_and_taken_in_order() -> N
     assert [(d.name, d.decision.state) for d in freed.decisions] == [("c2", State.ALLOCATED)]
 
 
+def test_claims_behind_heads_refused_without_a_trial_get_one_first_answer() -> None:
+    """A pass drops, without a trial, the groups of a spec no node has room for any more and the groups
+    their tenant's quota keeps out; their claims still get their first answer, with the reason that
+    holds (capacity, or the quota with its numbers), once."""
+    f = fleet(*node("h", "H100", 2), *node("b", "B200", 1))
+    config = quotas({"name": "a", "cohort": "x", "quotas": {"H100": {"nominal": 2}}},
+                    {"name": "c", "cohort": "x", "quotas": {"H100": {"nominal": 1}}},
+                    {"name": "b", "cohort": "y", "quotas": {"B200": {"nominal": 0, "borrowingLimit": 0}}})
+    queue = [waiting(a_claim("big", "a").request(count=2, selectors=(H100,)), arrival=0),
+             waiting(a_claim("c0", "c").request(selectors=(H100,)), arrival=1),  # its trial closes the spec
+             waiting(a_claim("one-0", "a").request(selectors=(H100,)), arrival=2),  # the closed spec: dropped
+             waiting(a_claim("one-1", "a").request(selectors=(H100,)), arrival=3),
+             waiting(a_claim("b0", "b").request(selectors=(B200,)), arrival=4),  # quota-full: dropped
+             waiting(a_claim("b1", "b").request(selectors=(B200,)), arrival=5)]
+    memo = SelectorMemo()
+    result = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, (), tuple(queue)), memo)
+    assert sorted(d.name for d in result.decisions) == sorted(w.name for w in queue)  # each once
+    answers = {d.name: d.decision for d in result.decisions}
+    assert answers["big"].state is State.ALLOCATED
+    for name in ("c0", "one-0", "one-1"):
+        assert answers[name].state is State.PENDING and "free 0 of 2" in (answers[name].reason or ""), name
+    for name in ("b0", "b1"):
+        assert answers[name].state is State.PENDING
+        assert "Quota: b would borrow 1 B200 beyond its nominal 0, over its borrowingLimit of 0" in (
+            answers[name].reason or ""), name
+    running = (Running("a", "big", answers["big"].allocation, 0, True, 0, 1),)  # type: ignore[arg-type]
+    answered = tuple(Waiting(w.tenant, w.name, w.claim, 0, True, w.arrival, answered=True) for w in queue[1:])
+    again = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, running, answered), memo)
+    assert again.decisions == ()  # nothing changed: nobody is answered again
+
+
 @pytest.mark.parametrize(("tenants", "devices", "used", "room"), [
     ([{"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 4}}}], 4, 0, 4),  # alone: no one lends to it
     ([{"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 4}}}], 4, 3, 1),
