@@ -1135,7 +1135,8 @@ _Head = tuple[tuple[int, int, str], tuple[str, int]]  # a group's head entry, an
 class _Heads:
     """A tenant's group heads during a pass, least first: the heads it started with, read in their
     sorted order (not copied: the kept groups do not change in a pass), merged with a heap of the heads
-    that follow admitted ones. A refused head costs an index step, not a heap operation."""
+    that follow admitted ones. A head dropped without a trial (`skip`) costs an iterator step, not a heap
+    operation."""
 
     __slots__ = ("sorted", "at", "pushed")
 
