@@ -425,7 +425,7 @@ class _Cycle:
         self._held: set[Running] = set()  # every running claim counted here
         self._queued: set[Waiting] = set()  # every waiting claim in the groups
         self.groups: dict[tuple[str, int], _Group] = {}
-        # per tenant, each group's head entry with the group, sorted: the pass copies it as its heap
+        # per tenant, each group's head entry with the group, sorted: the pass reads it in order (_Heads)
         self.tenant_heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
         self.fresh_groups: set[tuple[str, int]] = set()  # groups that may hold claims with no answer yet
@@ -1153,12 +1153,13 @@ class _Heads:
         return self.pushed[0] if self.pushed else None
 
     def pop(self) -> _Head:
-        if self.at < len(self.sorted):
-            head = self.sorted[self.at]
-            if not self.pushed or head < self.pushed[0]:
-                self.at += 1
-                return head
-        return heapq.heappop(self.pushed)
+        head = self.first()
+        assert head is not None
+        if self.at < len(self.sorted) and head is self.sorted[self.at]:
+            self.at += 1
+        else:
+            heapq.heappop(self.pushed)
+        return head
 
     def push(self, head: _Head) -> None:
         heapq.heappush(self.pushed, head)
@@ -1275,18 +1276,18 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                     queue.skip(no_room, quota_dead, quota_full)  # dropped without re-ranking the tenant
             if (top := queue.first()) is not None:
                 heapq.heappush(tenants, (book.share(tenant), top[0][0], top[0][1], tenant))
-        _answer_dropped(cycle, position, tried, refuse, lambda gid: _QUOTA_FULL if gid in quota_dead
-                        else no_room[gid[1]])
+        for tenant, head, gid in _dropped_unanswered(cycle, position, tried):  # dropped for quota, else closed
+            refuse(tenant, gid, cycle.waiting[(tenant, head[2])],
+                   _QUOTA_FULL if gid in quota_dead else no_room[gid[1]], [])
     finally:
         cycle.shrinking, cycle.no_room = None, {}
     return decided, first_seen
 
 
-def _answer_dropped(cycle: _Cycle, position: Mapping[tuple[str, int], int], tried: Collection[tuple[str, int]],
-                    refuse: Callable[[str, tuple[str, int], Waiting, Decision, list[Block]], None],
-                    refusal: Callable[[tuple[str, int]], Decision]) -> None:
-    """The groups the pass dropped without a trial answer their claims that have no answer yet (the rest
-    keep their answers), in tenant order, then head order."""
+def _dropped_unanswered(cycle: _Cycle, position: Mapping[tuple[str, int], int],
+                        tried: Collection[tuple[str, int]]) -> list[tuple[str, tuple[int, int, str], tuple[str, int]]]:
+    """The groups the pass dropped without a trial that hold claims with no answer yet, with their heads,
+    in tenant order, then head order (the rest of the dropped groups keep their answers)."""
     pending = []
     for gid in list(cycle.fresh_groups):
         group = cycle.groups.get(gid)
@@ -1294,8 +1295,7 @@ def _answer_dropped(cycle: _Cycle, position: Mapping[tuple[str, int], int], trie
             cycle.fresh_groups.discard(gid)
         elif gid not in tried and (at := position.get(gid, 0)) < len(group.entries):
             pending.append((gid[0], group.entries[at], gid))
-    for tenant, head, gid in sorted(pending):
-        refuse(tenant, gid, cycle.waiting[(tenant, head[2])], refusal(gid), [])
+    return sorted(pending)
 
 
 def _preemptors(cycle: _Cycle, order: Mapping[str, int]) -> Iterable[Waiting]:
