@@ -425,6 +425,7 @@ class _Cycle:
         self._held: set[Running] = set()  # every running claim counted here
         self._queued: set[Waiting] = set()  # every waiting claim in the groups
         self.groups: dict[tuple[str, int], _Group] = {}
+        self.specs: Counter[int] = Counter()  # groups per plan id: a pass that has closed every spec stops
         # per tenant, each group's head entry with the group, sorted: the pass reads it in order (_Heads)
         self.tenant_heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
@@ -549,6 +550,8 @@ class _Cycle:
         if group is None or group.plan is not plan:
             if group is not None:  # the id of a plan dropped from the memo came back: a new group
                 self._move_head(gid, group.entries[0] if group.entries else None, None)
+            if group is None:
+                self.specs[gid[1]] += 1
             group = self.groups[gid] = _Group(waiting.tenant, plan, self.plan_facts(plan))
         head = group.entries[0] if group.entries else None
         bisect.insort(group.entries, _entry(waiting))
@@ -588,6 +591,9 @@ class _Cycle:
         self._move_head(gid, head, entries[0] if entries else None)  # type: ignore[arg-type]
         if not entries:
             del self.groups[gid]  # type: ignore[arg-type]
+            self.specs[gid[1]] -= 1  # type: ignore[index]
+            if not self.specs[gid[1]]:  # type: ignore[index]
+                del self.specs[gid[1]]  # type: ignore[index]
 
     def _move_head(self, gid: tuple[str, int], old: tuple[int, int, str] | None,
                    new: tuple[int, int, str] | None) -> None:
@@ -637,7 +643,7 @@ class _Cycle:
         too few devices for any placement, no placement is tried (`room_known`: the caller found it has
         enough just now)."""
         enforced = self.snapshot.quotas.enforced
-        if enforced and not room_known and self.quota_room(waiting.tenant, self._facts(waiting)) is False:
+        if enforced and not room_known and self.quota_short(waiting.tenant, self._facts(waiting)) is not None:
             return _QUOTA_FULL, []  # no placement needed; the reason is worked out if it is given (answer())
         first = self._decide(waiting, None, explain=False)
         if not enforced or first.allocation is None:
@@ -694,10 +700,11 @@ class _Cycle:
         reason = "; ".join(b.why for b in blocks)
         return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
 
-    def quota_room(self, tenant: str, facts: _PlanFacts) -> bool | None:
-        """False when the tenant's quota leaves fewer devices, over every flavor the claim could use,
-        than any placement of it takes: no flavor-by-flavor placement can pass then. None when the claim
-        has no fixed least size (All mode, admin access) or may use devices no flavor counts.
+    def quota_short(self, tenant: str, facts: _PlanFacts) -> int | None:
+        """The devices the tenant's quota leaves over every flavor the claim could use when that is fewer
+        than any placement of it takes (no flavor-by-flavor placement can pass then); None when it is
+        enough, or the claim has no fixed least size (All mode, admin access) or may use devices no
+        flavor counts.
 
         Asked before any placement: the arithmetic (on rooms kept per tenant and flavor) costs less than
         a placement, which a quota-full claim would waste."""
@@ -718,7 +725,7 @@ class _Cycle:
             room += found
             if room >= need:
                 return None
-        return False
+        return room
 
     def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool) -> Decision:
         """A placement, or a Pending answer cached per plan, filter and fleet version (with its reason
@@ -862,7 +869,7 @@ class _Cycle:
             return False
         if sum(book.room(tenant, f, lent_only=False) for f in flavors) < least:
             return True  # its borrowingLimits stop it, whatever is lent
-        if self.quota_room(tenant, facts) is not False or any(book.over[f] > 0 for f in flavors):
+        if self.quota_short(tenant, facts) is None or any(book.over[f] > 0 for f in flavors):
             return False
         members = book.members[book.cohort_of(tenant)]
         return not any(m != tenant and book.borrowing(m, f) > 0 for m in members for f in flavors)
@@ -1052,7 +1059,7 @@ class _Cycle:
                 self._count(candidate[0].tenant, candidate[0].allocation, -1)
                 in_book_only.append(candidate[0])
                 taken.append(candidate)
-                if self.quota_room(waiting.tenant, facts) is False:
+                if self.quota_short(waiting.tenant, facts) is not None:
                     continue
                 for victim in in_book_only:
                     self._count(victim.tenant, victim.allocation, 1)
@@ -1219,12 +1226,13 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     no_room = cycle.no_room = {}
     groups = cycle.groups
     quota_dead: set[tuple[str, int]] = set()  # groups their tenant's quota keeps out for the rest of the pass
-    # per tenant and flavors a spec accepts: the fewest devices found too many for its quota; as rooms
-    # only shrink in a pass, any spec of as many devices or more over those flavors is kept out too
+    # per tenant and flavors a spec accepts: one more than the devices its quota was found to leave over
+    # them; as rooms only shrink in a pass, any spec of as many devices or more over those flavors is kept
+    # out too, without the arithmetic
     too_many: dict[tuple[str, frozenset[str]], int] = {}
     quota_full: Callable[[tuple[str, int]], bool] | None = None
     if cycle.snapshot.quotas.enforced:
-        quota_room = cycle.quota_room
+        quota_short = cycle.quota_short
 
         def quota_full(gid: tuple[str, int]) -> bool:
             facts = groups[gid].facts
@@ -1232,9 +1240,12 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             if need is None:
                 return False
             key = (gid[0], facts.flavors)
-            if need < too_many.get(key, need + 1) and quota_room(gid[0], facts) is not False:
-                return False
-            too_many[key] = min(need, too_many.get(key, need))
+            bound = too_many.get(key)
+            if bound is None or need < bound:
+                short = quota_short(gid[0], facts)
+                if short is None:
+                    return False
+                too_many[key] = short + 1  # below `bound`: short < need
             quota_dead.add(gid)
             return True
 
@@ -1254,9 +1265,14 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             return
         decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
 
+    specs = len(cycle.specs)
     cycle.shrinking = {}  # failed placements (see _Cycle.shrinking)
     try:
         while tenants:
+            if len(no_room) == specs:  # no node has room for any spec: every head left would be dropped
+                for *_, tenant in sorted(tenants):
+                    first_seen.setdefault(tenant, len(first_seen))
+                break
             _, _, _, tenant = heapq.heappop(tenants)
             first_seen.setdefault(tenant, len(first_seen))
             queue = heads[tenant]
