@@ -1357,6 +1357,7 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     candidates = sum(sum(c.values()) for c in cycle._priorities.values())  # preemptible claims running
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     explained: dict[tuple[Any, ...], Mapping[str, Any]] = {}  # claims alike in one tenant read alike
+    spec_parts: dict[Any, Any] = {}  # what claims of one spec read alike across tenants (explain_pending)
     for waiting, decision, blocks in final.values():
         detail = None
         decision, blocks = cycle.answer(waiting, decision, blocks)
@@ -1364,7 +1365,7 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
             alike = (waiting.tenant, waiting.priority, cycle.group_of.get(waiting.key), decision.reason)
             detail = explained.get(alike)
             if detail is None:
-                detail = explained[alike] = explain_pending(cycle, waiting, decision, blocks, candidates)
+                detail = explained[alike] = explain_pending(cycle, waiting, decision, blocks, candidates, spec_parts)
         elif decision.allocation is not None:
             for d in cycle._devices(decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))

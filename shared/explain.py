@@ -87,8 +87,34 @@ def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: 
 
 
 def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block],
-                    candidates: int) -> dict[str, Any]:
-    """`candidates`: preemptible claims running after the cycle, counted once for all explanations."""
+                    candidates: int, alike: dict[Any, tuple[dict[str, Any], dict[str, Any]]] | None = None
+                    ) -> dict[str, Any]:
+    """`candidates`: preemptible claims running after the cycle, counted once for all explanations.
+    `alike`: kept by the caller for one fleet state, the parts that claims of one spec with one reason
+    and no blocking quota share (all but their tenant's figures and their priority): many tenants wait
+    for the same few specs, so those parts are worked out once per spec and reason."""
+    book = cycle.book
+    tenant = {"name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
+              "weight": cycle.snapshot.quotas.tenant(waiting.tenant).weight,
+              "share": round(book.share(waiting.tenant), 4)}
+    key = None
+    if alike is not None and not blocks:
+        try:
+            key = (id(cycle.state.plan(waiting.claim)), decision.reason, decision.unsatisfiable)
+        except Rejected:
+            key = None
+    parts = alike.get(key) if alike is not None and key is not None else None
+    if parts is None:
+        parts = _spec_parts(cycle, waiting, decision, blocks, candidates)
+        if alike is not None and key is not None:
+            alike[key] = parts
+    head, tail = parts
+    return {**head, "tenant": tenant, "priority": waiting.priority, **tail}
+
+
+def _spec_parts(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block], candidates: int
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An explanation but for the tenant's figures and the claim's priority (which go between the two)."""
     preemption = {
         "candidates": candidates,
         "outcome": ("no preemptible claim may be displaced for it by the rules (priority within its tenant, "
@@ -96,18 +122,12 @@ def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks:
                     "preempted"),
     }
     capacity = _capacity(cycle, waiting)
-    book = cycle.book
-    return {
-        "state": decision.state.value,
-        "reason": decision.reason,
-        "unsatisfiable": decision.unsatisfiable,
-        "tenant": {"name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
-                   "weight": cycle.snapshot.quotas.tenant(waiting.tenant).weight,
-                   "share": round(book.share(waiting.tenant), 4)},
-        "priority": waiting.priority,
+    head = {"state": decision.state.value, "reason": decision.reason, "unsatisfiable": decision.unsatisfiable}
+    tail = {
         "flavors": sorted(cycle.claim_flavors(waiting)),  # what its requests accept: the demand it adds
         "quota": [b.to_json() for b in blocks],
         "capacity": capacity,
         "preemption": preemption,
         "toAdmit": _suggestions(blocks, capacity, decision, waiting.tenant, preemption),
     }
+    return head, tail

@@ -275,6 +275,38 @@ def _claim_of(waves: list[list[Any]], key: tuple[str, str]) -> Any:
     return next(c for wave in waves for c in wave if (c.metadata.namespace, c.metadata.name) == key)
 
 
+def test_claims_of_one_spec_in_many_tenants_are_each_explained_with_their_own_tenant_and_priority() -> None:
+    """The parts of an explanation that claims of one spec share across tenants (capacity, suggestions)
+    are worked out once per cycle; each claim still reads its own tenant's figures and its priority."""
+    f = fleet(*node("n", "H100", 2))
+    running = (Running("a", "r0", _allocation_on(f, "n", 2), 0, False, 0, 1),)  # not preemptible
+    queue = [waiting(a_claim("wa", "a").request(selectors=(H100,)), priority=2, arrival=1),
+             waiting(a_claim("wb", "b").request(selectors=(H100,)), priority=0, arrival=2)]
+    result = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running, tuple(queue)))
+    details = {d.name: d.explain for d in result.decisions}
+    assert details["wa"] is not None and details["wb"] is not None
+    assert (details["wa"]["tenant"]["name"], details["wa"]["priority"], details["wa"]["tenant"]["unitsInUse"]) == (
+        "a", 2, 2 * _h100_value())
+    assert (details["wb"]["tenant"]["name"], details["wb"]["priority"], details["wb"]["tenant"]["unitsInUse"]) == (
+        "b", 0, 0)
+    assert details["wa"]["capacity"] == details["wb"]["capacity"] and details["wa"]["capacity"][0]["free"] == 0
+    assert details["wa"]["toAdmit"] == details["wb"]["toAdmit"] != []
+    assert list(details["wa"]) == ["state", "reason", "unsatisfiable", "tenant", "priority", "flavors", "quota",
+                                   "capacity", "preemption", "toAdmit"]
+
+
+def _allocation_on(f: Fleet, node_name: str, count: int) -> Any:
+    from shared.allocation import FleetState
+    claim = a_claim("probe", "a").request(count=count, selectors=(H100,)).build()
+    decision = FleetState(f, BUILTIN_CLASSES, ()).decide(claim)
+    assert decision.allocation is not None and decision.allocation.node == node_name
+    return decision.allocation
+
+
+def _h100_value() -> float:
+    return next(fl.value for fl in QuotaConfig().flavors if fl.name == "H100")
+
+
 def test_a_deep_queue_of_alike_claims_is_answered_once_and_taken_in_order() -> None:
     """Claims alike (one tenant, one spec) form a group: the head is tried, the rest share its answer the
     first time and keep it after; freed devices go to the earliest arrival."""
