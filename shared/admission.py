@@ -781,13 +781,15 @@ class _Cycle:
 
     # -- preemption ---------------------------------------------------------------------------------
 
-    def _candidates(self, preemptor: Waiting, hosts: Collection[str]) -> Iterable[tuple[Running, str]]:
+    def _candidates(self, preemptor: Waiting, hosts: Collection[str]
+                    ) -> tuple[dict[str, list[tuple[Running, str]]], dict[str, float]]:
         """Running claims `preemptor` may consider, with the rule that lets it, before checking the
-        outcome. Only preemptible claims on `hosts` that ran before this cycle, never one that displaced the
-        preemptor (no back and forth); in its own tenant those of lower priority ("priority"); in other
-        tenants only claims holding a flavor their tenant borrows (any claim in an open fleet): "reclaim"
-        within the cohort, for a preemptor with nominal headroom, else "fair-share", from tenants whose
-        share is at least the preemptor's (the victim's share after the move must stay at or above)."""
+        outcome, per node, and the GPU units they hold on each node (what orders the nodes). Only
+        preemptible claims on `hosts` that ran before this cycle, never one that displaced the preemptor
+        (no back and forth); in its own tenant those of lower priority ("priority"); in other tenants
+        only claims holding a flavor their tenant borrows (any claim in an open fleet): "reclaim" within
+        the cohort, for a preemptor with nominal headroom, else "fair-share", from tenants whose share is
+        at least the preemptor's (the victim's share after the move must stay at or above)."""
         book, quotas = self.book, self.snapshot.quotas
         enforced = quotas.enforced
         flavors, sized = self._facts(preemptor)
@@ -799,6 +801,9 @@ class _Cycle:
         headroom: bool | None = None
         own_only = self._stuck_on_quota(preemptor)  # a claim its quota keeps out preempts within its tenant
         view = self._victim_tenants()
+        on_hosts: dict[str, list[tuple[Running, str]]] = {}
+        units_on: dict[str, float] = defaultdict(float)
+        units_of = self._units
         for tenant, claims, weight, share, tenant_cohort in view.tenants:
             if not claims or (own_only and tenant != preemptor.tenant):
                 continue
@@ -834,19 +839,26 @@ class _Cycle:
             seen: set[ClaimKey] = set()
             for source in sources:
                 for key, victim in source.items():
-                    if (victim.allocation.node not in hosts or not victim.preemptible or key in preempted
+                    node = victim.allocation.node
+                    if (node not in hosts or not victim.preemptible or key in preempted
                             or key in admitted or key in displaced):
                         continue
                     if len(sources) > 1:
                         if key in seen:
                             continue
                         seen.add(key)
-                    if rule == "priority":
-                        if victim.priority >= preemptor.priority:
-                            continue
-                    elif rule == "fair-share" and share - self._units(victim) / weight < mine:
+                    if rule == "priority" and victim.priority >= preemptor.priority:
                         continue
-                    yield victim, rule
+                    units = units_of(victim)
+                    if rule == "fair-share" and share - units / weight < mine:
+                        continue
+                    found = on_hosts.get(node)
+                    if found is None:
+                        on_hosts[node] = [(victim, rule)]
+                    else:
+                        found.append((victim, rule))
+                    units_on[node] += units
+        return on_hosts, units_on
 
     def _victim_tenants(self) -> _VictimTenants:
         """The tenants that run claims as preemption sees them: the same for every attempt until one
@@ -964,12 +976,10 @@ class _Cycle:
         except (Rejected, IndexError):
             return None
         hosts = index.nodes
-        on_hosts: dict[str, list[tuple[Running, str]]] = defaultdict(list)
-        for victim, rule in self._candidates(waiting, hosts):
-            on_hosts[victim.allocation.node].append((victim, rule))
+        on_hosts, units_on = self._candidates(waiting, hosts)
         best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
         tried = 0  # nodes where evicting the candidates could make room, fewest candidate units first
-        for node in sorted(on_hosts, key=lambda n: (sum(self._units(r) for r, _ in on_hosts[n]), n)):
+        for _, node in sorted(zip(units_on.values(), units_on, strict=True)):  # fewest units, then name
             if tried == MAX_PREEMPTION_NODES:
                 break
             candidates = on_hosts[node]
