@@ -425,6 +425,7 @@ class _Cycle:
         self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
         self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
         self._running_units: dict[ClaimKey, float] = {}
+        self._flavor_counts: dict[int, tuple[Allocation, list[tuple[str | None, int, float]]]] = {}  # by id
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         # per tenant: its room per flavor, kept while its cohort's usage and the free capacity other
         # cohorts spilled into stay the same (all a tenant's room depends on)
@@ -618,6 +619,15 @@ class _Cycle:
         return [by_key[k] for k in allocation.keys if k in by_key]
 
     def _count(self, tenant: str, allocation: Allocation, sign: int) -> None:
+        for name, n, units in self._per_flavor(allocation):
+            self.book.add(tenant, name, sign * units, sign * n)
+
+    def _per_flavor(self, allocation: Allocation) -> list[tuple[str | None, int, float]]:
+        """An allocation's devices per flavor, with the GPU units they weigh: worked out once per allocation
+        (a claim is counted when it comes and goes, and again each time preemption weighs it)."""
+        kept = self._flavor_counts.get(id(allocation))
+        if kept is not None and kept[0] is allocation:
+            return kept[1]
         per_flavor: dict[str | None, tuple[int, float]] = {}
         of = self.flavors.of
         for d in self._devices(allocation):
@@ -625,8 +635,11 @@ class _Cycle:
             name = flavor.name if flavor else None
             n, units = per_flavor.get(name, (0, 0.0))
             per_flavor[name] = (n + 1, units + (flavor.value if flavor else 0.0))
-        for name, (n, units) in per_flavor.items():
-            self.book.add(tenant, name, sign * units, sign * n)
+        counts = [(name, n, units) for name, (n, units) in per_flavor.items()]
+        if len(self._flavor_counts) > 100_000:  # allocations come and go: keep the memo bounded
+            self._flavor_counts.clear()
+        self._flavor_counts[id(allocation)] = (allocation, counts)
+        return counts
 
     def _only(self, flavor: str) -> DeviceFilter:
         """Placement restricted to one flavor; one filter object per flavor, shared by every tenant, so
