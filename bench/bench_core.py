@@ -100,7 +100,8 @@ def run(nodes: int, claims: int) -> dict[str, Any]:
     batch = build_claims(claims)
     fleet.nodes_by_shape  # noqa: B018 - device kinds and node shapes are worked out when inventory arrives
     gc.collect()
-    gc.freeze()  # the fleet is long-lived: keep the cyclic GC from rescanning it (the allocator does the same)
+    gc.freeze()  # the fleet is long-lived: keep the cyclic GC from rescanning it (the allocator freezes what
+    # each cycle keeps: services/runtime.py)
     memo = SelectorMemo()
     state = FleetState(fleet, BUILTIN_CLASSES, (), memo=memo)
     latencies = []

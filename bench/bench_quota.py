@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.runtime import tune_gc  # noqa: E402
+from services.runtime import CollectorPacing, tune_gc  # noqa: E402
 from shared import dra  # noqa: E402
 from shared.admission import Running, Snapshot, Waiting, run_cycle  # noqa: E402
 from shared.allocation import SelectorMemo  # noqa: E402
@@ -101,6 +101,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
     gc.collect()
     gc.freeze()
     memo = SelectorMemo()
+    collector = CollectorPacing()  # as the allocator runs: what a cycle keeps is frozen after it
     times, admitted, preempted = [], 0, 0
     warming, index = True, 0
     while index < cycles:
@@ -116,6 +117,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
         started = time.perf_counter()
         result = run_cycle(snapshot, memo)
         elapsed = time.perf_counter() - started
+        collector.after_cycle()
         for p in result.preemptions:  # back to the queue with their first arrival
             running.pop(p.victim)
             waiting[p.victim] = submitted[p.victim]

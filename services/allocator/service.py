@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services.allocator import ledger_ops as ops
 from services.natsio import ensure_streams, publish_json, raise_lost_cancel
+from services.runtime import CollectorPacing
 from shared import dra, events, subjects
 from shared.admission import Snapshot, run_cycle
 from shared.allocation import SelectorMemo, State
@@ -67,6 +68,7 @@ class Allocator:
         self.fleet = Fleet()
         self.memo = SelectorMemo()
         self.queue_cache = ops.QueueCache()
+        self.collector = CollectorPacing()  # what a cycle keeps is frozen: young GC passes skip it
         self.batch = batch
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
@@ -205,6 +207,7 @@ class Allocator:
         snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()),
                             tuple(queue.waiting.values()), self._unusable_nodes())
         result = run_cycle(snapshot, self.memo)
+        self.collector.after_cycle()
         now = datetime.now(UTC)
         for preemption in result.preemptions:
             row = queue.rows[preemption.victim]
