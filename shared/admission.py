@@ -559,7 +559,7 @@ class _Cycle:
         if group is None or group.plan is not plan:
             if group is not None:  # the id of a plan dropped from the memo came back: a new group
                 self._move_head(gid, group.entries[0] if group.entries else None, None)
-            if group is None:
+            else:
                 self.specs[gid[1]] += 1
             group = self.groups[gid] = _Group(waiting.tenant, plan, self.plan_facts(plan))
         head = group.entries[0] if group.entries else None
@@ -589,7 +589,7 @@ class _Cycle:
         self.invalid.discard(waiting.key)
         gid = self.group_of.pop(waiting.key, None)
         group = self.groups.get(gid) if gid is not None else None
-        if group is None:
+        if gid is None or group is None:
             return
         entries = group.entries
         head = entries[0]
@@ -597,12 +597,12 @@ class _Cycle:
         if at < len(entries) and entries[at] == _entry(waiting):
             del entries[at]
         group.fresh.discard(waiting.name)
-        self._move_head(gid, head, entries[0] if entries else None)  # type: ignore[arg-type]
+        self._move_head(gid, head, entries[0] if entries else None)
         if not entries:
-            del self.groups[gid]  # type: ignore[arg-type]
-            self.specs[gid[1]] -= 1  # type: ignore[index]
-            if not self.specs[gid[1]]:  # type: ignore[index]
-                del self.specs[gid[1]]  # type: ignore[index]
+            del self.groups[gid]
+            self.specs[gid[1]] -= 1
+            if not self.specs[gid[1]]:
+                del self.specs[gid[1]]
 
     def _move_head(self, gid: tuple[str, int], old: tuple[int, int, str] | None,
                    new: tuple[int, int, str] | None) -> None:
@@ -1296,11 +1296,11 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             return
         decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
 
-    specs = len(cycle.specs)
+    open_specs = set(cycle.specs)  # plan ids of the specs some node may still have room for
     cycle.shrinking = {}  # failed placements (see _Cycle.shrinking)
     try:
         while tenants:
-            if len(no_room) == specs:  # no node has room for any spec: every head left would be dropped
+            if not open_specs:  # no node has room for any spec: every head left would be dropped
                 for *_, tenant in sorted(tenants):
                     first_seen.setdefault(tenant, len(first_seen))
                 break
@@ -1320,6 +1320,8 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                 else:
                     refuse(tenant, gid, waiting, decision, blocks)
                     tried.add(gid)
+                    if gid[1] in no_room:  # the trial found no node with room for the spec
+                        open_specs.discard(gid[1])
                     queue.skip(no_room, quota_dead, quota_full)  # dropped without re-ranking the tenant
             if (top := queue.first()) is not None:
                 heapq.heappush(tenants, (book.share(tenant), top[0][0], top[0][1], tenant))

@@ -97,17 +97,18 @@ def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks:
     tenant = {"name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
               "weight": cycle.snapshot.quotas.tenant(waiting.tenant).weight,
               "share": round(book.share(waiting.tenant), 4)}
+    shared = {} if alike is None else alike
     key = None
-    if alike is not None and not blocks:
+    if not blocks:  # a quota's figures are the tenant's own
         try:
             key = (id(cycle.state.plan(waiting.claim)), decision.reason, decision.unsatisfiable)
         except Rejected:
             key = None
-    parts = alike.get(key) if alike is not None and key is not None else None
+    parts = shared.get(key) if key is not None else None
     if parts is None:
         parts = _spec_parts(cycle, waiting, decision, blocks, candidates)
-        if alike is not None and key is not None:
-            alike[key] = parts
+        if key is not None:
+            shared[key] = parts
     head, tail = parts
     return {**head, "tenant": tenant, "priority": waiting.priority, **tail}
 
