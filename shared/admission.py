@@ -1243,9 +1243,9 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     and so is a group whose tenant's quota has too little room for its spec (arithmetic on rooms kept per
     tenant and flavor, cheaper than a trial): such heads are dropped without a trial and without
     re-ranking the tenant, and the claims of their groups that have no answer yet are answered at the
-    end. So a cycle costs O(admitted + trials) plus a set lookup per group, whatever the depth of the
-    queue. Returns what was decided and the order tenants came in (the claims admitted are
-    `cycle.admitted_now`)."""
+    end; once no spec is open the pass stops, and the tenants left only come in order. So a cycle costs
+    O(admitted + trials) plus at most a set lookup per group, whatever the depth of the queue. Returns
+    what was decided and the order tenants came in (the claims admitted are `cycle.admitted_now`)."""
     heads = {t: _Heads(q) for t, q in cycle.tenant_heads.items() if q}
     position: dict[tuple[str, int], int] = {}  # per group: claims admitted from it so far
     book = cycle.book
