@@ -425,7 +425,8 @@ class _Cycle:
         self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
         self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
         self._running_units: dict[ClaimKey, float] = {}
-        self._flavor_counts: dict[int, tuple[Allocation, list[tuple[str | None, int, float]]]] = {}  # by id
+        # per running claim: its devices per flavor with their units (dropped with the claim)
+        self._flavor_counts: dict[ClaimKey, tuple[Allocation, list[tuple[str | None, int, float]]]] = {}
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         # per tenant: its room per flavor, kept while its cohort's usage and the free capacity other
         # cohorts spilled into stay the same (all a tenant's room depends on)
@@ -514,7 +515,7 @@ class _Cycle:
     def _hold(self, running: Running) -> None:
         """A claim runs: its devices are taken, its usage counted, and it is found by node and tenant."""
         self.state.take(running.allocation)
-        self._count(running.tenant, running.allocation, 1)
+        self._count(running, 1)
         self._relabel(None, running)
 
     def _relabel(self, kept: Running | None, running: Running) -> None:
@@ -534,7 +535,8 @@ class _Cycle:
 
     def _drop(self, running: Running) -> None:
         self.state.give_back(running.allocation)
-        self._count(running.tenant, running.allocation, -1)
+        self._count(running, -1)
+        self._flavor_counts.pop(running.key, None)
         self._held.discard(running)
         if running.preemptible:
             self._priorities[running.tenant][running.priority] -= 1
@@ -618,14 +620,15 @@ class _Cycle:
         by_key = self.fleet.by_key
         return [by_key[k] for k in allocation.keys if k in by_key]
 
-    def _count(self, tenant: str, allocation: Allocation, sign: int) -> None:
-        for name, n, units in self._per_flavor(allocation):
-            self.book.add(tenant, name, sign * units, sign * n)
+    def _count(self, running: Running, sign: int) -> None:
+        for name, n, units in self._per_flavor(running):
+            self.book.add(running.tenant, name, sign * units, sign * n)
 
-    def _per_flavor(self, allocation: Allocation) -> list[tuple[str | None, int, float]]:
-        """An allocation's devices per flavor, with the GPU units they weigh: worked out once per allocation
-        (a claim is counted when it comes and goes, and again each time preemption weighs it)."""
-        kept = self._flavor_counts.get(id(allocation))
+    def _per_flavor(self, running: Running) -> list[tuple[str | None, int, float]]:
+        """A running claim's devices per flavor, with the GPU units they weigh: worked out once while it runs
+        (it is counted when it comes and goes, and again each time preemption weighs it)."""
+        allocation = running.allocation
+        kept = self._flavor_counts.get(running.key)
         if kept is not None and kept[0] is allocation:
             return kept[1]
         per_flavor: dict[str | None, tuple[int, float]] = {}
@@ -636,9 +639,7 @@ class _Cycle:
             n, units = per_flavor.get(name, (0, 0.0))
             per_flavor[name] = (n + 1, units + (flavor.value if flavor else 0.0))
         counts = [(name, n, units) for name, (n, units) in per_flavor.items()]
-        if len(self._flavor_counts) > 100_000:  # allocations come and go: keep the memo bounded
-            self._flavor_counts.clear()
-        self._flavor_counts[id(allocation)] = (allocation, counts)
+        self._flavor_counts[running.key] = (allocation, counts)
         return counts
 
     def _only(self, flavor: str) -> DeviceFilter:
@@ -1087,13 +1088,13 @@ class _Cycle:
         facts = self._facts(waiting)
         try:
             for candidate in candidates:
-                self._count(candidate[0].tenant, candidate[0].allocation, -1)
+                self._count(candidate[0], -1)
                 in_book_only.append(candidate[0])
                 taken.append(candidate)
                 if self.quota_short(waiting.tenant, facts) is not None:
                     continue
                 for victim in in_book_only:
-                    self._count(victim.tenant, victim.allocation, 1)
+                    self._count(victim, 1)
                     self._evict(victim)
                 in_book_only.clear()
                 allocation = self._fits_with(waiting, taken)
@@ -1113,7 +1114,7 @@ class _Cycle:
         finally:
             for victim, _ in taken:
                 if victim in in_book_only:
-                    self._count(victim.tenant, victim.allocation, 1)
+                    self._count(victim, 1)
                 else:
                     self._restore(victim)
 
