@@ -362,6 +362,15 @@ class _PlanFacts(NamedTuple):
     least: int | None  # fewest flavored devices a placement takes; None: All mode, admin access or unflavored
 
 
+class _Holding(NamedTuple):
+    """A running claim's devices as the quota book counts them."""
+
+    allocation: Allocation
+    per_flavor: list[tuple[str | None, int, float]]  # flavor, devices, GPU units they weigh
+    flavors: frozenset[str | None]
+    units: float  # GPU units in all (summed in device order)
+
+
 _QUOTA_FULL = Decision(State.PENDING)  # a trial's answer: the tenant's quota cannot hold the claim
 
 
@@ -424,9 +433,7 @@ class _Cycle:
         # scanning every running claim
         self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
         self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
-        self._running_units: dict[ClaimKey, float] = {}
-        # per running claim: its devices per flavor with their units (dropped with the claim)
-        self._flavor_counts: dict[ClaimKey, tuple[Allocation, list[tuple[str | None, int, float]]]] = {}
+        self._holdings: dict[ClaimKey, _Holding] = {}  # per running claim (dropped with it)
         self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         # per tenant: its room per flavor, kept while its cohort's usage and the free capacity other
         # cohorts spilled into stay the same (all a tenant's room depends on)
@@ -441,7 +448,6 @@ class _Cycle:
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
         self.fresh_groups: set[tuple[str, int]] = set()  # groups that may hold claims with no answer yet
         self.invalid: set[ClaimKey] = set()  # claims Rejected as written
-        self._running_flavors: dict[ClaimKey, frozenset[str | None]] = {}
         self._plan_facts: dict[int, _PlanFacts] = {}
         # explain: what an index holds, and a spec's capacity per request, kept per fleet version
         self.index_figures: dict[int, tuple[Any, int, dict[str, Any]]] = {}
@@ -530,23 +536,21 @@ class _Cycle:
         self.running[running.key] = running
         self.by_tenant[running.tenant][running.key] = running
         pools = self.by_flavor[running.tenant]
-        for flavor in self._flavors_of(running):
+        for flavor in self._holding(running).flavors:
             pools[flavor][running.key] = running
 
     def _drop(self, running: Running) -> None:
         self.state.give_back(running.allocation)
         self._count(running, -1)
-        self._flavor_counts.pop(running.key, None)
         self._held.discard(running)
         if running.preemptible:
             self._priorities[running.tenant][running.priority] -= 1
         del self.running[running.key]
         del self.by_tenant[running.tenant][running.key]
         pools = self.by_flavor[running.tenant]
-        for flavor in self._flavors_of(running):
+        for flavor in self._holding(running).flavors:
             del pools[flavor][running.key]
-        self._running_flavors.pop(running.key, None)
-        self._running_units.pop(running.key, None)
+        self._holdings.pop(running.key, None)
 
     def _enqueue(self, waiting: Waiting) -> None:
         self.waiting[waiting.key] = waiting
@@ -621,26 +625,29 @@ class _Cycle:
         return [by_key[k] for k in allocation.keys if k in by_key]
 
     def _count(self, running: Running, sign: int) -> None:
-        for name, n, units in self._per_flavor(running):
+        for name, n, units in self._holding(running).per_flavor:
             self.book.add(running.tenant, name, sign * units, sign * n)
 
-    def _per_flavor(self, running: Running) -> list[tuple[str | None, int, float]]:
-        """A running claim's devices per flavor, with the GPU units they weigh: worked out once while it runs
-        (it is counted when it comes and goes, and again each time preemption weighs it)."""
+    def _holding(self, running: Running) -> _Holding:
+        """A running claim's devices as quotas and preemption weigh them, worked out once while it runs
+        (it is counted when it comes and goes, and weighed each time preemption looks at it)."""
         allocation = running.allocation
-        kept = self._flavor_counts.get(running.key)
-        if kept is not None and kept[0] is allocation:
-            return kept[1]
+        kept = self._holdings.get(running.key)
+        if kept is not None and kept.allocation is allocation:
+            return kept
         per_flavor: dict[str | None, tuple[int, float]] = {}
+        total = 0.0
         of = self.flavors.of
         for d in self._devices(allocation):
             flavor = of(d)
             name = flavor.name if flavor else None
+            value = flavor.value if flavor else 0.0
             n, units = per_flavor.get(name, (0, 0.0))
-            per_flavor[name] = (n + 1, units + (flavor.value if flavor else 0.0))
-        counts = [(name, n, units) for name, (n, units) in per_flavor.items()]
-        self._flavor_counts[running.key] = (allocation, counts)
-        return counts
+            per_flavor[name] = (n + 1, units + value)
+            total += value
+        kept = self._holdings[running.key] = _Holding(
+            allocation, [(name, n, units) for name, (n, units) in per_flavor.items()], frozenset(per_flavor), total)
+        return kept
 
     def _only(self, flavor: str) -> DeviceFilter:
         """Placement restricted to one flavor; one filter object per flavor, shared by every tenant, so
@@ -951,13 +958,6 @@ class _Cycle:
 
         return test, by_share, lowest
 
-    def _flavors_of(self, running: Running) -> frozenset[str | None]:
-        found = self._running_flavors.get(running.key)
-        if found is None:
-            found = self._running_flavors[running.key] = frozenset(
-                self.flavors.name_of(d) for d in self._devices(running.allocation))
-        return found
-
     def claim_flavors(self, waiting: Waiting) -> frozenset[str]:
         """Flavors of the devices the claim's requests accept at all: the only ones worth trying."""
         return self._facts(waiting).flavors
@@ -1040,10 +1040,7 @@ class _Cycle:
         return found[1]
 
     def _units(self, r: Running) -> float:
-        found = self._running_units.get(r.key)
-        if found is None:
-            found = self._running_units[r.key] = sum(self.flavors.units_of(d) for d in self._devices(r.allocation))
-        return found
+        return self._holding(r).units
 
     def _victim_order(self, r: Running) -> tuple[float, int, int]:
         return (self._units(r), r.priority, -r.allocated_order)
