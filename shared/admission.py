@@ -187,6 +187,7 @@ class QuotaBook:
         self.spill: dict[tuple[str, str], int] = defaultdict(int)  # members' use beyond what they keep
         self.over: dict[str, int] = defaultdict(int)  # cohorts' spill beyond what they lend: free capacity used
         self.covered: dict[str, int] = defaultdict(int)  # nominal quota per flavor over all tenants
+        self.taken: dict[str, int] = defaultdict(int)  # devices per flavor in use, by every tenant
         self.borrowed_count: dict[str, int] = defaultdict(int)  # flavors a tenant uses beyond its nominal
         self.cohort_versions: dict[str, int] = defaultdict(int)  # per cohort: its members' usage changed
         self.free_version = 0  # the free capacity some cohort spilled into changed
@@ -236,6 +237,7 @@ class QuotaBook:
         self.cohort_versions[self.cohort_of(tenant)] += 1
         key = (tenant, flavor)
         self.flavors_used[tenant].add(flavor)
+        self.taken[flavor] += count
         keep = self.keep.get(key, 0)
         used = self.used[key]
         now = self.used[key] = used + count
@@ -292,6 +294,11 @@ class QuotaBook:
     def borrowed_flavors(self, tenant: str) -> frozenset[str | None]:
         """Flavors the tenant uses beyond its nominal quota."""
         return frozenset(f for f in self.flavors_used.get(tenant, ()) if self.borrowing(tenant, f) > 0)
+
+    def idle(self, flavor: str) -> int:
+        """Devices of the flavor nobody uses (an upper bound where some are on unusable nodes)."""
+        idle = self.capacity.get(flavor, 0) - self.taken[flavor]
+        return idle if idle > 0 else 0
 
     def free_capacity(self, flavor: str) -> int:
         """Devices of the flavor no tenant's nominal quota covers: anyone may borrow them."""
@@ -740,21 +747,49 @@ class _Cycle:
         flavors, need = facts
         if need is None:
             return None
+        rooms, room_of = self._tenant_rooms(tenant), self.book.room
+        room = 0
+        for flavor in flavors:
+            found = rooms.get(flavor)
+            if found is None:
+                found = rooms[flavor] = room_of(tenant, flavor)
+            room += found
+            if room >= need:
+                return None
+        return room
+
+    def may_place(self, tenant: str, facts: _PlanFacts) -> bool:
+        """Whether the tenant's quota and the idle devices could hold a placement of the claim: of each
+        flavor a placement takes no more than the tenant's room and no more than the idle devices, so the
+        lesser of the two, summed over the flavors the claim accepts, must reach its least size. Only a
+        necessary test (quota_short's, with idle devices too), and no placement: preemption asks it
+        before each placement it would try with some claims evicted (a claim that may borrow a flavor
+        nobody has idle, and none of the flavor it sees idle, is kept out by it)."""
+        flavors, need = facts
+        if need is None:
+            return True
+        book = self.book
+        rooms, room_of, idle_of = self._tenant_rooms(tenant), book.room, book.idle
+        total = 0
+        for flavor in flavors:
+            room = rooms.get(flavor)
+            if room is None:
+                room = rooms[flavor] = room_of(tenant, flavor)
+            idle = idle_of(flavor)
+            total += room if room < idle else idle
+            if total >= need:
+                return True
+        return False
+
+    def _tenant_rooms(self, tenant: str) -> dict[str, int]:
+        """The tenant's room per flavor worked out so far, kept while its cohort's usage and the free
+        capacity other cohorts spilled into stay the same."""
         book = self.book
         cohort_version, free_version = book.cohort_version(tenant), book.free_version
         kept = self._rooms.get(tenant)
         if kept is None or kept[0] != cohort_version or kept[1] != free_version:
             kept = self._rooms[tenant] = (cohort_version, free_version, {})
-        rooms = kept[2]
-        room = 0
-        for flavor in flavors:
-            found = rooms.get(flavor)
-            if found is None:
-                found = rooms[flavor] = book.room(tenant, flavor)
-            room += found
-            if room >= need:
-                return None
-        return room
+        return kept[2]
 
     def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool) -> Decision:
         """A placement, or a Pending answer cached per plan, filter and fleet version (with its reason
@@ -1077,8 +1112,9 @@ class _Cycle:
                     ) -> tuple[list[tuple[Running, str]], Allocation] | None:
         """Greedy on one node until the claim fits, then drop every victim it does not need.
 
-        A victim is first taken out of the quota book only: while the claim's quota still keeps it out,
-        no placement can pass, so the fleet is not touched (the outcome is the same, for less)."""
+        A victim is first taken out of the quota book only: while the claim's quota, or the idle devices
+        of the flavors it has room in, still keep it out (`may_place`), no placement can pass, so the
+        fleet is not touched (the outcome is the same, for less)."""
         taken: list[tuple[Running, str]] = []
         in_book_only: list[Running] = []
         allocation = None
@@ -1088,7 +1124,7 @@ class _Cycle:
                 self._count(candidate[0], -1)
                 in_book_only.append(candidate[0])
                 taken.append(candidate)
-                if self.quota_short(waiting.tenant, facts) is not None:
+                if not self.may_place(waiting.tenant, facts):
                     continue
                 for victim in in_book_only:
                     self._count(victim, 1)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.admission import Flavors, QuotaBook, Running, Snapshot, Waiting, _Cycle, run_cycle
-from shared.allocation import SelectorMemo, State
+from shared.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.classes import BUILTIN_CLASSES
 from shared.inventory import Fleet
 from shared.quota import QuotaConfig, parse_quotas
@@ -389,3 +389,35 @@ def test_room_under_a_borrowing_limit_counts_what_is_borrowed_once(used: int, ex
         book.add("t", "H100", 2.0)
     assert book.room("t", "H100", lent_only=False) == expected
     assert not book.check("t", {"H100": expected}) if expected else book.check("t", {"H100": 1})
+
+
+@pytest.mark.parametrize(("u_holds", "t_h100_nominal", "count", "may"), [
+    (4, 4, 1, False),  # room for H100 but none idle; B200 idle but no room for it
+    (3, 4, 1, True),  # one H100 idle, and room for it
+    (3, 4, 2, False),  # one H100 idle is too few for two
+    (2, 4, 2, True),
+    (2, 1, 2, False),  # two H100 idle, room for one (t's cohort lends nothing)
+    (0, 0, 1, False),  # all idle, no room anywhere
+])
+def test_a_placement_needs_room_and_idle_devices_of_one_flavor_set(u_holds: int, t_h100_nominal: int, count: int,
+                                                                 may: bool) -> None:
+    """`may_place` (asked by preemption before each placement it would try) sums, over the flavors a claim
+    accepts, the lesser of the tenant's room and the idle devices: room in a flavor nobody has idle and
+    idle devices of a flavor it has no room in do not add up to a placement."""
+    f = fleet(*node("h", "H100", 4), *node("b", "B200", 4))
+    config = quotas({"name": "t", "cohort": "x", "quotas": {"H100": {"nominal": t_h100_nominal},
+                                                           "B200": {"nominal": 0, "borrowingLimit": 0}}},
+                    {"name": "u", "cohort": "y", "quotas": {"H100": {"nominal": 4 - t_h100_nominal},
+                                                           "B200": {"nominal": 4}}})
+    running = tuple(Running("u", f"u{i}", Allocation("h", (DeviceResult("gpu", "gpu.nvidia.com", "h", f"gpu-{i}"),)),
+                            0, True, i, i)
+                    for i in range(u_holds))
+    claim = waiting(a_claim("any", "t").request(count=count))
+    memo = SelectorMemo()
+    run_cycle(Snapshot(f, BUILTIN_CLASSES, config, running, ()), memo)
+    cycle = memo.states["admission"]
+    assert isinstance(cycle, _Cycle)
+    facts = cycle.plan_facts(cycle.state.plan(claim.claim))
+    assert facts.flavors == {"H100", "B200"}
+    assert cycle.may_place("t", facts) is may
+    assert cycle.book.idle("H100") == 4 - u_holds and cycle.book.idle("B200") == 4
