@@ -379,6 +379,7 @@ class _Holding(NamedTuple):
 
 
 _QUOTA_FULL = Decision(State.PENDING)  # a trial's answer: the tenant's quota cannot hold the claim
+_NO_IDLE = Decision(State.PENDING)  # a pass's answer: too few devices the claim accepts are idle
 
 
 class _Group:
@@ -736,38 +737,19 @@ class _Cycle:
         reason = "; ".join(b.why for b in blocks)
         return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
 
-    def quota_short(self, tenant: str, facts: _PlanFacts) -> int | None:
+    def quota_short(self, tenant: str, facts: _PlanFacts, *, idle: bool = False) -> int | None:
         """The devices the tenant's quota leaves over every flavor the claim could use when that is fewer
         than any placement of it takes (no flavor-by-flavor placement can pass then); None when it is
         enough, or the claim has no fixed least size (All mode, admin access) or may use devices no
-        flavor counts.
+        flavor counts. With `idle`, of each flavor only as many as are idle count too: a placement takes
+        no more of a flavor than the tenant's room and the idle devices, so room in a flavor nobody has
+        idle and idle devices of a flavor it has no room in do not add up to one.
 
         Asked before any placement: the arithmetic (on rooms kept per tenant and flavor) costs less than
-        a placement, which a quota-full claim would waste."""
+        a placement, which a claim kept out would waste."""
         flavors, need = facts
         if need is None:
             return None
-        rooms, room_of = self._tenant_rooms(tenant), self.book.room
-        room = 0
-        for flavor in flavors:
-            found = rooms.get(flavor)
-            if found is None:
-                found = rooms[flavor] = room_of(tenant, flavor)
-            room += found
-            if room >= need:
-                return None
-        return room
-
-    def may_place(self, tenant: str, facts: _PlanFacts) -> bool:
-        """Whether the tenant's quota and the idle devices could hold a placement of the claim: of each
-        flavor a placement takes no more than the tenant's room and no more than the idle devices, so the
-        lesser of the two, summed over the flavors the claim accepts, must reach its least size. Only a
-        necessary test (quota_short's, with idle devices too), and no placement: preemption asks it
-        before each placement it would try with some claims evicted (a claim that may borrow a flavor
-        nobody has idle, and none of the flavor it sees idle, is kept out by it)."""
-        flavors, need = facts
-        if need is None:
-            return True
         book = self.book
         rooms, room_of, idle_of = self._tenant_rooms(tenant), book.room, book.idle
         total = 0
@@ -775,11 +757,12 @@ class _Cycle:
             room = rooms.get(flavor)
             if room is None:
                 room = rooms[flavor] = room_of(tenant, flavor)
-            idle = idle_of(flavor)
-            total += room if room < idle else idle
+            if idle and (free := idle_of(flavor)) < room:
+                room = free
+            total += room
             if total >= need:
-                return True
-        return False
+                return None
+        return total
 
     def _tenant_rooms(self, tenant: str) -> dict[str, int]:
         """The tenant's room per flavor worked out so far, kept while its cohort's usage and the free
@@ -1113,7 +1096,7 @@ class _Cycle:
         """Greedy on one node until the claim fits, then drop every victim it does not need.
 
         A victim is first taken out of the quota book only: while the claim's quota, or the idle devices
-        of the flavors it has room in, still keep it out (`may_place`), no placement can pass, so the
+        of the flavors it has room in, still keep it out (`quota_short`), no placement can pass, so the
         fleet is not touched (the outcome is the same, for less)."""
         taken: list[tuple[Running, str]] = []
         in_book_only: list[Running] = []
@@ -1124,7 +1107,7 @@ class _Cycle:
                 self._count(candidate[0], -1)
                 in_book_only.append(candidate[0])
                 taken.append(candidate)
-                if not self.may_place(waiting.tenant, facts):
+                if self.quota_short(waiting.tenant, facts, idle=True) is not None:
                     continue
                 for victim in in_book_only:
                     self._count(victim, 1)
@@ -1273,9 +1256,11 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
 
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
     head; a head that does not fit answers for its whole group. Free devices and quota only shrink while
-    the pass admits, so a spec no node has room for is refused for every tenant for the rest of the pass,
-    and so is a group whose tenant's quota has too little room for its spec (arithmetic on rooms kept per
-    tenant and flavor, cheaper than a trial): such heads are dropped without a trial and without
+    the pass admits, so a spec no node has room for is refused for every tenant for the rest of the pass
+    (found by a trial, or by counting: fewer devices it accepts are idle than it takes), and so is a group
+    whose tenant's quota has too little room for its spec among the idle devices (arithmetic on rooms
+    kept per tenant and flavor and idle devices per flavor, cheaper than a trial that would place the
+    claim on devices its quota refuses): such heads are dropped without a trial and without
     re-ranking the tenant, and the claims of their groups that have no answer yet are answered at the
     end; once no spec is open the pass stops, and the tenants left only come in order. So a cycle costs
     O(admitted + trials) plus at most a set lookup per group, whatever the depth of the queue. Returns
@@ -1291,13 +1276,13 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     no_room = cycle.no_room = {}
     groups = cycle.groups
     quota_dead: set[tuple[str, int]] = set()  # groups their tenant's quota keeps out for the rest of the pass
-    # per tenant and flavors a spec accepts: one more than the devices its quota was found to leave over
-    # them; as rooms only shrink in a pass, any spec of as many devices or more over those flavors is kept
-    # out too, without the arithmetic
+    # per tenant and flavors a spec accepts: one more than the devices its quota and the idle devices were
+    # found to leave over them; as both only shrink in a pass, any spec of as many devices or more over
+    # those flavors is kept out too, without the arithmetic
     too_many: dict[tuple[str, frozenset[str]], int] = {}
     quota_full: Callable[[tuple[str, int]], bool] | None = None
     if cycle.snapshot.quotas.enforced:
-        quota_short = cycle.quota_short
+        quota_short, idle_of = cycle.quota_short, cycle.book.idle
 
         def quota_full(gid: tuple[str, int]) -> bool:
             facts = groups[gid].facts
@@ -1307,9 +1292,13 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             key = (gid[0], facts.flavors)
             bound = too_many.get(key)
             if bound is None or need < bound:
-                short = quota_short(gid[0], facts)
+                short = quota_short(gid[0], facts, idle=True)
                 if short is None:
                     return False
+                if sum(idle_of(f) for f in facts.flavors) < need:  # no node has room for the spec
+                    no_room[gid[1]] = _NO_IDLE
+                    open_specs.discard(gid[1])
+                    return True
                 too_many[key] = short + 1  # below `bound`: short < need
             quota_dead.add(gid)
             return True

@@ -97,6 +97,14 @@ CASES = {
         quotas({"name": "t", "cohort": "r", "quotas": {"A100": {"nominal": 0}, "H100": {"nominal": 0}}},
                {"name": "l", "cohort": "r", "quotas": {"A100": {"nominal": 1}, "H100": {"nominal": 1}}}),
         [], [waiting(a_claim("any", "t").request())], {"any": "Allocated"}, node="h100"),
+    "reclaim-when-its-room-is-lent-out-and-other-flavors-idle": Case(  # H100 room, none idle; a B200 idle,
+        fleet(*node("h100", "H100", 1), *node("b200", "B200", 1)),  # no room for it: reclaim the H100
+        quotas({"name": "t", "cohort": "r", "quotas": {"H100": {"nominal": 1},
+                                                      "B200": {"nominal": 0, "borrowingLimit": 0}}},
+               {"name": "u", "cohort": "r", "quotas": {"H100": {"nominal": 0}}}),
+        [waiting(a_claim("u1", "u").request(selectors=(H100,)))],
+        [waiting(a_claim("any", "t").request(), arrival=1)],
+        {"any": "Allocated"}, preempted=[("u1", "reclaim")], node="h100"),
 }
 
 
@@ -335,7 +343,7 @@ def test_claims_behind_heads_refused_without_a_trial_get_one_first_answer() -> N
                     {"name": "c", "cohort": "x", "quotas": {"H100": {"nominal": 1}}},
                     {"name": "b", "cohort": "y", "quotas": {"B200": {"nominal": 0, "borrowingLimit": 0}}})
     queue = [waiting(a_claim("big", "a").request(count=2, selectors=(H100,)), arrival=0),
-             waiting(a_claim("c0", "c").request(selectors=(H100,)), arrival=1),  # its trial closes the spec
+             waiting(a_claim("c0", "c").request(selectors=(H100,)), arrival=1),  # no H100 idle now: the spec closes
              waiting(a_claim("one-0", "a").request(selectors=(H100,)), arrival=2),  # the closed spec: dropped
              waiting(a_claim("one-1", "a").request(selectors=(H100,)), arrival=3),
              waiting(a_claim("b0", "b").request(selectors=(B200,)), arrival=4),  # quota-full: dropped
@@ -401,9 +409,9 @@ def test_room_under_a_borrowing_limit_counts_what_is_borrowed_once(used: int, ex
 ])
 def test_a_placement_needs_room_and_idle_devices_of_one_flavor_set(u_holds: int, t_h100_nominal: int, count: int,
                                                                  may: bool) -> None:
-    """`may_place` (asked by preemption before each placement it would try) sums, over the flavors a claim
-    accepts, the lesser of the tenant's room and the idle devices: room in a flavor nobody has idle and
-    idle devices of a flavor it has no room in do not add up to a placement."""
+    """`quota_short(..., idle=True)` (asked before placements that would be wasted) sums, over the flavors a
+    claim accepts, the lesser of the tenant's room and the idle devices: room in a flavor nobody has idle
+    and idle devices of a flavor it has no room in do not add up to a placement."""
     f = fleet(*node("h", "H100", 4), *node("b", "B200", 4))
     config = quotas({"name": "t", "cohort": "x", "quotas": {"H100": {"nominal": t_h100_nominal},
                                                            "B200": {"nominal": 0, "borrowingLimit": 0}}},
@@ -419,5 +427,5 @@ def test_a_placement_needs_room_and_idle_devices_of_one_flavor_set(u_holds: int,
     assert isinstance(cycle, _Cycle)
     facts = cycle.plan_facts(cycle.state.plan(claim.claim))
     assert facts.flavors == {"H100", "B200"}
-    assert cycle.may_place("t", facts) is may
+    assert (cycle.quota_short("t", facts, idle=True) is None) is may
     assert cycle.book.idle("H100") == 4 - u_holds and cycle.book.idle("B200") == 4
