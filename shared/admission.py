@@ -269,7 +269,7 @@ class QuotaBook:
         """Devices of the flavor the tenant may still take: check()'s arithmetic solved for the most that
         passes, its nominal headroom then what it may borrow (within its borrowingLimit and what its
         cohort and the free capacity lend; with `lent_only=False`, as if they lent without end)."""
-        fixed = self._fixed_of(tenant, flavor)
+        fixed = self._fixed.get((tenant, flavor)) or self._fixed_of(tenant, flavor)
         nominal, cap = fixed[0], fixed[1]
         used = self.used[(tenant, flavor)]
         headroom = nominal - used if nominal > used else 0
@@ -751,14 +751,14 @@ class _Cycle:
         if need is None:
             return None
         book = self.book
-        rooms, room_of, idle_of = self._tenant_rooms(tenant), book.room, book.idle
+        rooms, room_of, capacity, taken = self._tenant_rooms(tenant), book.room, book.capacity, book.taken
         total = 0
         for flavor in flavors:
             room = rooms.get(flavor)
             if room is None:
                 room = rooms[flavor] = room_of(tenant, flavor)
-            if idle and (free := idle_of(flavor)) < room:
-                room = free
+            if idle and (free := capacity.get(flavor, 0) - taken[flavor]) < room:  # book.idle(), inlined
+                room = free if free > 0 else 0
             total += room
             if total >= need:
                 return None
@@ -768,7 +768,7 @@ class _Cycle:
         """The tenant's room per flavor worked out so far, kept while its cohort's usage and the free
         capacity other cohorts spilled into stay the same."""
         book = self.book
-        cohort_version, free_version = book.cohort_version(tenant), book.free_version
+        cohort_version, free_version = book.cohort_versions[book.cohort_of(tenant)], book.free_version
         kept = self._rooms.get(tenant)
         if kept is None or kept[0] != cohort_version or kept[1] != free_version:
             kept = self._rooms[tenant] = (cohort_version, free_version, {})
