@@ -379,6 +379,7 @@ class _Holding(NamedTuple):
 
 
 _QUOTA_FULL = Decision(State.PENDING)  # a trial's answer: the tenant's quota cannot hold the claim
+_NO_FLAVORS: frozenset[str] = frozenset()
 _NO_IDLE = Decision(State.PENDING)  # a pass's answer: too few devices the claim accepts are idle
 
 
@@ -1280,6 +1281,9 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     # found to leave over them; as both only shrink in a pass, any spec of as many devices or more over
     # those flavors is kept out too, without the arithmetic
     too_many: dict[tuple[str, frozenset[str]], int] = {}
+    # per tenant, the flavors it was found to have no room in (its quota or no idle device): a spec over
+    # only those is kept out too, whatever it takes
+    no_room_in: dict[str, frozenset[str]] = {}
     quota_full: Callable[[tuple[str, int]], bool] | None = None
     if cycle.snapshot.quotas.enforced:
         quota_short, idle_of = cycle.quota_short, cycle.book.idle
@@ -1289,17 +1293,24 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             need = facts.least
             if need is None:
                 return False
-            key = (gid[0], facts.flavors)
+            tenant, flavors = gid[0], facts.flavors
+            key = (tenant, flavors)
             bound = too_many.get(key)
             if bound is None or need < bound:
-                short = quota_short(gid[0], facts, idle=True)
-                if short is None:
-                    return False
-                if sum(idle_of(f) for f in facts.flavors) < need:  # no node has room for the spec
+                if flavors <= no_room_in.get(tenant, _NO_FLAVORS):
+                    short = 0  # what quota_short would find, for less
+                else:
+                    found = quota_short(tenant, facts, idle=True)
+                    if found is None:
+                        return False
+                    short = found
+                if sum(idle_of(f) for f in flavors) < need:  # no node has room for the spec
                     no_room[gid[1]] = _NO_IDLE
                     open_specs.discard(gid[1])
                     return True
                 too_many[key] = short + 1  # below `bound`: short < need
+                if short == 0:
+                    no_room_in[tenant] = no_room_in.get(tenant, _NO_FLAVORS) | flavors
             quota_dead.add(gid)
             return True
 
