@@ -851,7 +851,8 @@ class _Cycle:
         view = self._victim_tenants()
         on_hosts: dict[str, list[tuple[Running, str]]] = {}
         units_on: dict[str, float] = defaultdict(float)
-        units_of = self._units
+        units_of, holdings = self._units, self._holdings
+        preempted, admitted, displaced = self.preempted, self.admitted_now, preemptor.displaced_by
         for tenant, claims, weight, share, tenant_cohort in view.tenants:
             if not claims or (own_only and tenant != preemptor.tenant):
                 continue
@@ -880,32 +881,32 @@ class _Cycle:
                 wanted: Collection[str | None] | None = None if borrowed is None else borrowed
             else:
                 wanted = flavors if borrowed is None else borrowed & flavors
-            pools = self.by_flavor[tenant]
-            sources = ([claims] if wanted is None else
-                       [pools[f] for f in sorted(wanted, key=str) if pools.get(f)])
-            preempted, admitted, displaced = self.preempted, self.admitted_now, preemptor.displaced_by
-            seen: set[ClaimKey] = set()
-            for source in sources:
-                for key, victim in source.items():
-                    node = victim.allocation.node
-                    if (node not in hosts or not victim.preemptible or key in preempted
-                            or key in admitted or key in displaced):
-                        continue
-                    if len(sources) > 1:
-                        if key in seen:
-                            continue
-                        seen.add(key)
-                    if rule == "priority" and victim.priority >= preemptor.priority:
-                        continue
-                    units = units_of(victim)
-                    if rule == "fair-share" and share - units / weight < mine:
-                        continue
-                    found = on_hosts.get(node)
-                    if found is None:
-                        on_hosts[node] = [(victim, rule)]
-                    else:
-                        found.append((victim, rule))
-                    units_on[node] += units
+            if wanted is None:
+                pool = claims
+            else:  # the tenant's claims per flavor, merged in flavor order (a claim of two flavors once)
+                pools = self.by_flavor[tenant]
+                pool = {}
+                for flavor in sorted(wanted, key=str):
+                    if found_pool := pools.get(flavor):
+                        pool.update(found_pool)
+            for key, victim in pool.items():
+                allocation = victim.allocation
+                node = allocation.node
+                if (node not in hosts or not victim.preemptible or key in preempted
+                        or key in admitted or key in displaced):
+                    continue
+                if rule == "priority" and victim.priority >= preemptor.priority:
+                    continue
+                kept = holdings.get(key)  # _units(victim), inlined: read for every candidate
+                units = kept.units if kept is not None and kept.allocation is allocation else units_of(victim)
+                if rule == "fair-share" and share - units / weight < mine:
+                    continue
+                found = on_hosts.get(node)
+                if found is None:
+                    on_hosts[node] = [(victim, rule)]
+                else:
+                    found.append((victim, rule))
+                units_on[node] += units
         return on_hosts, units_on
 
     def _victim_tenants(self) -> _VictimTenants:
