@@ -379,7 +379,7 @@ class _Holding(NamedTuple):
 
 
 _QUOTA_FULL = Decision(State.PENDING)  # a trial's answer: the tenant's quota cannot hold the claim
-_NO_FLAVORS: frozenset[str] = frozenset()
+_NO_FLAVORS: frozenset[str] = frozenset()  # a tenant with room in every flavor so far (_admission_pass)
 _NO_IDLE = Decision(State.PENDING)  # a pass's answer: too few devices the claim accepts are idle
 
 
