@@ -1287,7 +1287,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     no_room_in: dict[str, frozenset[str]] = {}
     quota_full: Callable[[tuple[str, int]], bool] | None = None
     if cycle.snapshot.quotas.enforced:
-        quota_short, idle_of = cycle.quota_short, cycle.book.idle
+        quota_short, capacity, taken = cycle.quota_short, cycle.book.capacity, cycle.book.taken
 
         def quota_full(gid: tuple[str, int]) -> bool:
             facts = groups[gid].facts
@@ -1305,7 +1305,11 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                     if found is None:
                         return False
                     short = found
-                if sum(idle_of(f) for f in flavors) < need:  # no node has room for the spec
+                idle = 0  # devices the spec accepts that nobody uses (book.idle(), inlined: asked per head)
+                for flavor in flavors:
+                    if (free := capacity.get(flavor, 0) - taken[flavor]) > 0:
+                        idle += free
+                if idle < need:  # no node has room for the spec
                     no_room[gid[1]] = _NO_IDLE
                     open_specs.discard(gid[1])
                     return True
