@@ -187,7 +187,7 @@ class QuotaBook:
         self.spill: dict[tuple[str, str], int] = defaultdict(int)  # members' use beyond what they keep
         self.over: dict[str, int] = defaultdict(int)  # cohorts' spill beyond what they lend: free capacity used
         self.covered: dict[str, int] = defaultdict(int)  # nominal quota per flavor over all tenants
-        self.taken: dict[str, int] = defaultdict(int)  # devices per flavor in use, by every tenant
+        self.unused: dict[str, int] = dict(capacity)  # devices per flavor no tenant uses (idle() reads it)
         self.borrowed_count: dict[str, int] = defaultdict(int)  # flavors a tenant uses beyond its nominal
         self.cohort_versions: dict[str, int] = defaultdict(int)  # per cohort: its members' usage changed
         self.free_version = 0  # the free capacity some cohort spilled into changed
@@ -237,7 +237,7 @@ class QuotaBook:
         self.cohort_versions[self.cohort_of(tenant)] += 1
         key = (tenant, flavor)
         self.flavors_used[tenant].add(flavor)
-        self.taken[flavor] += count
+        self.unused[flavor] = self.unused.get(flavor, 0) - count
         keep = self.keep.get(key, 0)
         used = self.used[key]
         now = self.used[key] = used + count
@@ -297,7 +297,7 @@ class QuotaBook:
 
     def idle(self, flavor: str) -> int:
         """Devices of the flavor nobody uses (an upper bound where some are on unusable nodes)."""
-        idle = self.capacity.get(flavor, 0) - self.taken[flavor]
+        idle = self.unused.get(flavor, 0)
         return idle if idle > 0 else 0
 
     def free_capacity(self, flavor: str) -> int:
@@ -752,13 +752,13 @@ class _Cycle:
         if need is None:
             return None
         book = self.book
-        rooms, room_of, capacity, taken = self._tenant_rooms(tenant), book.room, book.capacity, book.taken
+        rooms, room_of, unused = self._tenant_rooms(tenant), book.room, book.unused
         total = 0
         for flavor in flavors:
             room = rooms.get(flavor)
             if room is None:
                 room = rooms[flavor] = room_of(tenant, flavor)
-            if idle and (free := capacity.get(flavor, 0) - taken[flavor]) < room:  # book.idle(), inlined
+            if idle and (free := unused.get(flavor, 0)) < room:
                 room = free if free > 0 else 0
             total += room
             if total >= need:
@@ -769,7 +769,7 @@ class _Cycle:
         """The tenant's room per flavor worked out so far, kept while its cohort's usage and the free
         capacity other cohorts spilled into stay the same."""
         book = self.book
-        cohort_version, free_version = book.cohort_versions[book.cohort_of(tenant)], book.free_version
+        cohort_version, free_version = book.cohort_version(tenant), book.free_version
         kept = self._rooms.get(tenant)
         if kept is None or kept[0] != cohort_version or kept[1] != free_version:
             kept = self._rooms[tenant] = (cohort_version, free_version, {})
@@ -851,7 +851,7 @@ class _Cycle:
         view = self._victim_tenants()
         on_hosts: dict[str, list[tuple[Running, str]]] = {}
         units_on: dict[str, float] = defaultdict(float)
-        units_of, holdings = self._units, self._holdings
+        units_of = self._units
         preempted, admitted, displaced = self.preempted, self.admitted_now, preemptor.displaced_by
         for tenant, claims, weight, share, tenant_cohort in view.tenants:
             if not claims or (own_only and tenant != preemptor.tenant):
@@ -890,15 +890,13 @@ class _Cycle:
                     if found_pool := pools.get(flavor):
                         pool.update(found_pool)
             for key, victim in pool.items():
-                allocation = victim.allocation
-                node = allocation.node
+                node = victim.allocation.node
                 if (node not in hosts or not victim.preemptible or key in preempted
                         or key in admitted or key in displaced):
                     continue
                 if rule == "priority" and victim.priority >= preemptor.priority:
                     continue
-                kept = holdings.get(key)  # _units(victim), inlined: read for every candidate
-                units = kept.units if kept is not None and kept.allocation is allocation else units_of(victim)
+                units = units_of(victim)
                 if rule == "fair-share" and share - units / weight < mine:
                     continue
                 found = on_hosts.get(node)
@@ -1287,7 +1285,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     no_room_in: dict[str, frozenset[str]] = {}
     quota_full: Callable[[tuple[str, int]], bool] | None = None
     if cycle.snapshot.quotas.enforced:
-        quota_short, capacity, taken = cycle.quota_short, cycle.book.capacity, cycle.book.taken
+        quota_short, idle_of = cycle.quota_short, cycle.book.idle
 
         def quota_full(gid: tuple[str, int]) -> bool:
             facts = groups[gid].facts
@@ -1305,11 +1303,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                     if found is None:
                         return False
                     short = found
-                idle = 0  # devices the spec accepts that nobody uses (book.idle(), inlined: asked per head)
-                for flavor in flavors:
-                    if (free := capacity.get(flavor, 0) - taken[flavor]) > 0:
-                        idle += free
-                if idle < need:  # no node has room for the spec
+                if sum(idle_of(f) for f in flavors) < need:  # no node has room for the spec
                     no_room[gid[1]] = _NO_IDLE
                     open_specs.discard(gid[1])
                     return True
