@@ -452,6 +452,7 @@ class _Cycle:
         self._queued: set[Waiting] = set()  # every waiting claim in the groups
         self.groups: dict[tuple[str, int], _Group] = {}
         self.specs: Counter[int] = Counter()  # groups per plan id: a pass that has closed every spec stops
+        self.unsized: Counter[str] = Counter()  # per tenant: groups of specs with no fixed size (need a trial)
         # per tenant, each group's head entry with the group, sorted: the pass reads it in order (_Heads)
         self.tenant_heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
         self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
@@ -574,9 +575,11 @@ class _Cycle:
         if group is None or group.plan is not plan:
             if group is not None:  # the id of a plan dropped from the memo came back: a new group
                 self._move_head(gid, group.entries[0] if group.entries else None, None)
+                self.unsized[waiting.tenant] -= group.facts.least is None
             else:
                 self.specs[gid[1]] += 1
             group = self.groups[gid] = _Group(waiting.tenant, plan, self.plan_facts(plan))
+            self.unsized[waiting.tenant] += group.facts.least is None
         head = group.entries[0] if group.entries else None
         bisect.insort(group.entries, _entry(waiting))
         self._move_head(gid, head, group.entries[0])
@@ -615,6 +618,7 @@ class _Cycle:
         self._move_head(gid, head, entries[0] if entries else None)
         if not entries:
             del self.groups[gid]
+            self.unsized[gid[0]] -= group.facts.least is None
             self.specs[gid[1]] -= 1
             if not self.specs[gid[1]]:
                 del self.specs[gid[1]]
@@ -1276,6 +1280,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     no_room = cycle.no_room = {}
     groups = cycle.groups
     quota_dead: set[tuple[str, int]] = set()  # groups their tenant's quota keeps out for the rest of the pass
+    quota_out: set[str] = set()  # tenants whose quota keeps every group out for the rest of the pass
     # per tenant and flavors a spec accepts: one more than the devices its quota and the idle devices were
     # found to leave over them; as both only shrink in a pass, any spec of as many devices or more over
     # those flavors is kept out too, without the arithmetic
@@ -1284,8 +1289,26 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     # only those is kept out too, whatever it takes
     no_room_in: dict[str, frozenset[str]] = {}
     quota_full: Callable[[tuple[str, int]], bool] | None = None
+    out_of_room: Callable[[str], bool] | None = None
     if cycle.snapshot.quotas.enforced:
         quota_short, idle_of = cycle.quota_short, cycle.book.idle
+        unused, room_of, tenant_rooms, unsized = book.unused, book.room, cycle._tenant_rooms, cycle.unsized
+
+        def out_of_room(tenant: str) -> bool:
+            """No flavor with an idle device has room in the tenant's quota, and every spec it waits
+            with has a fixed size: each of its heads would be dropped, so none is looked at (a deep
+            queue holds many groups per tenant, and tenants at their quota are most of them)."""
+            if unsized[tenant]:
+                return False
+            rooms = tenant_rooms(tenant)
+            for flavor, idle in unused.items():
+                if idle > 0:
+                    room = rooms.get(flavor)
+                    if room is None:
+                        room = rooms[flavor] = room_of(tenant, flavor)
+                    if room > 0:
+                        return False
+            return True
 
         def quota_full(gid: tuple[str, int]) -> bool:
             facts = groups[gid].facts
@@ -1339,6 +1362,9 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                 break
             _, _, _, tenant = heapq.heappop(tenants)
             first_seen.setdefault(tenant, len(first_seen))
+            if out_of_room is not None and out_of_room(tenant):
+                quota_out.add(tenant)  # for the rest of the pass: room and idle devices only shrink
+                continue
             queue = heads[tenant]
             if not queue.skip(no_room, quota_dead, quota_full):  # a head that may fit: tried
                 entry, gid = queue.pop()
@@ -1359,8 +1385,9 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
             if (top := queue.first()) is not None:
                 heapq.heappush(tenants, (book.share(tenant), top[0][0], top[0][1], tenant))
         for tenant, head, gid in _dropped_unanswered(cycle, position, tried):  # dropped for quota, else closed
+            closed = no_room.get(gid[1])
             refuse(tenant, gid, cycle.waiting[(tenant, head[2])],
-                   _QUOTA_FULL if gid in quota_dead else no_room[gid[1]], [])
+                   _QUOTA_FULL if gid in quota_dead or closed is None else closed, [])
     finally:
         cycle.shrinking, cycle.no_room = None, {}
     return decided, first_seen

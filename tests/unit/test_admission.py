@@ -105,6 +105,22 @@ CASES = {
         [waiting(a_claim("u1", "u").request(selectors=(H100,)))],
         [waiting(a_claim("any", "t").request(), arrival=1)],
         {"any": "Allocated"}, preempted=[("u1", "reclaim")], node="h100"),
+    "devices-no-flavor-counts-need-no-quota": Case(  # an L4 is no flavor's: a tenant at its quota takes it
+        fleet(*node("h100", "H100", 1), *node("l4", "L4", 1)),
+        quotas({"name": "t", "quotas": {"H100": {"nominal": 1}}}),
+        [waiting(a_claim("t1", "t").request(selectors=(H100,)))],
+        [waiting(a_claim("any", "t").request(), arrival=1)],
+        {"any": "Allocated"}, node="l4"),
+    "a-tenant-out-of-room-waits-on-quota-with-every-spec": Case(  # idle H100s, all of them u's nominal
+        fleet(*node("h", "H100", 4)),
+        quotas({"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 1}}},
+               {"name": "u", "cohort": "other", "quotas": {"H100": {"nominal": 3}}}),
+        [waiting(a_claim("t1", "t").request())],
+        [waiting(a_claim("one", "t").request(), arrival=1), waiting(a_claim("two", "t").request(count=2), arrival=2),
+         waiting(a_claim("h100", "t").request(selectors=(H100,)), arrival=3),
+         waiting(a_claim("u1", "u").request(count=2), arrival=4)],
+        {"one": "Pending", "two": "Pending", "h100": "Pending", "u1": "Allocated"},
+        reason="Quota: t needs to borrow 1 more H100"),
 }
 
 
