@@ -367,6 +367,7 @@ def _deltas(devices: Iterable[FleetDevice], flavors: Flavors) -> dict[str, int]:
 class _PlanFacts(NamedTuple):
     flavors: frozenset[str]  # of the devices the spec's requests accept
     least: int | None  # fewest flavored devices a placement takes; None: All mode, admin access or unflavored
+    unflavored: bool = False  # it may be placed on devices no flavor counts (which need no quota) alone
 
 
 class _Holding(NamedTuple):
@@ -381,6 +382,11 @@ class _Holding(NamedTuple):
 _QUOTA_FULL = Decision(State.PENDING)  # a trial's answer: the tenant's quota cannot hold the claim
 _NO_FLAVORS: frozenset[str] = frozenset()  # a tenant with room in every flavor so far (_admission_pass)
 _NO_IDLE = Decision(State.PENDING)  # a pass's answer: too few devices the claim accepts are idle
+
+
+class _OutOfRoom(Exception):
+    """In the admission pass: the tenant's quota has room in no flavor with an idle device, and every
+    spec it waits with has a fixed size, so none of its groups can be admitted for the rest of the pass."""
 
 
 class _Group:
@@ -463,7 +469,7 @@ class _Cycle:
         self.index_figures: dict[int, tuple[Any, int, dict[str, Any]]] = {}
         self.spec_capacity: dict[int, tuple[Plan, int, list[dict[str, Any]]]] = {}
         self.state = _fleet_state(snapshot, memo, ())  # begin() takes what runs
-        self._flavor_filters: dict[str, DeviceFilter] = {}
+        self._flavor_filters: dict[str | None, DeviceFilter] = {}
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
         # of claims alike costs one placement attempt per fleet change, not one per claim.
         self.failed_at: dict[tuple[int, Any, bool], tuple[Any, Decision]] = {}
@@ -662,9 +668,9 @@ class _Cycle:
             allocation, [(name, n, units) for name, (n, units) in per_flavor.items()], frozenset(per_flavor), total)
         return kept
 
-    def _only(self, flavor: str) -> DeviceFilter:
-        """Placement restricted to one flavor; one filter object per flavor, shared by every tenant, so
-        the indexes behind it are built once."""
+    def _only(self, flavor: str | None) -> DeviceFilter:
+        """Placement restricted to one flavor (None: to devices no flavor counts); one filter object per
+        flavor, shared by every tenant, so the indexes behind it are built once."""
         found = self._flavor_filters.get(flavor)
         if found is None:
             names = self.flavors.name_of
@@ -710,7 +716,7 @@ class _Cycle:
         if not blocks and self._within_nominal(tenant, deltas):
             return first, []
         tried = set(deltas) if len(deltas) == 1 else set()
-        relevant, least = self._facts(waiting)
+        relevant, least = self._facts(waiting)[:2]
         nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
         found = self._first_passing(waiting, nominal, tried, least)
         if found is not None:
@@ -752,7 +758,7 @@ class _Cycle:
 
         Asked before any placement: the arithmetic (on rooms kept per tenant and flavor) costs less than
         a placement, which a claim kept out would waste."""
-        flavors, need = facts
+        flavors, need = facts.flavors, facts.least
         if need is None:
             return None
         book = self.book
@@ -817,7 +823,7 @@ class _Cycle:
         explained = self._decide(waiting, None, explain=True)
         if explained.allocation is None:
             return explained, []  # capacity keeps it out
-        if decision is _QUOTA_FULL:
+        if self.snapshot.quotas.enforced:  # whichever way the pass found it out, its quota may keep it out now
             blocks = self.book.check(waiting.tenant, _deltas(self._devices(explained.allocation), self.flavors))
             if blocks:
                 return self._blocked(blocks)
@@ -844,7 +850,7 @@ class _Cycle:
         at least the preemptor's (the victim's share after the move must stay at or above)."""
         book, quotas = self.book, self.snapshot.quotas
         enforced = quotas.enforced
-        flavors, sized = self._facts(preemptor)
+        flavors, sized = self._facts(preemptor)[:2]
         least = sized or 0
         values = [f.value for f in quotas.flavors if f.name in flavors]
         # the preemptor's share after the move is at least this; a victim tenant's must stay at or above it
@@ -1008,9 +1014,10 @@ class _Cycle:
                             names.add(name)
                         else:
                             unflavored = True
-            sized = not unflavored and not any(a.all_mode or a.admin_access for v in plan.variants for a in v)
-            least = min((sum(a.wanted for a in v) for v in plan.variants), default=None) if sized else None
-            found = self._plan_facts[id(plan)] = _PlanFacts(frozenset(names), least)
+            counted = not any(a.all_mode or a.admin_access for v in plan.variants for a in v)
+            least = (min((sum(a.wanted for a in v) for v in plan.variants), default=None)
+                     if counted and not unflavored else None)
+            found = self._plan_facts[id(plan)] = _PlanFacts(frozenset(names), least, unflavored and counted)
         return found
 
     def try_preempt(self, waiting: Waiting) -> Decision | None:
@@ -1266,7 +1273,9 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     kept per tenant and flavor and idle devices per flavor, cheaper than a trial that would place the
     claim on devices its quota refuses): such heads are dropped without a trial and without
     re-ranking the tenant, and the claims of their groups that have no answer yet are answered at the
-    end; once no spec is open the pass stops, and the tenants left only come in order. So a cycle costs
+    end. Once a tenant is found to have room in no flavor with an idle device, the rest of its heads are
+    not looked at (`_OutOfRoom`: in a deep queue a tenant at its quota waits in many groups). Once no
+    spec is open the pass stops, and the tenants left only come in order. So a cycle costs
     O(admitted + trials) plus at most a set lookup per group, whatever the depth of the queue. Returns
     what was decided and the order tenants came in (the claims admitted are `cycle.admitted_now`)."""
     heads = {t: _Heads(q) for t, q in cycle.tenant_heads.items() if q}
@@ -1280,7 +1289,6 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     no_room = cycle.no_room = {}
     groups = cycle.groups
     quota_dead: set[tuple[str, int]] = set()  # groups their tenant's quota keeps out for the rest of the pass
-    quota_out: set[str] = set()  # tenants whose quota keeps every group out for the rest of the pass
     # per tenant and flavors a spec accepts: one more than the devices its quota and the idle devices were
     # found to leave over them; as both only shrink in a pass, any spec of as many devices or more over
     # those flavors is kept out too, without the arithmetic
@@ -1289,26 +1297,9 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     # only those is kept out too, whatever it takes
     no_room_in: dict[str, frozenset[str]] = {}
     quota_full: Callable[[tuple[str, int]], bool] | None = None
-    out_of_room: Callable[[str], bool] | None = None
     if cycle.snapshot.quotas.enforced:
         quota_short, idle_of = cycle.quota_short, cycle.book.idle
-        unused, room_of, tenant_rooms, unsized = book.unused, book.room, cycle._tenant_rooms, cycle.unsized
-
-        def out_of_room(tenant: str) -> bool:
-            """No flavor with an idle device has room in the tenant's quota, and every spec it waits
-            with has a fixed size: each of its heads would be dropped, so none is looked at (a deep
-            queue holds many groups per tenant, and tenants at their quota are most of them)."""
-            if unsized[tenant]:
-                return False
-            rooms = tenant_rooms(tenant)
-            for flavor, idle in unused.items():
-                if idle > 0:
-                    room = rooms.get(flavor)
-                    if room is None:
-                        room = rooms[flavor] = room_of(tenant, flavor)
-                    if room > 0:
-                        return False
-            return True
+        unused, unsized = book.unused, cycle.unsized
 
         def quota_full(gid: tuple[str, int]) -> bool:
             facts = groups[gid].facts
@@ -1332,7 +1323,10 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                     return True
                 too_many[key] = short + 1  # below `bound`: short < need
                 if short == 0:
-                    no_room_in[tenant] = no_room_in.get(tenant, _NO_FLAVORS) | flavors
+                    out = no_room_in[tenant] = no_room_in.get(tenant, _NO_FLAVORS) | flavors
+                    if not unsized[tenant] and all(n <= 0 or f in out for f, n in unused.items()):
+                        quota_dead.add(gid)
+                        raise _OutOfRoom  # no flavor with an idle device has room for it: no group fits
             quota_dead.add(gid)
             return True
 
@@ -1362,26 +1356,26 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                 break
             _, _, _, tenant = heapq.heappop(tenants)
             first_seen.setdefault(tenant, len(first_seen))
-            if out_of_room is not None and out_of_room(tenant):
-                quota_out.add(tenant)  # for the rest of the pass: room and idle devices only shrink
-                continue
             queue = heads[tenant]
-            if not queue.skip(no_room, quota_dead, quota_full):  # a head that may fit: tried
-                entry, gid = queue.pop()
-                waiting = cycle.waiting[(tenant, entry[2])]
-                decision, blocks = cycle.try_admit(waiting, room_known=True)
-                if decision.allocation is not None:
-                    decided.append((waiting, decision, blocks))
-                    cycle.admit(waiting, decision.allocation)
-                    at = position[gid] = position.get(gid, 0) + 1
-                    if at < len(entries := groups[gid].entries):
-                        queue.push((entries[at], gid))
-                else:
-                    refuse(tenant, gid, waiting, decision, blocks)
-                    tried.add(gid)
-                    if gid[1] in no_room:  # the trial found no node with room for the spec
-                        open_specs.discard(gid[1])
-                    queue.skip(no_room, quota_dead, quota_full)  # dropped without re-ranking the tenant
+            try:
+                if not queue.skip(no_room, quota_dead, quota_full):  # a head that may fit: tried
+                    entry, gid = queue.pop()
+                    waiting = cycle.waiting[(tenant, entry[2])]
+                    decision, blocks = cycle.try_admit(waiting, room_known=True)
+                    if decision.allocation is not None:
+                        decided.append((waiting, decision, blocks))
+                        cycle.admit(waiting, decision.allocation)
+                        at = position[gid] = position.get(gid, 0) + 1
+                        if at < len(entries := groups[gid].entries):
+                            queue.push((entries[at], gid))
+                    else:
+                        refuse(tenant, gid, waiting, decision, blocks)
+                        tried.add(gid)
+                        if gid[1] in no_room:  # the trial found no node with room for the spec
+                            open_specs.discard(gid[1])
+                        queue.skip(no_room, quota_dead, quota_full)  # dropped without re-ranking the tenant
+            except _OutOfRoom:
+                continue  # its quota has room for none of its groups: it is not ranked again
             if (top := queue.first()) is not None:
                 heapq.heappush(tenants, (book.share(tenant), top[0][0], top[0][1], tenant))
         for tenant, head, gid in _dropped_unanswered(cycle, position, tried):  # dropped for quota, else closed
