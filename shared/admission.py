@@ -686,7 +686,8 @@ class _Cycle:
         """Placement within nominal first, then borrowing; the quota check is on the devices chosen.
 
         The unrestricted best fit comes first; when it would borrow, the claim is placed on each flavor
-        it has nominal quota of, one flavor at a time, and takes the best fit if none passes; when the
+        it has nominal quota of, one flavor at a time, then on devices no flavor counts (they take no
+        quota), and takes the best fit if none passes; when the
         best fit is blocked, then also on each flavor it may still borrow. When the tenant's quota leaves
         too few devices for any placement, no placement is tried (`room_known`: the caller found it has
         enough just now)."""
@@ -716,11 +717,15 @@ class _Cycle:
         if not blocks and self._within_nominal(tenant, deltas):
             return first, []
         tried = set(deltas) if len(deltas) == 1 else set()
-        relevant, least = self._facts(waiting)[:2]
+        relevant, least, unflavored = self._facts(waiting)
         nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
         found = self._first_passing(waiting, nominal, tried, least)
         if found is not None:
             return found, []
+        if unflavored:  # devices no flavor counts take no quota: before any borrowing
+            decision = self._decide(waiting, self._only(None), explain=False)
+            if decision.allocation is not None:
+                return decision, []
         if not blocks:
             return first, []  # it borrows, within every limit, and nothing within nominal fits: best fit
         borrowable = [f for f in sorted(relevant) if f not in nominal

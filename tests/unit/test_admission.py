@@ -106,11 +106,13 @@ CASES = {
         [waiting(a_claim("any", "t").request(), arrival=1)],
         {"any": "Allocated"}, preempted=[("u1", "reclaim")], node="h100"),
     "devices-no-flavor-counts-need-no-quota": Case(  # an L4 is no flavor's: a tenant at its quota takes it
-        fleet(*node("h100", "H100", 1), *node("l4", "L4", 1)),
-        quotas({"name": "t", "quotas": {"H100": {"nominal": 1}}}),
+        fleet(*node("h100", "H100", 2), *node("l4", "L4", 1)),  # (the idle H100 is u's nominal)
+        quotas({"name": "t", "quotas": {"H100": {"nominal": 1}}},
+               {"name": "u", "cohort": "other", "quotas": {"H100": {"nominal": 1}}}),
         [waiting(a_claim("t1", "t").request(selectors=(H100,)))],
-        [waiting(a_claim("any", "t").request(), arrival=1)],
-        {"any": "Allocated"}, node="l4"),
+        [waiting(a_claim("h100", "t").request(selectors=(H100,)), arrival=1),
+         waiting(a_claim("any", "t").request(), arrival=2)],
+        {"h100": "Pending", "any": "Allocated"}, node="l4"),
     "a-tenant-out-of-room-waits-on-quota-with-every-spec": Case(  # idle H100s, all of them u's nominal
         fleet(*node("h", "H100", 4)),
         quotas({"name": "t", "cohort": "c", "quotas": {"H100": {"nominal": 1}}},
