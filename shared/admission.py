@@ -687,8 +687,8 @@ class _Cycle:
 
         The unrestricted best fit comes first; when it would borrow, the claim is placed on each flavor
         it has nominal quota of, one flavor at a time, then on devices no flavor counts (they take no
-        quota), and takes the best fit if none passes; when the
-        best fit is blocked, then also on each flavor it may still borrow. When the tenant's quota leaves
+        quota), and takes the best fit if none passes; when the best fit is blocked, then also on each
+        flavor it may still borrow. When the tenant's quota leaves
         too few devices for any placement, no placement is tried (`room_known`: the caller found it has
         enough just now)."""
         enforced = self.snapshot.quotas.enforced
