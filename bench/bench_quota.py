@@ -33,6 +33,7 @@ from shared.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.inventory import Fleet  # noqa: E402
 from shared.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.sources import documents_from  # noqa: E402
+from shared.waiting_queue import WaitingQueue  # noqa: E402
 
 MODELS = ("A100", "H100", "H200", "B200", "B300")
 TENANTS = 100
@@ -91,13 +92,12 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
     fleet = build_fleet(nodes)
     quotas = build_quotas(nodes, rng)
     serial = 0
-    waiting: dict[tuple[str, str], Waiting] = {}
+    waiting = WaitingQueue()  # as a shell keeps it: the cycle is handed what came and went
     running: dict[tuple[str, str], Running] = {}
     submitted: dict[tuple[str, str], Waiting] = {}  # waiting and running claims as first queued (none that ended)
     while len(waiting) < depth:
         serial += 1
-        w = submitted.setdefault(*_keyed(new_claim(rng, serial)))
-        waiting[w.key] = w
+        waiting.put(submitted.setdefault(*_keyed(new_claim(rng, serial))))
     gc.collect()
     gc.freeze()
     memo = SelectorMemo()
@@ -111,16 +111,16 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
                 del submitted[key]
         while len(waiting) < depth:
             serial += 1
-            w = submitted.setdefault(*_keyed(new_claim(rng, serial)))
-            waiting[w.key] = w
-        snapshot = Snapshot(fleet, BUILTIN_CLASSES, quotas, tuple(running.values()), tuple(waiting.values()))
+            waiting.put(submitted.setdefault(*_keyed(new_claim(rng, serial))))
+        queued, changes = waiting.snapshot()
+        snapshot = Snapshot(fleet, BUILTIN_CLASSES, quotas, tuple(running.values()), queued, changes=changes)
         started = time.perf_counter()
         result = run_cycle(snapshot, memo)
         elapsed = time.perf_counter() - started
         collector.after_cycle()
         for p in result.preemptions:  # back to the queue with their first arrival
             running.pop(p.victim)
-            waiting[p.victim] = submitted[p.victim]
+            waiting.put(submitted[p.victim])
         count = 0
         for d in result.decisions:
             w = waiting.get((d.tenant, d.name))
@@ -129,10 +129,10 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
             if d.decision.allocation is not None:
                 running[w.key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, True, w.arrival,
                                          serial + count)
-                del waiting[w.key]
+                waiting.pop(w.key)
                 count += 1
             elif not w.answered:
-                waiting[w.key] = replace(w, answered=True)
+                waiting.put(replace(w, answered=True))
         if warming:  # fill the fleet first (no claim finishes) until a cycle admits nothing more: the
             warming = count > 0  # steady state of a full fleet is what is measured, at every depth
             continue

@@ -80,6 +80,17 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class QueueChanges:
+    """What came into and went out of the waiting queue between two snapshots of it, as the shell that
+    keeps the queue recorded it (`shared.waiting_queue.WaitingQueue`). Versions are unique per process."""
+
+    since: int  # the version of the snapshot these changes follow (0: none)
+    version: int  # this snapshot's
+    came: tuple[Waiting, ...] = ()
+    went: tuple[Waiting, ...] = ()
+
+
+@dataclass(frozen=True)
 class Snapshot:
     fleet: Fleet
     classes: Mapping[str, dra.DeviceClass]
@@ -87,6 +98,10 @@ class Snapshot:
     running: tuple[Running, ...] = ()
     waiting: tuple[Waiting, ...] = ()
     unusable_nodes: Mapping[str, str] = field(default_factory=dict)
+    # Optional: how `waiting` differs from the snapshot of version `changes.since`. A cycle kept from
+    # that snapshot then reads only the changes instead of comparing every waiting claim (a deep queue
+    # costs O(changes)); otherwise, or when they do not add up, the queues are compared in full.
+    changes: QueueChanges | None = None
 
 
 @dataclass(frozen=True)
@@ -456,6 +471,7 @@ class _Cycle:
         self.waiting: dict[ClaimKey, Waiting] = {}
         self._held: set[Running] = set()  # every running claim counted here
         self._queued: set[Waiting] = set()  # every waiting claim in the groups
+        self._queue_version: int | None = None  # of the snapshot `_queued` is (QueueChanges), if it had one
         self.groups: dict[tuple[str, int], _Group] = {}
         self.specs: Counter[int] = Counter()  # groups per plan id: a pass that has closed every spec stops
         self.unsized: Counter[str] = Counter()  # per tenant: groups of specs with no fixed size (need a trial)
@@ -510,10 +526,19 @@ class _Cycle:
                 self._drop(kept)
         for now in came.values():
             self._hold(now)
-        waiting = set(snapshot.waiting)
-        left = {w.key: w for w in self._queued - waiting}
-        new = waiting - self._queued
-        self._queued = waiting
+        changes = snapshot.changes
+        if changes is not None and changes.since == self._queue_version and (
+                moved := self._moved(changes, len(snapshot.waiting))) is not None:
+            new, went = moved
+            left = {w.key: w for w in went}
+            self._queued -= went
+            self._queued |= new
+        else:
+            waiting = set(snapshot.waiting)
+            left = {w.key: w for w in self._queued - waiting}
+            new = waiting - self._queued
+            self._queued = waiting
+        self._queue_version = changes.version if changes is not None else None
         for came_back in sorted(new, key=_key):
             before = left.pop(came_back.key, None)
             if (before is not None and before.claim is came_back.claim and before.priority == came_back.priority
@@ -533,6 +558,17 @@ class _Cycle:
         self._victim_view = None
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(self._last_order + 1)
+
+    def _moved(self, changes: QueueChanges, depth: int) -> tuple[set[Waiting], set[Waiting]] | None:
+        """The claims that came and went, if they follow on from the queue as this state holds it and add
+        up to `depth` claims (else None: the shell's record and this state disagree, so the queues are
+        compared in full)."""
+        came, went = set(changes.came), set(changes.went)
+        queued = self._queued
+        if (len(came) == len(changes.came) and len(went) == len(changes.went) and went <= queued
+                and queued.isdisjoint(came) and len(queued) - len(went) + len(came) == depth):
+            return came, went
+        return None
 
     def _hold(self, running: Running) -> None:
         """A claim runs: its devices are taken, its usage counted, and it is found by node and tenant."""

@@ -12,6 +12,7 @@ from shared.allocation import Decision, SelectorMemo, State
 from shared.claims import InvalidClaim, settings_of, with_namespace
 from shared.inventory import Fleet
 from shared.quota import QuotaConfig
+from shared.waiting_queue import WaitingQueue
 
 MAX_CYCLES_PER_WAVE = 8  # a wave settles when a cycle changes nothing; preemption victims retry next cycle
 
@@ -76,7 +77,7 @@ def run_waves(
     quotas = quotas or QuotaConfig()
     final: dict[tuple[str, str], ClaimOutcome] = {}
     result = SimulationResult()
-    waiting: dict[tuple[str, str], Waiting] = {}
+    waiting = WaitingQueue()  # each cycle is handed what came and went since the last
     running: dict[tuple[str, str], Running] = {}
     documents: dict[tuple[str, str], dra.ResourceClaim] = {}
     displaced: dict[tuple[str, str], frozenset[tuple[str, str]]] = {}
@@ -92,17 +93,18 @@ def run_waves(
             w = _waiting(item, arrival)
             if w.key in running or w.key in waiting:
                 continue  # claims are immutable: the first one with a name stands
-            waiting[w.key] = w
+            waiting.put(w)
             documents[w.key] = item
         for _ in range(MAX_CYCLES_PER_WAVE):
-            cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(running.values()), tuple(waiting.values())),
+            all_waiting, changes = waiting.snapshot()
+            cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(running.values()), all_waiting, changes=changes),
                               memo)
             changed = bool(cycle.preemptions)
             for p in cycle.preemptions:  # back to the queue, with the arrival they first had
                 victim = running.pop(p.victim)
                 displaced[p.victim] = displaced.get(p.victim, frozenset()) | {p.by}
-                waiting[p.victim] = Waiting(victim.tenant, victim.name, documents[p.victim], victim.priority,
-                                            victim.preemptible, victim.arrival, displaced_by=displaced[p.victim])
+                waiting.put(Waiting(victim.tenant, victim.name, documents[p.victim], victim.priority,
+                                    victim.preemptible, victim.arrival, displaced_by=displaced[p.victim]))
                 final[p.victim] = ClaimOutcome(victim.tenant, victim.name, Decision(State.PREEMPTED, reason=p.reason))
                 result.events.append({"claim": "/".join(p.victim), "state": State.PREEMPTED.value,
                                       "by": "/".join(p.by), "rule": p.rule, "reason": p.reason})
@@ -114,12 +116,12 @@ def run_waves(
                     allocated += 1
                     running[key] = Running(queued.tenant, queued.name, d.decision.allocation, queued.priority,
                                            queued.preemptible, queued.arrival, allocated)
-                    del waiting[key]
+                    waiting.pop(key)
                     changed = True
                 elif d.decision.state is State.REJECTED:
-                    waiting.pop(key, None)
+                    waiting.pop(key)
                 elif queued is not None and not queued.answered:
-                    waiting[key] = replace(queued, answered=True)
+                    waiting.put(replace(queued, answered=True))
             if not changed:
                 break
     result.outcomes = list(final.values())
