@@ -13,6 +13,7 @@ Quota changes from the admin API are read at the next cycle; a cycle also runs e
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import socket
@@ -209,8 +210,10 @@ class Allocator:
         result = run_cycle(snapshot, self.memo)
         self.collector.after_cycle()
         now = datetime.now(UTC)
+        rows = await ops.claim_rows(session, queue, itertools.chain(
+            (p.victim for p in result.preemptions), ((d.tenant, d.name) for d in result.decisions)))
         for preemption in result.preemptions:
-            row = queue.rows[preemption.victim]
+            row = rows[preemption.victim]
             await ops.release_devices(session, row)
             by = "/".join(preemption.by)
             row.state, row.reason, row.allocation, row.node = State.PREEMPTED.value, preemption.reason, None, None
@@ -223,7 +226,7 @@ class Allocator:
         answered_now = self.clock()
         for decided in result.decisions:
             key = (decided.tenant, decided.name)
-            row = queue.rows[key]
+            row = rows[key]
             decision = decided.decision
             if decision.state is State.PENDING:
                 self._answered_at[key] = answered_now
