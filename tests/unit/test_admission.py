@@ -246,8 +246,7 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
     for wave in waves:
         for claim in wave:
             arrival += 1
-            w = Waiting(claim.metadata.namespace, claim.metadata.name, claim,
-                        int(claim.metadata.annotations.get("claimbroker.io/priority", "0")), True, arrival)
+            w = arriving(claim, arrival)
             if w.key not in running:
                 queued.setdefault(w.key, w)
         for key in [k for k in sorted(running) if rng.random() < 0.3]:  # some claims finish
@@ -295,6 +294,12 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
                     queued[w.key] = Waiting(w.tenant, w.name, w.claim, w.priority, True, w.arrival, answered=True,
                                             displaced_by=w.displaced_by)
             assert not [k for k, n in held.items() if n > 1], "a device was allocated twice"
+
+
+def arriving(claim: Any, arrival: int) -> Waiting:
+    """A scenario's claim as it joins the queue, with the priority its annotation gives."""
+    return Waiting(claim.metadata.namespace, claim.metadata.name, claim,
+                   int(claim.metadata.annotations.get("claimbroker.io/priority", "0")), True, arrival)
 
 
 def _claim_of(waves: list[list[Any]], key: tuple[str, str]) -> Any:

@@ -16,7 +16,7 @@ from shared.inventory import Fleet
 from shared.quota import QuotaConfig
 from shared.waiting_queue import WaitingQueue
 from tests.builders import a_claim
-from tests.unit.test_admission import _claim_of, scenarios
+from tests.unit.test_admission import _claim_of, arriving, scenarios
 
 
 def claim(name: str, tenant: str = "t", arrival: int = 0) -> Waiting:
@@ -80,8 +80,7 @@ def test_a_cycle_handed_the_changes_decides_as_one_that_compares_the_queue(
     for wave in waves:
         for document in wave:
             arrival += 1
-            w = Waiting(document.metadata.namespace, document.metadata.name, document,
-                        int(document.metadata.annotations.get("claimbroker.io/priority", "0")), True, arrival)
+            w = arriving(document, arrival)
             if w.key not in running and w.key not in queue:
                 queue.put(w)
         for key in [k for k in sorted(running) if rng.random() < 0.3]:  # some claims finish
