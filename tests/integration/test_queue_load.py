@@ -1,5 +1,6 @@
 """The allocator's queue read from the ledger: what a cache kept from earlier cycles gives back is what
-a fresh read gives, as claims come, are allocated, preempted back and released."""
+a fresh read gives, as claims come, are answered, allocated, preempted and placed elsewhere between two
+reads, preempted back to the queue and released."""
 
 from __future__ import annotations
 
