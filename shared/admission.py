@@ -806,11 +806,15 @@ class _Cycle:
         rooms, room_of, unused = self._tenant_rooms(tenant), book.room, book.unused
         total = 0
         for flavor in flavors:
+            if idle:
+                free = unused.get(flavor, 0)
+                if free <= 0:
+                    continue  # none idle: no room counts, whatever the quota (so it is not worked out)
             room = rooms.get(flavor)
             if room is None:
                 room = rooms[flavor] = room_of(tenant, flavor)
-            if idle and (free := unused.get(flavor, 0)) < room:
-                room = free if free > 0 else 0
+            if idle and free < room:
+                room = free
             total += room
             if total >= need:
                 return None
