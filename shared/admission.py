@@ -495,6 +495,7 @@ class _Cycle:
         self.no_room: dict[int, Decision] = {}  # in the pass: plans (by id) no node has room for
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
+        self.placed_after: dict[int, Decision] = {}  # per plan: its placement once the cycle decided (answer())
         self._victim_view: _VictimTenants | None = None  # dropped whenever a claim is admitted
         self.preemptions: list[Preemption] = []
         self.preempted: set[ClaimKey] = set()
@@ -555,6 +556,7 @@ class _Cycle:
             for cache in (self.failed_at, self.blocked_at, self._plan_facts):
                 cache.clear()
         self.admitted_now = set()
+        self.placed_after = {}
         self._victim_view = None
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(self._last_order + 1)
@@ -865,7 +867,15 @@ class _Cycle:
         what is free and what quota is left after the cycle."""
         if decision.state is not State.PENDING or decision.reason is not None:
             return decision, blocks
-        explained = self._decide(waiting, None, explain=True)
+        try:
+            plan_id = id(self.state.plan(waiting.claim))
+        except Rejected:
+            plan_id = None
+        explained = self.placed_after.get(plan_id) if plan_id is not None else None
+        if explained is None:  # nothing moves once the cycle has decided: one placement per spec
+            explained = self._decide(waiting, None, explain=True)
+            if plan_id is not None:
+                self.placed_after[plan_id] = explained
         if explained.allocation is None:
             return explained, []  # capacity keeps it out
         if self.snapshot.quotas.enforced:  # whichever way the pass found it out, its quota may keep it out now
