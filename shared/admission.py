@@ -394,9 +394,10 @@ class _Holding(NamedTuple):
     units: float  # GPU units in all (summed in device order)
 
 
-_QUOTA_FULL = Decision(State.PENDING)  # a trial's answer: the tenant's quota cannot hold the claim
+# A Pending answer without a reason (its quota or the free devices keep the claim out): the reason is worked
+# out against what is free and what quota is left after the cycle, if the answer is given (answer()).
+_UNANSWERED = Decision(State.PENDING)
 _NO_FLAVORS: frozenset[str] = frozenset()  # a tenant with room in every flavor so far (_admission_pass)
-_NO_IDLE = Decision(State.PENDING)  # a pass's answer: too few devices the claim accepts are idle
 
 
 class _OutOfRoom(Exception):
@@ -492,7 +493,7 @@ class _Cycle:
         # While the admission pass runs, devices are only taken: a placement that failed stays failed
         # for the rest of the pass, whatever the fleet version (None outside the pass).
         self.shrinking: dict[tuple[int, Any, bool], Decision] | None = None
-        self.no_room: dict[int, Decision] = {}  # in the pass: plans (by id) no node has room for
+        self.no_room: set[int] = set()  # in the pass: plans (by id) no node has room for
         self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
         self.placed_after: dict[int, Decision] = {}  # per plan: its placement once the cycle decided (answer())
@@ -731,7 +732,7 @@ class _Cycle:
         enough just now)."""
         enforced = self.snapshot.quotas.enforced
         if enforced and not room_known and self.quota_short(waiting.tenant, self._facts(waiting)) is not None:
-            return _QUOTA_FULL, []  # no placement needed; the reason is worked out if it is given (answer())
+            return _UNANSWERED, []  # no placement needed
         first = self._decide(waiting, None, explain=False)
         if not enforced or first.allocation is None:
             return first, []  # an open fleet, or capacity (not quota) is what keeps it out
@@ -860,11 +861,11 @@ class _Cycle:
         assert self.shrinking is not None
         self.shrinking[plan_key] = decision
         if plan_key[1] is None and not plan_key[2]:
-            self.no_room[plan_key[0]] = decision
+            self.no_room.add(plan_key[0])
 
     def answer(self, waiting: Waiting, decision: Decision, blocks: list[Block]) -> tuple[Decision, list[Block]]:
-        """The answer to give: a trial's Pending answer carries no reason, so it is worked out now, against
-        what is free and what quota is left after the cycle."""
+        """The answer to give: a Pending answer from the pass carries no reason (a trial's, or
+        `_UNANSWERED`), so it is worked out now, against what is free and what quota is left after the cycle."""
         if decision.state is not State.PENDING or decision.reason is not None:
             return decision, blocks
         try:
@@ -1341,7 +1342,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
     first_seen: dict[str, int] = {}
     admitted = cycle.admitted_now  # so far in this cycle (the kept groups change only in begin())
-    no_room = cycle.no_room = {}
+    no_room = cycle.no_room = set()
     groups = cycle.groups
     quota_dead: set[tuple[str, int]] = set()  # groups their tenant's quota keeps out for the rest of the pass
     # per tenant and flavors a spec accepts: one more than the devices its quota and the idle devices were
@@ -1373,14 +1374,13 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                         return False
                     short = found
                 if sum(idle_of(f) for f in flavors) < need:  # no node has room for the spec
-                    no_room[gid[1]] = _NO_IDLE
+                    no_room.add(gid[1])
                     open_specs.discard(gid[1])
                     return True
                 too_many[key] = short + 1  # below `bound`: short < need
                 if short == 0:
                     out = no_room_in[tenant] = no_room_in.get(tenant, _NO_FLAVORS) | flavors
                     if not unsized[tenant] and all(n <= 0 or f in out for f, n in unused.items()):
-                        quota_dead.add(gid)
                         raise _OutOfRoom  # no flavor with an idle device has room for it: no group fits
             quota_dead.add(gid)
             return True
@@ -1433,12 +1433,10 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
                 continue  # its quota has room for none of its groups: it is not ranked again
             if (top := queue.first()) is not None:
                 heapq.heappush(tenants, (book.share(tenant), top[0][0], top[0][1], tenant))
-        for tenant, head, gid in _dropped_unanswered(cycle, position, tried):  # dropped for quota, else closed
-            closed = no_room.get(gid[1])
-            refuse(tenant, gid, cycle.waiting[(tenant, head[2])],
-                   _QUOTA_FULL if gid in quota_dead or closed is None else closed, [])
+        for tenant, head, gid in _dropped_unanswered(cycle, position, tried):  # quota, a closed spec or out of room
+            refuse(tenant, gid, cycle.waiting[(tenant, head[2])], _UNANSWERED, [])
     finally:
-        cycle.shrinking, cycle.no_room = None, {}
+        cycle.shrinking, cycle.no_room = None, set()
     return decided, first_seen
 
 

@@ -192,11 +192,18 @@ async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> 
         select(Claim.id, Claim.namespace, Claim.name, Claim.state, Claim.sequence, Claim.priority,
                Claim.preemptible, Claim.arrival, Claim.reason.is_not(None), Claim.allocated_at)
         .where(Claim.state.in_(_QUEUED)).order_by(Claim.id))).all()
-    documents = {row_id: cache.documents[row_id] for row_id, *_ in listed if row_id in cache.documents}
+    documents: dict[int, dra.ResourceClaim] = {}
     allocations: dict[int, Any] = {}
-    unread = [row_id for row_id, *_ in listed if row_id not in documents]
-    stale = [row_id for row_id, _, _, state, sequence, *_ in listed if state == State.ALLOCATED.value
-             and row_id in documents and ((kept := cache.running.get(row_id)) is None or kept[0] != sequence)]
+    unread: list[int] = []  # new to the cache: document and allocation are read
+    stale: list[int] = []  # running, and not as the cache holds it: the allocation is read
+    for row_id, _, _, state, sequence, *_ in listed:
+        document = cache.documents.get(row_id)
+        if document is None:
+            unread.append(row_id)
+            continue
+        documents[row_id] = document
+        if state == State.ALLOCATED.value and ((kept := cache.running.get(row_id)) is None or kept[0] != sequence):
+            stale.append(row_id)
     for chunk in _chunks(unread):
         for row_id, spec, allocation in await session.execute(
                 select(Claim.id, Claim.spec, Claim.allocation).where(Claim.id.in_(chunk))):
