@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import Flavors, QuotaBook, Running, Snapshot, Waiting, _Cycle, run_cycle
+from shared.admission import CycleResult, Flavors, QuotaBook, Running, Snapshot, Waiting, _Cycle, run_cycle
 from shared.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.classes import BUILTIN_CLASSES
 from shared.inventory import Fleet
 from shared.quota import QuotaConfig, parse_quotas
 from shared.simulate import run_waves
+from shared.waiting_queue import WaitingQueue
 from tests.builders import ClaimBuilder, a_claim, fleet, node
 
 H100 = 'device.attributes["gpu.nvidia.com"].productName == "H100"'
@@ -240,60 +242,77 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
     that snapshot alone, and what the cycles admit never holds a device twice."""
     f, config, waves = scenario
     kept = SelectorMemo()
-    running: dict[tuple[str, str], Running] = {}
-    queued: dict[tuple[str, str], Waiting] = {}
-    arrival = order = 0
-    for wave in waves:
-        for claim in wave:
-            arrival += 1
-            w = arriving(claim, arrival)
-            if w.key not in running:
-                queued.setdefault(w.key, w)
-        for key in [k for k in sorted(running) if rng.random() < 0.3]:  # some claims finish
-            del running[key]
-        for _ in range(3):
-            snapshot = Snapshot(f, BUILTIN_CLASSES, config, tuple(running.values()), tuple(queued.values()))
-            result = run_cycle(snapshot, kept)
-            state = kept.states["admission"]
-            fresh = _Cycle(snapshot, SelectorMemo())
-            fresh.begin(snapshot)
-            state.begin(snapshot)  # the kept state, brought back to the snapshot (the cycle moved it on)
-            assert {k: n for k, n in state.book.used.items() if n} == {k: n for k, n in fresh.book.used.items() if n}
-            assert state.state.in_use == fresh.state.in_use
-            assert {t: set(c) for t, c in state.by_tenant.items() if c} == {t: set(c) for t, c in
-                                                                               fresh.by_tenant.items() if c}
-            assert ({(t, f): set(c) for t, pools in state.by_flavor.items() for f, c in pools.items() if c}
-                    == {(t, f): set(c) for t, pools in fresh.by_flavor.items() for f, c in pools.items() if c})
-            assert {t: +c for t, c in state._priorities.items() if +c} == {t: +c for t, c in
-                                                                            fresh._priorities.items() if +c}
-            assert {t: n for t, n in state.book.borrowed_count.items() if n} == {
-                t: n for t, n in fresh.book.borrowed_count.items() if n}
-            groups = {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in state.groups.values()}
-            assert ({t: [e for e, _ in q] for t, q in state.tenant_heads.items() if q}
-                    == {t: [e for e, _ in q] for t, q in fresh.tenant_heads.items() if q}
-                    == {t: sorted(g.entries[0] for g in fresh.groups.values() if g.tenant == t)
-                        for t in {g.tenant for g in fresh.groups.values()}})
-            assert groups == {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in fresh.groups.values()}
-            held = Counter(k for r in running.values() for k in r.allocation.keys)
-            for p in result.preemptions:
-                victim = running.pop(p.victim)
-                held.subtract(victim.allocation.keys)
-                queued[p.victim] = Waiting(victim.tenant, victim.name, _claim_of(waves, p.victim), victim.priority,
-                                           True, victim.arrival, displaced_by=frozenset({p.by}))
-            for d in result.decisions:
-                w = queued.get((d.tenant, d.name))
-                if w is None:
-                    continue
-                if d.decision.allocation is not None:
-                    held.update(d.decision.allocation.keys)
-                    order += 1
-                    running[w.key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, True, w.arrival,
-                                             order)
-                    del queued[w.key]
-                elif d.decision.state is State.PENDING and not w.answered:
-                    queued[w.key] = Waiting(w.tenant, w.name, w.claim, w.priority, True, w.arrival, answered=True,
-                                            displaced_by=w.displaced_by)
-            assert not [k for k, n in held.items() if n > 1], "a device was allocated twice"
+    shell = Waves(waves, rng)
+    for _ in shell.cycles():
+        snapshot = Snapshot(f, BUILTIN_CLASSES, config, tuple(shell.running.values()), tuple(shell.queue.values()))
+        result = run_cycle(snapshot, kept)
+        state = kept.states["admission"]
+        fresh = _Cycle(snapshot, SelectorMemo())
+        fresh.begin(snapshot)
+        state.begin(snapshot)  # the kept state, brought back to the snapshot (the cycle moved it on)
+        assert {k: n for k, n in state.book.used.items() if n} == {k: n for k, n in fresh.book.used.items() if n}
+        assert state.state.in_use == fresh.state.in_use
+        assert {t: set(c) for t, c in state.by_tenant.items() if c} == {t: set(c) for t, c in
+                                                                           fresh.by_tenant.items() if c}
+        assert ({(t, f): set(c) for t, pools in state.by_flavor.items() for f, c in pools.items() if c}
+                == {(t, f): set(c) for t, pools in fresh.by_flavor.items() for f, c in pools.items() if c})
+        assert {t: +c for t, c in state._priorities.items() if +c} == {t: +c for t, c in
+                                                                        fresh._priorities.items() if +c}
+        assert {t: n for t, n in state.book.borrowed_count.items() if n} == {
+            t: n for t, n in fresh.book.borrowed_count.items() if n}
+        groups = {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in state.groups.values()}
+        assert ({t: [e for e, _ in q] for t, q in state.tenant_heads.items() if q}
+                == {t: [e for e, _ in q] for t, q in fresh.tenant_heads.items() if q}
+                == {t: sorted(g.entries[0] for g in fresh.groups.values() if g.tenant == t)
+                    for t in {g.tenant for g in fresh.groups.values()}})
+        assert groups == {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in fresh.groups.values()}
+        shell.settle(result)
+        held = Counter(k for r in shell.running.values() for k in r.allocation.keys)
+        assert not [k for k, n in held.items() if n > 1], "a device was allocated twice"
+
+
+@dataclass
+class Waves:
+    """A scenario's waves driven through cycles as a shell would: each wave's claims join the queue, some
+    running claims finish, three cycles run, and each cycle's result is settled."""
+
+    waves: list[list[Any]]
+    rng: Any
+    running: dict[tuple[str, str], Running] = field(default_factory=dict)
+    queue: WaitingQueue = field(default_factory=WaitingQueue)
+    arrival: int = 0
+    order: int = 0
+
+    def cycles(self) -> Iterator[None]:
+        """Yields once per cycle to run (the caller settles its result)."""
+        for wave in self.waves:
+            for claim in wave:
+                self.arrival += 1
+                w = arriving(claim, self.arrival)
+                if w.key not in self.running and w.key not in self.queue:
+                    self.queue.put(w)
+            for key in [k for k in sorted(self.running) if self.rng.random() < 0.3]:  # some claims finish
+                del self.running[key]
+            for _ in range(3):
+                yield
+
+    def settle(self, result: CycleResult) -> None:
+        """Victims queue again with who displaced them, admitted claims run, Pending ones are answered."""
+        for p in result.preemptions:
+            victim = self.running.pop(p.victim)
+            self.queue.put(Waiting(victim.tenant, victim.name, _claim_of(self.waves, p.victim), victim.priority,
+                                   True, victim.arrival, displaced_by=frozenset({p.by})))
+        for d in result.decisions:
+            w = self.queue.get((d.tenant, d.name))
+            if w is None:
+                continue
+            if d.decision.allocation is not None:
+                self.order += 1
+                self.running[w.key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, True, w.arrival,
+                                              self.order)
+                self.queue.pop(w.key)
+            elif d.decision.state is State.PENDING and not w.answered:
+                self.queue.put(replace(w, answered=True))
 
 
 def arriving(claim: Any, arrival: int) -> Waiting:

@@ -9,14 +9,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import QueueChanges, Running, Snapshot, Waiting, run_cycle
-from shared.allocation import SelectorMemo, State
+from shared.admission import QueueChanges, Snapshot, Waiting, run_cycle
+from shared.allocation import SelectorMemo
 from shared.classes import BUILTIN_CLASSES
 from shared.inventory import Fleet
 from shared.quota import QuotaConfig
 from shared.waiting_queue import WaitingQueue
 from tests.builders import a_claim
-from tests.unit.test_admission import _claim_of, arriving, scenarios
+from tests.unit.test_admission import Waves, scenarios
 
 
 def claim(name: str, tenant: str = "t", arrival: int = 0) -> Waiting:
@@ -74,44 +74,20 @@ def test_a_cycle_handed_the_changes_decides_as_one_that_compares_the_queue(
     queue. Their decisions and preemptions are the same, cycle after cycle."""
     f, config, waves = scenario
     with_changes, without = SelectorMemo(), SelectorMemo()
-    queue = WaitingQueue()
-    running: dict[tuple[str, str], Running] = {}
-    arrival = order = 0
-    for wave in waves:
-        for document in wave:
-            arrival += 1
-            w = arriving(document, arrival)
-            if w.key not in running and w.key not in queue:
-                queue.put(w)
-        for key in [k for k in sorted(running) if rng.random() < 0.3]:  # some claims finish
-            del running[key]
-        for _ in range(3):
-            queued, changes = queue.snapshot()
-            roll = rng.random()
-            handed: QueueChanges | None = changes
-            if roll < 0.15:
-                handed = None  # a shell that does not keep the record
-            elif roll < 0.3 and changes.went:
-                handed = replace(changes, went=changes.went[1:])  # one that lost a claim that went
-            elif roll < 0.4:
-                handed = replace(changes, since=changes.since + 1)  # one that follows another snapshot
-            now = tuple(running.values())
-            result = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, now, queued, changes=handed), with_changes)
-            compared = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, now, queued), without)
-            assert result.decisions == compared.decisions
-            assert result.preemptions == compared.preemptions
-            for p in result.preemptions:
-                victim = running.pop(p.victim)
-                queue.put(Waiting(victim.tenant, victim.name, _claim_of(waves, p.victim), victim.priority, True,
-                                  victim.arrival, displaced_by=frozenset({p.by})))
-            for d in result.decisions:
-                decided = queue.get((d.tenant, d.name))
-                if decided is None:
-                    continue
-                if d.decision.allocation is not None:
-                    order += 1
-                    running[decided.key] = Running(decided.tenant, decided.name, d.decision.allocation,
-                                                   decided.priority, True, decided.arrival, order)
-                    queue.pop(decided.key)
-                elif d.decision.state is State.PENDING and not decided.answered:
-                    queue.put(replace(decided, answered=True))
+    shell = Waves(waves, rng)
+    for _ in shell.cycles():
+        queued, changes = shell.queue.snapshot()
+        roll = rng.random()
+        handed: QueueChanges | None = changes
+        if roll < 0.15:
+            handed = None  # a shell that does not keep the record
+        elif roll < 0.3 and changes.went:
+            handed = replace(changes, went=changes.went[1:])  # one that lost a claim that went
+        elif roll < 0.4:
+            handed = replace(changes, since=changes.since + 1)  # one that follows another snapshot
+        now = tuple(shell.running.values())
+        result = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, now, queued, changes=handed), with_changes)
+        compared = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, now, queued), without)
+        assert result.decisions == compared.decisions
+        assert result.preemptions == compared.preemptions
+        shell.settle(result)
