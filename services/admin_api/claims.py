@@ -15,6 +15,8 @@ from shared.ledger.schema import AlertRecord, AuditEntry, Claim, ClaimEvent
 
 router = APIRouter(responses=PROBLEMS)
 Limit = Annotated[int, Query(ge=1, le=1000)]
+Cursor = Annotated[int | None, Query(ge=0, le=2**63 - 1,  # claim ids are 64-bit in the ledger
+                                     description="`next` of the previous page")]
 
 
 class ClaimOut(Model):
@@ -86,7 +88,7 @@ class AuditOut(Model):
 @router.get("/v1/claims", response_model=ClaimPage, tags=["claims"])
 async def list_claims(s: Session, token: Caller, namespace: str | None = None, state: str | None = None,
                       node: str | None = None, limit: Limit = 100,
-                      cursor: Annotated[int | None, Query(description="`next` of the previous page")] = None,
+                      cursor: Cursor = None,
                       ) -> ClaimPage:
     """Oldest first (by id), one page at a time."""
     query = select(Claim).order_by(Claim.id).limit(limit + 1)

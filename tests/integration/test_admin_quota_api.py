@@ -427,6 +427,8 @@ async def test_claims_page_and_filter(api: Api) -> None:
     assert {c["namespace"] for c in scoped["items"]} == {"vision"}
     for limit in (0, 1001):
         assert_problem(await api.client.get("/v1/claims", params={"limit": limit}, headers=api.viewer), 422)
+    for cursor in (-1, 2**63):  # past a 64-bit id: refused, not a database error
+        assert_problem(await api.client.get("/v1/claims", params={"cursor": cursor}, headers=api.viewer), 422)
 
 
 async def test_claim_history_and_explain(api: Api) -> None:
