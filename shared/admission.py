@@ -385,6 +385,14 @@ class _PlanFacts(NamedTuple):
     unflavored: bool = False  # it may be placed on devices no flavor counts (which need no quota) alone
 
 
+class _Victim(NamedTuple):
+    """A preemptible running claim as the victim search reads it: what it scans per claim, kept."""
+
+    running: Running
+    node: str
+    units: float
+
+
 class _Holding(NamedTuple):
     """A running claim's devices as the quota book counts them."""
 
@@ -397,6 +405,7 @@ class _Holding(NamedTuple):
 # A Pending answer without a reason (its quota or the free devices keep the claim out): the reason is worked
 # out against what is free and what quota is left after the cycle, if the answer is given (answer()).
 _UNANSWERED = Decision(State.PENDING)
+_NO_VICTIMS: dict[ClaimKey, _Victim] = {}  # read only
 _NO_FLAVORS: frozenset[str] = frozenset()  # a tenant with room in every flavor so far (_admission_pass)
 
 
@@ -422,13 +431,13 @@ class _Group:
 
 
 class _VictimTenants:
-    """Each tenant that runs claims with its claims, weight, share and cohort, and (asked only under
-    reclaim and fair share) the flavors it borrows."""
+    """Each tenant that runs preemptible claims with those claims, weight, share and cohort, and (asked
+    only under reclaim and fair share) the flavors it borrows."""
 
-    def __init__(self, book: QuotaBook, by_tenant: Mapping[str, dict[ClaimKey, Running]]) -> None:
+    def __init__(self, book: QuotaBook, victims: Mapping[str, dict[ClaimKey, _Victim]]) -> None:
         self.book = book
         self.tenants = [(tenant, claims, book.weight(tenant), book.share(tenant), book.cohort_of(tenant))
-                        for tenant, claims in by_tenant.items() if claims]
+                        for tenant, claims in victims.items() if claims]
         self._borrowed: dict[str, frozenset[str | None]] = {}
 
     def borrowed(self, tenant: str) -> frozenset[str | None]:
@@ -457,9 +466,10 @@ class _Cycle:
         self.flavors, capacity = _flavors_and_capacity(snapshot, memo)
         self.book = QuotaBook(snapshot.quotas, capacity)
         self.running: dict[ClaimKey, Running] = {}
-        self.by_tenant: dict[str, dict[ClaimKey, Running]] = defaultdict(dict)
-        # per tenant and flavor held: where preemption looks for victims (only flavors the claim can use)
-        self.by_flavor: dict[str, dict[str | None, dict[ClaimKey, Running]]] = defaultdict(lambda: defaultdict(dict))
+        # preemptible running claims per tenant, and per tenant and flavor held: where preemption looks
+        # for victims (per flavor: only those of flavors the claim can use)
+        self.victims: dict[str, dict[ClaimKey, _Victim]] = defaultdict(dict)
+        self.by_flavor: dict[str, dict[str | None, dict[ClaimKey, _Victim]]] = defaultdict(lambda: defaultdict(dict))
         # priorities of preemptible running claims per tenant: what prefilter() needs, kept instead of
         # scanning every running claim
         self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
@@ -580,19 +590,30 @@ class _Cycle:
         self._relabel(None, running)
 
     def _relabel(self, kept: Running | None, running: Running) -> None:
+        holding = self._holding(running)
         if kept is not None:
             self._held.discard(kept)
             if kept.preemptible:
                 self._priorities[kept.tenant][kept.priority] -= 1
-        if running.preemptible:
-            self._priorities[running.tenant][running.priority] += 1
+                if not running.preemptible:
+                    self._unlist(kept, holding)
         self._last_order = max(self._last_order, running.allocated_order)
         self._held.add(running)
         self.running[running.key] = running
-        self.by_tenant[running.tenant][running.key] = running
+        if running.preemptible:
+            self._priorities[running.tenant][running.priority] += 1
+            victim = _Victim(running, running.allocation.node, holding.units)
+            self.victims[running.tenant][running.key] = victim
+            pools = self.by_flavor[running.tenant]
+            for flavor in holding.flavors:
+                pools[flavor][running.key] = victim
+
+    def _unlist(self, running: Running, holding: _Holding) -> None:
+        """No longer a victim candidate."""
+        del self.victims[running.tenant][running.key]
         pools = self.by_flavor[running.tenant]
-        for flavor in self._holding(running).flavors:
-            pools[flavor][running.key] = running
+        for flavor in holding.flavors:
+            del pools[flavor][running.key]
 
     def _drop(self, running: Running) -> None:
         self.state.give_back(running.allocation)
@@ -600,11 +621,8 @@ class _Cycle:
         self._held.discard(running)
         if running.preemptible:
             self._priorities[running.tenant][running.priority] -= 1
+            self._unlist(running, self._holding(running))
         del self.running[running.key]
-        del self.by_tenant[running.tenant][running.key]
-        pools = self.by_flavor[running.tenant]
-        for flavor in self._holding(running).flavors:
-            del pools[flavor][running.key]
         self._holdings.pop(running.key, None)
 
     def _enqueue(self, waiting: Waiting) -> None:
@@ -917,7 +935,6 @@ class _Cycle:
         view = self._victim_tenants()
         on_hosts: dict[str, list[tuple[Running, str]]] = {}
         units_on: dict[str, float] = defaultdict(float)
-        units_of = self._units
         preempted, admitted, displaced = self.preempted, self.admitted_now, preemptor.displaced_by
         for tenant, claims, weight, share, tenant_cohort in view.tenants:
             if not claims or (own_only and tenant != preemptor.tenant):
@@ -949,20 +966,19 @@ class _Cycle:
                 wanted = flavors if borrowed is None else borrowed & flavors
             if wanted is None:
                 pool = claims
+            elif len(wanted) == 1:
+                pool = self.by_flavor[tenant].get(next(iter(wanted)), _NO_VICTIMS)
             else:  # the tenant's claims per flavor, merged in flavor order (a claim of two flavors once)
                 pools = self.by_flavor[tenant]
                 pool = {}
                 for flavor in sorted(wanted, key=str):
                     if found_pool := pools.get(flavor):
                         pool.update(found_pool)
-            for key, victim in pool.items():
-                node = victim.allocation.node
-                if (node not in hosts or not victim.preemptible or key in preempted
-                        or key in admitted or key in displaced):
+            for key, (victim, node, units) in pool.items():
+                if node not in hosts or key in preempted or key in admitted or key in displaced:
                     continue
                 if rule == "priority" and victim.priority >= preemptor.priority:
                     continue
-                units = units_of(victim)
                 if rule == "fair-share" and share - units / weight < mine:
                     continue
                 found = on_hosts.get(node)
@@ -977,7 +993,7 @@ class _Cycle:
         """The tenants that run claims as preemption sees them: the same for every attempt until one
         succeeds (a failed search restores what it tried), so worked out once per success."""
         if self._victim_view is None:
-            self._victim_view = _VictimTenants(self.book, self.by_tenant)
+            self._victim_view = _VictimTenants(self.book, self.victims)
         return self._victim_view
 
     def _stuck_on_quota(self, waiting: Waiting) -> bool:

@@ -169,6 +169,22 @@ def test_non_preemptible_claims_are_never_preempted() -> None:
     assert result.preemptions == () and result.decisions[0].decision.state is State.PENDING
 
 
+def test_a_running_claim_that_stops_being_preemptible_is_no_victim_in_a_kept_state() -> None:
+    """The cycle state kept across snapshots follows a running claim whose annotation changes while it
+    holds the same devices: marked not preemptible it is no victim (the other claim is taken instead);
+    marked preemptible again, it is the first victim again (its node comes first)."""
+    f = fleet(*node("h1", "H100", 1), *node("h2", "H100", 1))
+    memo = SelectorMemo()
+    on = {n: Allocation(n, (DeviceResult("gpu", "gpu.nvidia.com", n, "gpu-0"),)) for n in ("h1", "h2")}
+    urgent = (waiting(a_claim("urgent", "t").request(), priority=9),)
+    victims = []
+    for preemptible, queued in ((True, ()), (False, urgent), (True, urgent)):
+        running = (Running("t", "keep", on["h1"], 0, preemptible, 0, 2), Running("t", "other", on["h2"], 0, True, 0, 1))
+        result = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running, queued), memo)
+        victims.append([p.victim for p in result.preemptions])
+    assert victims == [[], [("t", "other")], [("t", "keep")]]
+
+
 MODELS = ("H100", "B200")
 
 
@@ -252,10 +268,10 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
         state.begin(snapshot)  # the kept state, brought back to the snapshot (the cycle moved it on)
         assert {k: n for k, n in state.book.used.items() if n} == {k: n for k, n in fresh.book.used.items() if n}
         assert state.state.in_use == fresh.state.in_use
-        assert {t: set(c) for t, c in state.by_tenant.items() if c} == {t: set(c) for t, c in
-                                                                           fresh.by_tenant.items() if c}
-        assert ({(t, f): set(c) for t, pools in state.by_flavor.items() for f, c in pools.items() if c}
-                == {(t, f): set(c) for t, pools in fresh.by_flavor.items() for f, c in pools.items() if c})
+        assert {t: dict(c) for t, c in state.victims.items() if c} == {t: dict(c) for t, c in
+                                                                         fresh.victims.items() if c}
+        assert ({(t, f): dict(c) for t, pools in state.by_flavor.items() for f, c in pools.items() if c}
+                == {(t, f): dict(c) for t, pools in fresh.by_flavor.items() for f, c in pools.items() if c})
         assert {t: +c for t, c in state._priorities.items() if +c} == {t: +c for t, c in
                                                                         fresh._priorities.items() if +c}
         assert {t: n for t, n in state.book.borrowed_count.items() if n} == {
