@@ -886,10 +886,8 @@ class _Cycle:
         `_UNANSWERED`), so it is worked out now, against what is free and what quota is left after the cycle."""
         if decision.state is not State.PENDING or decision.reason is not None:
             return decision, blocks
-        try:
-            plan_id = id(self.state.plan(waiting.claim))
-        except Rejected:
-            plan_id = None
+        gid = self.group_of.get(waiting.key)  # its group is of its tenant and plan
+        plan_id = gid[1] if gid is not None else None
         explained = self.placed_after.get(plan_id) if plan_id is not None else None
         if explained is None:  # nothing moves once the cycle has decided: one placement per spec
             explained = self._decide(waiting, None, explain=True)
@@ -935,13 +933,15 @@ class _Cycle:
         view = self._victim_tenants()
         on_hosts: dict[str, list[tuple[Running, str]]] = {}
         units_on: dict[str, float] = defaultdict(float)
-        preempted, admitted, displaced = self.preempted, self.admitted_now, preemptor.displaced_by
+        # preempted or admitted in this cycle, or displaced the preemptor once (no back and forth)
+        spared = self.preempted | self.admitted_now | preemptor.displaced_by
+        own = preemptor.tenant
         for tenant, claims, weight, share, tenant_cohort in view.tenants:
-            if not claims or (own_only and tenant != preemptor.tenant):
-                continue
             borrowed: frozenset[str | None] | None = None
-            if tenant == preemptor.tenant:
+            if tenant == own:
                 rule = "priority"
+            elif own_only:
+                continue
             elif enforced and tenant_cohort == cohort:
                 if headroom is None:  # reclaim keeps the preemptor within its nominal quota
                     room = sum(max(0, book.nominal(preemptor.tenant, f) - book.used[(preemptor.tenant, f)])
@@ -975,7 +975,7 @@ class _Cycle:
                     if found_pool := pools.get(flavor):
                         pool.update(found_pool)
             for key, (victim, node, units) in pool.items():
-                if node not in hosts or key in preempted or key in admitted or key in displaced:
+                if key in spared or node not in hosts:
                     continue
                 if rule == "priority" and victim.priority >= preemptor.priority:
                     continue
@@ -1506,22 +1506,21 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:
             decided.append((waiting, preempted, []))
-    from shared.explain import explain_pending
+    from shared.explain import Alike, explain_pending
 
     final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer
     results = []
-    candidates = sum(sum(c.values()) for c in cycle._priorities.values())  # preemptible claims running
+    alike = Alike(sum(sum(c.values()) for c in cycle._priorities.values()))  # preemptible claims running
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     explained: dict[tuple[Any, ...], Mapping[str, Any]] = {}  # claims alike in one tenant read alike
-    spec_parts: dict[Any, Any] = {}  # what claims of one spec read alike across tenants (explain_pending)
     for waiting, decision, blocks in final.values():
         detail = None
         decision, blocks = cycle.answer(waiting, decision, blocks)
         if decision.state is State.PENDING:
-            alike = (waiting.tenant, waiting.priority, cycle.group_of.get(waiting.key), decision.reason)
-            detail = explained.get(alike)
+            same = (waiting.tenant, waiting.priority, cycle.group_of.get(waiting.key), decision.reason)
+            detail = explained.get(same)
             if detail is None:
-                detail = explained[alike] = explain_pending(cycle, waiting, decision, blocks, candidates, spec_parts)
+                detail = explained[same] = explain_pending(cycle, waiting, decision, blocks, alike)
         elif decision.allocation is not None:
             for d in cycle._devices(decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))

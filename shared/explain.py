@@ -7,6 +7,7 @@ so it never disagrees with the reason the tenant was given.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shared.allocation import Decision, Rejected
@@ -86,29 +87,36 @@ def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: 
     return out
 
 
-def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block],
-                    candidates: int, alike: dict[Any, tuple[dict[str, Any], dict[str, Any]]] | None = None
-                    ) -> dict[str, Any]:
-    """`candidates`: preemptible claims running after the cycle, counted once for all explanations.
-    `alike`: kept by the caller for one fleet state, the parts that claims of one spec with one reason
-    and no blocking quota share (all but their tenant's figures and their priority): many tenants wait
+@dataclass
+class Alike:
+    """What the explanations given after one cycle share. Once the cycle has decided nothing moves, so
+    a tenant's figures are the same in each of its claims' explanations, and claims of one spec with
+    one reason and no blocking quota read alike but for their tenant and priority: many tenants wait
     for the same few specs, so those parts are worked out once per spec and reason."""
-    book = cycle.book
-    tenant = {"name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
-              "weight": cycle.snapshot.quotas.tenant(waiting.tenant).weight,
-              "share": round(book.share(waiting.tenant), 4)}
-    shared = {} if alike is None else alike
+
+    candidates: int  # preemptible claims running after the cycle
+    parts: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
+    tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block],
+                    alike: Alike) -> dict[str, Any]:
+    tenant = alike.tenants.get(waiting.tenant)
+    if tenant is None:
+        book = cycle.book
+        tenant = alike.tenants[waiting.tenant] = {
+            "name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
+            "weight": book.weight(waiting.tenant), "share": round(book.share(waiting.tenant), 4)}
     key = None
     if not blocks:  # a quota's figures are the tenant's own
-        try:
-            key = (id(cycle.state.plan(waiting.claim)), decision.reason, decision.unsatisfiable)
-        except Rejected:
-            key = None
-    parts = shared.get(key) if key is not None else None
+        gid = cycle.group_of.get(waiting.key)  # its group is of its tenant and plan
+        if gid is not None:
+            key = (gid[1], decision.reason, decision.unsatisfiable)
+    parts = alike.parts.get(key) if key is not None else None
     if parts is None:
-        parts = _spec_parts(cycle, waiting, decision, blocks, candidates)
+        parts = _spec_parts(cycle, waiting, decision, blocks, alike.candidates)
         if key is not None:
-            shared[key] = parts
+            alike.parts[key] = parts
     head, tail = parts
     return {**head, "tenant": tenant, "priority": waiting.priority, **tail}
 
