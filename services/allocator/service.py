@@ -5,7 +5,9 @@ decisions and their outbox events; a redelivery (the process died between commit
 id and changes nothing. Every cycle first locks the shard's lease row (SELECT ... FOR UPDATE on
 PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers) and reads the queue and the quotas
 from the ledger, so two allocators on one database take turns and each decides on what the other
-wrote: neither can exceed a quota, and device_allocations' primary key refuses a device twice.
+wrote: neither can exceed a quota, and device_allocations' primary key refuses a device twice. The
+queue read takes only the claim rows written since this allocator's last cycle (by either allocator:
+rows carry the lease revision they were written at), so its cost follows what changed, not the depth.
 Quota changes from the admin API are read at the next cycle; a cycle also runs every
 `cycle_interval` while claims wait, so they reach waiting claims without a message.
 """
@@ -174,20 +176,26 @@ class Allocator:
 
     async def _decide_messages(self, messages: Sequence[Msg]) -> None:
         """One transaction: the batch's inbox rows and claim changes, one decision cycle, its events."""
-        async with self.sessions() as session, session.begin():
-            await ops.lock_shard(session, self.shard, self.holder, self.clock() + 3 * self.cycle_interval + 30)
-            for message in messages:
-                message_id = (message.headers or {}).get("Nats-Msg-Id") or f"seq:{message.metadata.sequence.stream}"
-                if await ops.already_processed(session, CONSUMER, message_id):
-                    continue
-                ops.record_processed(session, CONSUMER, message_id)
-                tenant = subjects.tenant_of(message.subject)
-                if message.subject.startswith(subjects.PREFIX + ".claims.submit."):
-                    await self._submit(session, tenant, message.data, message_id)
-                else:
-                    await self._release(session, tenant, message.data, message_id)
-            await session.flush()
-            await self._cycle(session)
+        try:
+            async with self.sessions() as session, session.begin():
+                await ops.lock_shard(session, self.shard, self.holder,
+                                     self.clock() + 3 * self.cycle_interval + 30)
+                for message in messages:
+                    message_id = ((message.headers or {}).get("Nats-Msg-Id")
+                                  or f"seq:{message.metadata.sequence.stream}")
+                    if await ops.already_processed(session, CONSUMER, message_id):
+                        continue
+                    ops.record_processed(session, CONSUMER, message_id)
+                    tenant = subjects.tenant_of(message.subject)
+                    if message.subject.startswith(subjects.PREFIX + ".claims.submit."):
+                        await self._submit(session, tenant, message.data, message_id)
+                    else:
+                        await self._release(session, tenant, message.data, message_id)
+                await session.flush()
+                await self._cycle(session)
+        except BaseException:
+            self.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
+            raise
 
     async def _cycle(self, session: AsyncSession) -> None:
         if self.lost_nodes:

@@ -18,9 +18,10 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    event,
     func,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -90,6 +91,10 @@ class Claim(Base):
     # Why it waits, as structured data (blocking quotas, shortfall, what preemption would take, what
     # change would let it in), written by the allocator with each Pending decision; served by the API.
     explain: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The allocator revision (allocator_leases.revision, taken under the shard's lock) of the transaction
+    # that last wrote the row, set on every flush (`_stamp_revision`); OUTSIDE when written outside a
+    # decision transaction. The allocator reads only rows written since its last read (one index range).
+    revision: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
 
 
 class DeviceAllocation(Base):
@@ -204,3 +209,21 @@ class AllocatorLease(Base):
     holder: Mapped[str | None] = mapped_column(String(253), nullable=True)
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revision: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+REVISION = "claimbroker.revision"  # Session.info key: the allocator revision this transaction writes
+OUTSIDE = 1 << 62  # the revision of a claim row written outside a decision transaction: above every other
+
+
+@event.listens_for(Session, "before_flush")
+def _stamp_revision(session: Session, _context: Any, _instances: Any) -> None:
+    """Every claim row a flush inserts or changes carries the revision of the transaction that wrote it
+    (what `lock_shard` put in the session's info; OUTSIDE for a writer outside a decision transaction,
+    whose rows the allocator then reads every cycle until it writes them itself)."""
+    revision = session.info.get(REVISION, OUTSIDE)
+    for row in session.new:
+        if isinstance(row, Claim):
+            row.revision = revision
+    for row in session.dirty:
+        if isinstance(row, Claim) and session.is_modified(row):
+            row.revision = revision

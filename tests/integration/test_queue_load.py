@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sqlalchemy import delete
+
 from services.allocator import ledger_ops as ops
 from shared.admission import Running, Waiting
 from shared.allocation import Allocation, Decision, DeviceResult, State
@@ -84,3 +86,97 @@ async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
     finally:
         await engine.dispose()
 
+
+
+async def test_a_decision_transaction_reads_only_the_claims_written_since_the_last(db_url: str) -> None:
+    """In decision transactions (the shard's lock taken) a kept cache reads only the claim rows written
+    since its last read, including the rows its own transaction wrote after that read and rows written
+    outside any decision transaction, and still equals a full read; a transaction that rolls back takes
+    what it read with it once the cache is forgotten."""
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    make = sessions(engine)
+    cache = ops.QueueCache()
+
+    async def decide(before: Any = None, after: Any = None, *, commit: bool = True) -> ops.Queue:
+        """One decision transaction: `before` writes, the read (checked against a full one), `after` writes."""
+        try:
+            async with make() as session, session.begin():
+                await ops.lock_shard(session, "default", "test", 0.0)
+                if before is not None:
+                    await before(session)
+                    await session.flush()
+                queue = await ops.load_queue(session, cache)
+                fresh = await ops.load_queue(session)
+                assert _seen(queue) == _seen(fresh)
+                if after is not None:
+                    await after(session, queue)
+                if not commit:
+                    raise _RolledBack
+        except _RolledBack:
+            cache.invalidate()  # as the allocator does when its transaction does not commit
+        return queue
+
+    def add(*names: str) -> Any:
+        async def write(session: Any) -> None:
+            for name in names:
+                session.add(Claim(namespace="t", name=name, state=State.PENDING.value, spec=_spec(name, "t"),
+                                  sequence=0, arrival=int(name[1:]) + 1))
+        return write
+
+    try:
+        first = await decide(add(*(f"c{i}" for i in range(40))))
+        assert len(first.waiting) == 40 and cache.rows_read == 40
+
+        async def allocate_c0_answer_c1(session: Any, queue: ops.Queue) -> None:
+            rows = await ops.claim_rows(session, queue, [("t", "c0"), ("t", "c1")])
+            await ops.apply_decision(session, rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
+            ops.emit_status(session, rows[("t", "c0")])
+            rows[("t", "c1")].reason = "waits"
+            ops.emit_status(session, rows[("t", "c1")])
+
+        await decide(after=allocate_c0_answer_c1)  # written after the read, in the same transaction
+        third = await decide()
+        assert cache.rows_read == 2 and ("t", "c0") in third.running and third.waiting[("t", "c1")].answered
+
+        async def release_c0(session: Any) -> None:
+            row = await ops.find_claim(session, "t", "c0")
+            assert row is not None
+            await ops.release_devices(session, row)
+            row.state, row.allocation, row.node = State.RELEASED.value, None, None
+            ops.emit_status(session, row)
+            await add("c40")(session)
+
+        fourth = await decide(release_c0)
+        assert cache.rows_read == 2 and ("t", "c0") not in fourth.running and ("t", "c40") in fourth.waiting
+
+        async with make() as session, session.begin():  # outside a decision transaction
+            row = await ops.find_claim(session, "t", "c2")
+            assert row is not None
+            row.priority = 7
+        read = []
+        for _ in range(2):  # read each time until a decision transaction writes it
+            assert (await decide()).waiting[("t", "c2")].priority == 7
+            read.append(cache.rows_read)
+        assert read == [3, 1]  # first with c0 and c40, which the last transaction wrote
+
+        async def answer_c3(session: Any) -> None:
+            row = await ops.find_claim(session, "t", "c3")
+            assert row is not None
+            row.reason = "waits"
+            ops.emit_status(session, row)
+
+        assert (await decide(answer_c3, commit=False)).waiting[("t", "c3")].answered
+        after_rollback = await decide()
+        assert not after_rollback.waiting[("t", "c3")].answered and cache.rows_read == 40
+
+        async with make() as session, session.begin():  # a queued claim deleted behind the allocator's back
+            await session.execute(delete(Claim).where(Claim.name == "c5"))
+        checked = await decide()  # the count of queued rows differs: read in full
+        assert ("t", "c5") not in checked.waiting and cache.rows_read == 39
+    finally:
+        await engine.dispose()
+
+
+class _RolledBack(Exception):
+    pass

@@ -1,0 +1,91 @@
+"""Allocator queue read (issue 4): what one decision transaction pays to read the queue from the ledger at a
+depth of 1,000 and of 10,000 claims, with 300 claims written by each transaction (answered, so the depth
+stays). `kept` is the allocator's read with its cache kept from the last transaction (only the rows written
+since); `every_row` is a read of every queued row's columns, as one without a kept cache (or the previous
+version) does. Prints one JSON line per depth; medians and minima over 10 transactions after a first one.
+
+Run: `make bench-queue` (SQLite in a temporary directory), or
+`python bench/bench_queue_read.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/DB` on an empty database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.allocator import ledger_ops as ops  # noqa: E402
+from shared.allocation import State  # noqa: E402
+from shared.ledger.engine import create_engine, migrate, sessions  # noqa: E402
+from shared.ledger.schema import Claim  # noqa: E402
+
+CHANGED = 300
+TRANSACTIONS = 10
+
+
+def _spec(name: str, tenant: str, count: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": tenant},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                                                          "count": count}}]}}}
+
+
+async def run(url: str, depth: int) -> dict[str, Any]:
+    await migrate(url)
+    engine = create_engine(url)
+    make = sessions(engine)
+    try:
+        async with make() as session, session.begin():
+            await ops.lock_shard(session, "bench", "bench", 0.0)
+            session.add_all(Claim(namespace=f"t{i % 100}", name=f"c{i}", state=State.PENDING.value,
+                                  spec=_spec(f"c{i}", f"t{i % 100}", 1 + i % 4), sequence=0, arrival=i + 1)
+                            for i in range(depth))
+        cache = ops.QueueCache()
+        kept, every_row = [], []
+        for n in range(TRANSACTIONS + 1):
+            async with make() as session, session.begin():
+                await ops.lock_shard(session, "bench", "bench", 0.0)
+                started = time.perf_counter()
+                queue = await ops.load_queue(session, cache)
+                kept.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                await ops.load_queue(session, ops.QueueCache(documents=dict(cache.documents)))
+                every_row.append(time.perf_counter() - started)
+                keys = list(queue.waiting)[n * CHANGED % len(queue.waiting):][:CHANGED]
+                rows = await ops.claim_rows(session, queue, keys)
+                for key in keys:  # what a cycle writes: answers, with their status events
+                    rows[key].reason = f"waits ({n})"
+                    ops.emit_status(session, rows[key])
+        kept, every_row = kept[1:], every_row[1:]  # the first read is a full one either way
+        return {"queue_depth": depth, "changed_per_transaction": CHANGED, "rows_read": cache.rows_read,
+                "kept_p50_ms": round(statistics.median(kept) * 1000, 1), "kept_min_ms": round(min(kept) * 1000, 1),
+                "every_row_p50_ms": round(statistics.median(every_row) * 1000, 1),
+                "every_row_min_ms": round(min(every_row) * 1000, 1), "database": url.split(":")[0]}
+    finally:
+        await engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="an empty database (default: SQLite in a temporary directory)")
+    parser.add_argument("--depth", type=int, action="append", help="queue depth (repeatable)")
+    args = parser.parse_args()
+    depths = args.depth or [1000, 10_000]
+    if args.url and len(depths) != 1:
+        parser.error("--url takes one --depth (the database must start empty)")
+    for depth in depths:
+        with tempfile.TemporaryDirectory() as scratch:
+            url = args.url or f"sqlite+aiosqlite:///{scratch}/ledger.db"
+            print(json.dumps(asyncio.run(run(url, depth))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
