@@ -101,6 +101,8 @@ class Alike:
 
 def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block],
                     alike: Alike) -> dict[str, Any]:
+    """Why the claim waits, as structured data, from the cycle that decided; what it shares with other
+    claims' explanations comes from (and goes to) `alike`."""
     tenant = alike.tenants.get(waiting.tenant)
     if tenant is None:
         book = cycle.book

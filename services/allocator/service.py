@@ -192,25 +192,27 @@ class Allocator:
                     else:
                         await self._release(session, tenant, message.data, message_id)
                 await session.flush()
-                await self._cycle(session)
+                handled = await self._cycle(session)
         except BaseException:
             self.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             raise
+        self.lost_nodes -= handled  # committed: (else the next cycle sends their claims back again)
 
-    async def _cycle(self, session: AsyncSession) -> None:
-        if self.lost_nodes:
-            for row in await ops.claims_on_nodes(session, self.lost_nodes):
+    async def _cycle(self, session: AsyncSession) -> set[str]:
+        """Send lost nodes' claims back to the queue, decide, write; returns the lost nodes it handled."""
+        lost = set(self.lost_nodes)
+        if lost:
+            for row in await ops.claims_on_nodes(session, lost):
                 await ops.release_devices(session, row)
                 row.reason = f"node {row_node_of(row)} was lost; waiting to be placed again"
                 row.state, row.allocation, row.node = State.PENDING.value, None, None
                 ops.emit_status(session, row)
                 row.reason = None  # not answered yet: the cycle below decides it like a new claim
-            self.lost_nodes.clear()
         queue = await ops.load_queue(session, self.queue_cache)
         if not queue.waiting:
             self._waiting = False
             self._answered_at.clear()
-            return
+            return lost
         self._refresh_stale_reasons(queue)
         config = await load_quota_config(session)
         snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()),
@@ -247,6 +249,7 @@ class Allocator:
             if changed:
                 ops.emit_status(session, row, unsatisfiable=decision.unsatisfiable)
         self._waiting = bool(left) or bool(result.preemptions)
+        return lost
 
     def _refresh_stale_reasons(self, queue: ops.Queue) -> None:
         """Claims answered longer than `reason_refresh` ago are asked again: the core answers only claims

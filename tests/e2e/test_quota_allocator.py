@@ -1,6 +1,7 @@
 """The allocator with quotas against a real nats-server and real databases: two allocators on one ledger
 never double-allocate nor exceed a quota, a quota change reaches the next cycle without a restart,
-preemption publishes Preempted then Pending, a lost node sends its claims back, stale nodes get nothing."""
+preemption publishes Preempted then Pending, a lost node sends its claims back (again, if the cycle that did
+it rolls back), stale nodes get nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.allocator.service import Allocator
 from services.natsio import EmbeddedNats, connect, publish_json
 from services.watcher.files import FileWatcher
 from shared import subjects
@@ -149,5 +153,41 @@ async def test_a_lost_node_sends_its_claims_back_to_pending(
                                         for s in seen.for_claim("t", "big")))
         await seen.wait_for(lambda: seen.latest()[("t", "big")]["state"] == "Allocated")
         assert seen.latest()[("t", "big")]["allocation"]["nodeName"] == survivor
+        await watcher.close()
+        await nc.close()
+
+
+class FailsOnceAfterANodeIsLost(Allocator):
+    """Its first cycle that sends a lost node's claims back does the work, then its transaction fails
+    (as when a racing allocator committed first), so all of it rolls back."""
+
+    failed = False
+
+    async def _cycle(self, session: AsyncSession) -> set[str]:
+        handled = await super()._cycle(session)
+        if handled and not FailsOnceAfterANodeIsLost.failed:
+            FailsOnceAfterANodeIsLost.failed = True
+            raise IntegrityError("a cycle", {}, Exception("simulated: a racing allocator committed first"))
+        return handled
+
+
+async def test_a_lost_node_is_handled_again_when_the_cycle_that_handled_it_rolls_back(
+    nats_server: EmbeddedNats, db_url: str, tmp_path: Path
+) -> None:
+    async with broker(nats_server, db_url, tmp_path) as b:
+        FailsOnceAfterANodeIsLost.failed = False
+        watcher, publisher = await use_fleet(b.url, b.inventory)
+        await b.start_allocator(FailsOnceAfterANodeIsLost, cycle_interval=0.1)
+        nc = await connect(b.url, name="tenants")
+        seen = await statuses(nc)
+        await publish_json(nc.jetstream(), subjects.submit("t"), claim("big", "t", count=4), msg_id="big")
+        await seen.wait_for(lambda: seen.latest().get(("t", "big"), {}).get("state") == "Allocated")
+        lost = seen.latest()[("t", "big")]["allocation"]["nodeName"]
+        b.inventory.write_text(FLEET.replace(f"  - {{name: {lost}, gpuModel: H100, gpuCount: 4}}\n", ""))
+        await publisher.publish_once()  # the node is gone: removed: true
+        await seen.wait_for(lambda: (seen.latest()[("t", "big")]["allocation"] or {}).get("nodeName")
+                            not in (None, lost))
+        assert FailsOnceAfterANodeIsLost.failed
+        assert [s["state"] for s in seen.for_claim("t", "big")] == ["Allocated", "Pending", "Allocated"]
         await watcher.close()
         await nc.close()
