@@ -161,7 +161,9 @@ class QueueCache:
     cycle in a later revision reads only the rows written since (and those written outside a decision
     transaction); None: the next read reads every queued row and corrects what the cache holds. Decision
     transactions take turns on the shard's lock and each writes a higher revision, so what a cycle reads
-    has committed before it. The caller invalidates the cache when its transaction does not commit."""
+    has committed before it. The caller invalidates the cache when its transaction does not commit.
+    Revisions are a shard's: the claims a shard reads must be written under its lock (today the one shard,
+    `default`, reads every claim; shards on one ledger would each read only their own tenants' claims)."""
 
     waiting: dict[int, Waiting] = field(default_factory=dict)
     running: dict[int, tuple[int, Running]] = field(default_factory=dict)  # the sequence it was read at
