@@ -232,34 +232,41 @@ class Allocator:
             ops.emit_status(session, row)
             row.reason = None  # not answered yet: the next cycle decides it like a new claim
         await session.flush()
-        left = set(queue.waiting)
-        answered_now = self.clock()
+        settled = 0  # waiting claims admitted or Rejected
+        answered_now, answered_at = self.clock(), self._answered_at
         for decided in result.decisions:
             key = (decided.tenant, decided.name)
             row = rows[key]
             decision = decided.decision
             if decision.state is State.PENDING:
-                self._answered_at[key] = answered_now
-            else:
-                left.discard(key)
+                answered_at.pop(key, None)  # to the end: answers stay oldest first
+                answered_at[key] = answered_now
+            elif key in queue.waiting:
+                settled += 1
             changed = await ops.apply_decision(session, row, decision, result.flavors)
             row.explain = dict(decided.explain) if decided.explain is not None else None
             if decision.allocation is not None:
                 row.allocated_at = now
             if changed:
                 ops.emit_status(session, row, unsatisfiable=decision.unsatisfiable)
-        self._waiting = bool(left) or bool(result.preemptions)
+        self._waiting = len(queue.waiting) > settled or bool(result.preemptions)
         return lost
 
     def _refresh_stale_reasons(self, queue: ops.Queue) -> None:
         """Claims answered longer than `reason_refresh` ago are asked again: the core answers only claims
-        without an answer (and changes of state), so this keeps reasons current at a bounded cost."""
+        without an answer (and changes of state), so this keeps reasons current at a bounded cost. Answer
+        times are kept oldest first, so only the stale ones are looked at, not every waiting claim."""
         now = self.clock()
-        answered_at = {key: self._answered_at.get(key, now) for key in queue.waiting}  # unknown: as of now
-        self._answered_at = answered_at
-        for key, waiting in queue.waiting.items():
-            if waiting.answered and now - answered_at[key] >= self.reason_refresh:
-                queue.waiting[key] = replace(waiting, answered=False)
+        answered_at, waiting = self._answered_at, queue.waiting
+        for key in answered_at.keys() - waiting.keys():  # no longer waiting: forgotten
+            del answered_at[key]
+        for key in waiting.keys() - answered_at.keys():  # unknown (after a restart, say): as of now
+            answered_at[key] = now
+        for key, at in answered_at.items():  # oldest first
+            if now - at < self.reason_refresh:
+                break
+            if (claim := waiting[key]).answered:
+                waiting[key] = replace(claim, answered=False)
 
     async def _submit(self, session: AsyncSession, tenant: str, data: bytes, message_id: str) -> None:
         try:

@@ -1,6 +1,7 @@
 """Allocator reasons: Pending answers older than `reason_refresh` are asked again; stale-node texts stay put."""
 
 from types import SimpleNamespace
+from typing import Any
 
 from services.allocator.ledger_ops import Queue
 from services.allocator.service import Allocator
@@ -19,6 +20,32 @@ def test_only_answers_older_than_the_refresh_are_asked_again() -> None:
     Allocator._refresh_stale_reasons(allocator, queue)  # type: ignore[arg-type]
     assert {k[1]: w.answered for k, w in queue.waiting.items()} == {"old": False, "recent": True, "new": False}
     assert set(allocator._answered_at) == set(queue.waiting)  # claims no longer waiting are forgotten
+
+
+class _Watched(dict[tuple[str, str], Waiting]):
+    """Waiting claims that record which of them are read one by one."""
+
+    read: list[tuple[str, str]]
+
+    def __getitem__(self, key: tuple[str, str]) -> Waiting:
+        self.read.append(key)
+        return super().__getitem__(key)
+
+    def items(self) -> Any:
+        self.read.extend(self.keys())
+        return super().items()
+
+
+def test_only_stale_answers_are_looked_at_not_every_waiting_claim() -> None:
+    """Answer times are kept oldest first, so a deep queue of recent answers costs nothing to check."""
+    claim = a_claim("c", "t").request().build()
+    waiting = _Watched({("t", f"c{i}"): Waiting("t", f"c{i}", claim, answered=True) for i in range(1000)})
+    waiting.read = []
+    allocator = SimpleNamespace(clock=lambda: 1000.0, reason_refresh=60.0,
+                                _answered_at={("t", "c7"): 900.0, **{("t", f"c{i}"): 990.0 for i in range(1000)
+                                                                    if i != 7}})
+    Allocator._refresh_stale_reasons(allocator, Queue(waiting=waiting))  # type: ignore[arg-type]
+    assert waiting.read == [("t", "c7")] and not waiting[("t", "c7")].answered
 
 
 def test_a_stale_node_reads_the_same_from_cycle_to_cycle() -> None:
