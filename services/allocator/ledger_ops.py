@@ -17,6 +17,7 @@ from shared.admission import Running, Waiting
 from shared.allocation import Allocation, Decision, DeviceKey, State
 from shared.claims import settings_of
 from shared.ledger.schema import (
+    OUTSIDE,
     REVISION,
     AllocatorLease,
     Claim,
@@ -251,6 +252,8 @@ async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> 
                         len(cache.keys), count)
             cache.invalidate()
             return await load_queue(session, cache)
+    if revision is not None:  # rows written outside a decision transaction are read once more, then as any row
+        await session.execute(update(Claim).where(Claim.revision == OUTSIDE).values(revision=revision))
     cache.seen = revision - 1 if revision is not None else None  # this transaction's own writes: read next time
     return cache.queue()
 

@@ -218,8 +218,8 @@ OUTSIDE = 1 << 62  # the revision of a claim row written outside a decision tran
 @event.listens_for(Session, "before_flush")
 def _stamp_revision(session: Session, _context: Any, _instances: Any) -> None:
     """Every claim row a flush inserts or changes carries the revision of the transaction that wrote it
-    (what `lock_shard` put in the session's info; OUTSIDE for a writer outside a decision transaction,
-    whose rows the allocator then reads every cycle until it writes them itself)."""
+    (what `lock_shard` put in the session's info; OUTSIDE for a writer outside a decision transaction: the
+    allocator's next read takes such rows and stamps them with its own revision)."""
     revision = session.info.get(REVISION, OUTSIDE)
     for row in session.new:
         if isinstance(row, Claim):

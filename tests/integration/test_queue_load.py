@@ -155,10 +155,10 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
             assert row is not None
             row.priority = 7
         read = []
-        for _ in range(2):  # read each time until a decision transaction writes it
+        for _ in range(3):  # read, stamped with the reading transaction's revision, so read once more
             assert (await decide()).waiting[("t", "c2")].priority == 7
             read.append(cache.rows_read)
-        assert read == [3, 1]  # first with c0 and c40, which the last transaction wrote
+        assert read == [3, 1, 0]  # first with c0 and c40, which the last transaction wrote
 
         async def answer_c3(session: Any) -> None:
             row = await ops.find_claim(session, "t", "c3")
