@@ -4,10 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator clean
 
 help: ## show this help
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check shared services tests bench
 	$(BIN)/mypy shared services
 
-bench: bench-core bench-quota bench-queue ## every benchmark (print JSON lines; not timed tests)
+bench: bench-core bench-quota bench-queue bench-allocator ## every benchmark (print JSON lines; not timed tests)
 
 bench-core: $(STAMP) ## decision core: 100, 1,000 and 4,000 nodes, 10,000 mixed claims, one JSON line each
 	$(BIN)/python bench/bench_core.py
@@ -42,6 +42,9 @@ bench-quota: $(STAMP) ## quotas, fair share, preemption: 1,000 nodes, 100 tenant
 
 bench-queue: $(STAMP) ## allocator's queue read from the ledger (SQLite): depth 1,000 and 10,000, 300 changes a cycle
 	$(BIN)/python bench/bench_queue_read.py
+
+bench-allocator: $(STAMP) ## allocator's whole decision transaction (SQLite): depth 1,000 and 10,000, 64 messages each
+	$(BIN)/python bench/bench_allocator.py
 
 clean: ## remove the venv and local data
 	rm -rf $(VENV) .claimbroker .pytest_cache

@@ -1,0 +1,121 @@
+"""Allocator service cycle (issue 4): the whole decision transaction of the allocator, as `serve` runs it,
+on a ledger with a waiting queue held at a depth of 1,000 and of 10,000 claims. The fleet, quotas and claims
+are `bench_quota`'s (1,000 nodes of 8 GPUs, 100 tenants in 10 cohorts). As in a steady state of `serve`
+with its default batch of 64 messages, each transaction handles 32 releases of running claims and the
+submissions that keep the depth (about as many as the last transaction admitted), reads the queue and the
+quotas, runs the decision cycle and writes every decision with its status events and history, then
+commits. The fleet is filled first. Prints one JSON line per depth: admissions per second of transaction
+time, and the transaction's p50 and p99.
+
+Run: `make bench-allocator` (SQLite in a temporary directory), or
+`python bench/bench_allocator.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/DB --depth 1000` on an
+empty database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_quota  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
+
+from services.allocator import ledger_ops as ops  # noqa: E402
+from services.allocator import service  # noqa: E402
+from services.allocator.service import Allocator  # noqa: E402
+from shared.allocation import State  # noqa: E402
+from shared.classes import BUILTIN_CLASSES  # noqa: E402
+from shared.ledger.engine import create_engine, migrate  # noqa: E402
+from shared.ledger.quota_store import apply_quota_config  # noqa: E402
+from shared.ledger.schema import Claim  # noqa: E402
+
+MEASURED = 30
+RELEASES = 32  # half of the allocator's default batch
+NODES = 1000
+
+
+async def run(url: str, depth: int) -> dict[str, Any]:
+    rng = random.Random(11)
+    fleet = bench_quota.build_fleet(NODES)
+    quotas = bench_quota.build_quotas(NODES, rng)
+    await migrate(url)
+    engine = create_engine(url)
+    allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
+    allocator.fleet = fleet
+    admitted: list[int] = []
+    decide = service.run_cycle
+
+    def counted(snapshot: Any, memo: Any = None) -> Any:
+        result = decide(snapshot, memo)
+        admitted.append(sum(1 for d in result.decisions if d.decision.allocation is not None))
+        return result
+
+    service.run_cycle = counted
+    serial = 0
+    try:
+        async with allocator.sessions() as session, session.begin():
+            await apply_quota_config(session, quotas, "bench")
+        times: list[float] = []
+        warming = True
+        while len(times) < MEASURED:
+            async with allocator.sessions() as session, session.begin():
+                await ops.lock_shard(session, "default", "bench", 0.0)
+                pending = await session.scalar(select(func.count()).select_from(Claim)
+                                               .where(Claim.state == State.PENDING.value))
+                running = [] if warming else [tuple(row) for row in await session.execute(
+                    select(Claim.namespace, Claim.name).where(Claim.state == State.ALLOCATED.value))]
+            finishing = rng.sample(sorted(running), min(RELEASES, len(running)))
+            started = time.perf_counter()
+            async with allocator.sessions() as session, session.begin():
+                await ops.lock_shard(session, "default", "bench", 0.0)
+                for tenant, name in finishing:
+                    await allocator._release(session, tenant, json.dumps({"name": name}).encode(), "bench")
+                for _ in range(depth - (pending or 0)):
+                    serial += 1
+                    await ops.new_claim(session, bench_quota.new_claim(rng, serial).claim)
+                await session.flush()
+                await allocator._cycle(session)
+            elapsed = time.perf_counter() - started
+            if warming:
+                warming = admitted[-1] > 0 if admitted else True
+                continue
+            times.append(elapsed)
+        count = sum(admitted[-MEASURED:])
+        times.sort()
+        return {"nodes": NODES, "queue_depth": depth, "transactions": MEASURED, "admitted": count,
+                "admissions_per_s": round(count / sum(times), 1),
+                "transaction_p50_ms": round(statistics.median(times) * 1000, 1),
+                "transaction_p99_ms": round(times[-1] * 1000, 1), "database": url.split(":")[0]}
+    finally:
+        service.run_cycle = decide
+        await engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="an empty database (default: SQLite in a temporary directory)")
+    parser.add_argument("--depth", type=int, action="append", help="queue depth (repeatable without --url)")
+    args = parser.parse_args()
+    depths = args.depth or [1000, 10_000]
+    if args.url and len(depths) != 1:
+        parser.error("--url takes one --depth (the database must start empty)")
+    for depth in depths:
+        with tempfile.TemporaryDirectory() as scratch:
+            url = args.url or f"sqlite+aiosqlite:///{scratch}/ledger.db"
+            print(json.dumps(asyncio.run(run(url, depth))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
