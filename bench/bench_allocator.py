@@ -14,13 +14,10 @@ empty database.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_quota  # noqa: E402
+from ledger_runs import run_depths  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
 from services.allocator import ledger_ops as ops  # noqa: E402
@@ -104,17 +102,7 @@ async def run(url: str, depth: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="an empty database (default: SQLite in a temporary directory)")
-    parser.add_argument("--depth", type=int, action="append", help="queue depth (repeatable without --url)")
-    args = parser.parse_args()
-    depths = args.depth or [1000, 10_000]
-    if args.url and len(depths) != 1:
-        parser.error("--url takes one --depth (the database must start empty)")
-    for depth in depths:
-        with tempfile.TemporaryDirectory() as scratch:
-            url = args.url or f"sqlite+aiosqlite:///{scratch}/ledger.db"
-            print(json.dumps(asyncio.run(run(url, depth))), flush=True)
+    run_depths(__doc__, run)
 
 
 if __name__ == "__main__":

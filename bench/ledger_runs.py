@@ -1,0 +1,25 @@
+"""What the ledger benchmarks share: one empty database per queue depth (SQLite in a temporary directory,
+or the database `--url` names, for one depth), one JSON line per depth."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+def run_depths(doc: str, run: Callable[[str, int], Awaitable[dict[str, Any]]]) -> None:
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--url", help="an empty database (default: SQLite in a temporary directory)")
+    parser.add_argument("--depth", type=int, action="append", help="queue depth (repeatable without --url)")
+    args = parser.parse_args()
+    depths = args.depth or [1000, 10_000]
+    if args.url and len(depths) != 1:
+        parser.error("--url takes one --depth (the database must start empty)")
+    for depth in depths:
+        with tempfile.TemporaryDirectory() as scratch:
+            url = args.url or f"sqlite+aiosqlite:///{scratch}/ledger.db"
+            print(json.dumps(asyncio.run(run(url, depth))), flush=True)
