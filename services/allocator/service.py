@@ -196,7 +196,7 @@ class Allocator:
         except BaseException:
             self.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             raise
-        self.lost_nodes -= handled  # committed: (else the next cycle sends their claims back again)
+        self.lost_nodes -= handled  # only once committed: a cycle that rolled back handles them again
 
     async def _cycle(self, session: AsyncSession) -> set[str]:
         """Send lost nodes' claims back to the queue, decide, write; returns the lost nodes it handled."""
