@@ -180,11 +180,13 @@ class Allocator:
             async with self.sessions() as session, session.begin():
                 await ops.lock_shard(session, self.shard, self.holder,
                                      self.clock() + 3 * self.cycle_interval + 30)
-                for message in messages:
-                    message_id = ((message.headers or {}).get("Nats-Msg-Id")
-                                  or f"seq:{message.metadata.sequence.stream}")
-                    if await ops.already_processed(session, CONSUMER, message_id):
-                        continue
+                ids = [(message.headers or {}).get("Nats-Msg-Id") or f"seq:{message.metadata.sequence.stream}"
+                       for message in messages]
+                done = await ops.processed(session, CONSUMER, ids)
+                for message, message_id in zip(messages, ids, strict=True):
+                    if message_id in done:
+                        continue  # a redelivery, or a duplicate in this batch
+                    done.add(message_id)
                     ops.record_processed(session, CONSUMER, message_id)
                     tenant = subjects.tenant_of(message.subject)
                     if message.subject.startswith(subjects.PREFIX + ".claims.submit."):
@@ -277,10 +279,12 @@ class Allocator:
         row = await ops.find_claim(session, tenant, claim.metadata.name)
         if row is not None and row.state in (State.PENDING.value, State.ALLOCATED.value):
             return  # the same claim again: claims are immutable, the first one stands
-        if row is not None:
+        sequence = 0
+        if row is not None:  # it ended: the new claim takes its name, and carries on its status sequence
+            sequence = row.sequence  # (SQLite may give the new row the old id: status ids stay unique)
             await session.delete(row)
             await session.flush()
-        await ops.new_claim(session, claim)
+        await ops.new_claim(session, claim, sequence)
         self._waiting = True
 
     async def _refuse(self, session: AsyncSession, tenant: str, invalid: InvalidClaim, message_id: str) -> None:

@@ -1,0 +1,62 @@
+"""One batch of claim messages in one decision transaction, against real databases: the inbox is read once
+per batch and claim lookups do not flush what earlier messages wrote, yet every message sees what the
+earlier ones did (a claim submitted, released and submitted again in one batch; a duplicate id; a message
+the inbox already holds). A claim submitted again carries on its status sequence: on SQLite the new row may
+take the old row's id, and status ids ("status:<row>:<sequence>") must stay unique."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import func, select
+
+from services.allocator.service import Allocator
+from shared import subjects
+from shared.classes import BUILTIN_CLASSES
+from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.schema import Claim, ClaimEvent, InboxMessage
+from tests.builders import a_claim
+
+
+def _message(subject: str, body: dict[str, Any], message_id: str, sequence: int) -> Any:
+    """What the allocator reads of a JetStream message."""
+    return SimpleNamespace(subject=subject, data=json.dumps(body).encode(), headers={"Nats-Msg-Id": message_id},
+                           metadata=SimpleNamespace(sequence=SimpleNamespace(stream=sequence)))
+
+
+def _submit(name: str, message_id: str, sequence: int) -> Any:
+    return _message(subjects.submit("t"), a_claim(name, "t").request().document(), message_id, sequence)
+
+
+def _release(name: str, message_id: str, sequence: int) -> Any:
+    return _message(subjects.release("t"), {"name": name}, message_id, sequence)
+
+
+async def test_a_batch_sees_what_its_earlier_messages_did(db_url: str) -> None:
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
+    try:
+        await allocator._decide_messages([_submit("old", "m0", 1)])
+        await allocator._decide_messages([
+            _submit("a", "m1", 2), _release("a", "m2", 3), _submit("a", "m3", 4),  # resubmitted once released
+            _submit("b", "m4", 5), _submit("b", "m4", 6),  # the same id twice in one batch
+            _release("old", "m5", 7), _release("old", "m0", 8),  # m0: the inbox holds it (a redelivery)
+        ])
+        async with sessions(engine)() as session:
+            rows = {r.name: r for r in await session.scalars(select(Claim))}
+            inbox = set(await session.scalars(select(InboxMessage.message_id)))
+            history = [tuple(e) for e in await session.execute(
+                select(Claim.name, ClaimEvent.state).join(Claim, Claim.id == ClaimEvent.claim_id)
+                .order_by(ClaimEvent.id))]
+            events = await session.scalar(select(func.count()).select_from(ClaimEvent))
+        assert {n: r.state for n, r in rows.items()} == {"a": "Pending", "b": "Pending", "old": "Released"}
+        assert inbox == {"m0", "m1", "m2", "m3", "m4", "m5"}
+        assert ("old", "Released") in history and events == len(history)
+        assert rows["a"].arrival is not None and rows["a"].arrival > rows["old"].arrival  # the second "a"
+        assert rows["a"].sequence == 2  # its statuses carry on from the first "a" (Released: 1)
+        assert rows["b"].arrival is not None and rows["b"].arrival > rows["a"].arrival
+    finally:
+        await engine.dispose()
