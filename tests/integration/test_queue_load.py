@@ -92,7 +92,7 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
     """In decision transactions (the shard's lock taken) a kept cache reads only the claim rows written
     since its last read, including the rows its own transaction wrote after that read and rows written
     outside any decision transaction, and still equals a full read; a transaction that rolls back takes
-    what it read with it once the cache is forgotten."""
+    what it read with it once the cache is invalidated."""
     await migrate(db_url)
     engine = create_engine(db_url)
     make = sessions(engine)
