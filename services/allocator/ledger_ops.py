@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -32,10 +32,10 @@ log = logging.getLogger("claimbroker.allocator")
 
 async def processed(session: AsyncSession, consumer: str, message_ids: Iterable[str]) -> set[str]:
     """Which of these message ids the inbox already holds: one query per batch, not one per message."""
-    wanted, found = sorted(set(message_ids)), set[str]()
-    for i in range(0, len(wanted), _IDS_PER_QUERY):
+    found = set[str]()
+    for chunk in _chunks(sorted(set(message_ids))):
         found.update(await session.scalars(select(InboxMessage.message_id).where(
-            InboxMessage.consumer == consumer, InboxMessage.message_id.in_(wanted[i:i + _IDS_PER_QUERY]))))
+            InboxMessage.consumer == consumer, InboxMessage.message_id.in_(chunk))))
     return found
 
 
@@ -175,11 +175,10 @@ class QueueCache:
     Revisions are a shard's: the claims a shard reads must be written under its lock (today the one shard,
     `default`, reads every claim; shards on one ledger would each read only their own tenants' claims)."""
 
-    waiting: dict[int, Waiting] = field(default_factory=dict)
-    running: dict[int, tuple[int, Running]] = field(default_factory=dict)  # the sequence it was read at
-    documents: dict[int, dra.ResourceClaim] = field(default_factory=dict)
+    held: Queue = field(default_factory=lambda: Queue())  # what `queue()` copies
     keys: dict[int, tuple[str, str]] = field(default_factory=dict)  # every queued row's claim
-    held: Queue = field(default_factory=lambda: Queue())  # the same, by claim (what `queue()` copies)
+    documents: dict[int, dra.ResourceClaim] = field(default_factory=dict)
+    sequences: dict[int, int] = field(default_factory=dict)  # per running claim's row: the one it was read at
     seen: int | None = None
     rows_read: int = 0  # by the last load: what it cost
 
@@ -193,8 +192,7 @@ class QueueCache:
             del self.held.ids[key]
             self.held.waiting.pop(key, None)
             self.held.running.pop(key, None)
-        self.waiting.pop(row_id, None)
-        self.running.pop(row_id, None)
+        self.sequences.pop(row_id, None)
         self.documents.pop(row_id, None)
 
     def queue(self) -> Queue:
@@ -218,9 +216,10 @@ def _document(spec: dict[str, Any]) -> dra.ResourceClaim:
 
 _QUEUED = (State.PENDING.value, State.ALLOCATED.value)
 _IDS_PER_QUERY = 500  # under every database's limit on bound parameters
+_T = TypeVar("_T")
 
 
-def _chunks(ids: Sequence[int]) -> Iterable[Sequence[int]]:
+def _chunks(ids: Sequence[_T]) -> Iterable[Sequence[_T]]:
     return (ids[i:i + _IDS_PER_QUERY] for i in range(0, len(ids), _IDS_PER_QUERY))
 
 
@@ -291,7 +290,7 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
     for row_id, _, _, state, sequence, *_ in listed:
         if row_id not in documents:
             unread.append(row_id)
-        elif state == State.ALLOCATED.value and ((kept := cache.running.get(row_id)) is None or kept[0] != sequence):
+        elif state == State.ALLOCATED.value and cache.sequences.get(row_id) != sequence:
             stale.append(row_id)
     for chunk in _chunks(unread):
         for row_id, spec, allocation in await session.execute(
@@ -305,16 +304,15 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
     held = cache.held
     for row_id, namespace, name, state, sequence, priority, preemptible, arrival, answered, allocated_at in listed:
         key = (namespace, name)
+        same_row = held.ids.get(key) == row_id  # what the cache holds for the claim is this row's
         cache.keys[row_id] = key
         held.ids[key] = row_id
         arrival = arrival or row_id
         if state == State.ALLOCATED.value:
-            cache.waiting.pop(row_id, None)
             held.waiting.pop(key, None)
             order = int(allocated_at.timestamp() * 1e6) if allocated_at else row_id
-            kept = cache.running.get(row_id)
-            if kept is not None and kept[0] == sequence:  # the same allocation
-                running = kept[1]
+            running = held.running.get(key) if same_row and cache.sequences.get(row_id) == sequence else None
+            if running is not None:  # the same allocation
                 if (running.priority, running.preemptible, running.arrival, running.allocated_order) != (
                         priority, preemptible, arrival, order):
                     running = Running(namespace, name, running.allocation, priority, preemptible, arrival, order)
@@ -324,18 +322,17 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
             else:  # an allocated row without an allocation holds nothing
                 cache.drop(row_id)
                 continue
-            cache.running[row_id] = (sequence, running)
+            cache.sequences[row_id] = sequence
             held.running[key] = running
         else:
-            cache.running.pop(row_id, None)
+            cache.sequences.pop(row_id, None)
             held.running.pop(key, None)
             displaced_by = frozenset(displaced.get(row_id, ()))
-            waiting = cache.waiting.get(row_id)
+            waiting = held.waiting.get(key) if same_row else None
             if waiting is None or (waiting.priority, waiting.preemptible, waiting.arrival, waiting.answered,
                                    waiting.displaced_by) != (priority, preemptible, arrival, answered, displaced_by):
                 waiting = Waiting(namespace, name, documents[row_id], priority, preemptible, arrival,
                                   answered=answered, displaced_by=displaced_by)
-            cache.waiting[row_id] = waiting
             held.waiting[key] = waiting
 
 
