@@ -1512,15 +1512,11 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     results = []
     alike = Alike(sum(sum(c.values()) for c in cycle._priorities.values()))  # preemptible claims running
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
-    explained: dict[tuple[Any, ...], Mapping[str, Any]] = {}  # claims alike in one tenant read alike
     for waiting, decision, blocks in final.values():
         detail = None
         decision, blocks = cycle.answer(waiting, decision, blocks)
         if decision.state is State.PENDING:
-            same = (waiting.tenant, waiting.priority, cycle.group_of.get(waiting.key), decision.reason)
-            detail = explained.get(same)
-            if detail is None:
-                detail = explained[same] = explain_pending(cycle, waiting, decision, blocks, alike)
+            detail = explain_pending(cycle, waiting, decision, blocks, alike)
         elif decision.allocation is not None:
             for d in cycle._devices(decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))

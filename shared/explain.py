@@ -90,11 +90,13 @@ def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: 
 @dataclass
 class Alike:
     """What the explanations given after one cycle share. Once the cycle has decided nothing moves, so
-    a tenant's figures are the same in each of its claims' explanations, and claims of one spec with
-    one reason and no blocking quota read alike but for their tenant and priority: many tenants wait
-    for the same few specs, so those parts are worked out once per spec and reason."""
+    claims of one tenant, priority and group with one reason read alike; a tenant's figures are the same
+    in each of its claims' explanations; and claims of one spec with one reason and no blocking quota read
+    alike but for their tenant and priority: many tenants wait for the same few specs, so those parts are
+    worked out once per spec and reason."""
 
     candidates: int  # preemptible claims running after the cycle
+    given: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     parts: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
     tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -103,6 +105,11 @@ def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks:
                     alike: Alike) -> dict[str, Any]:
     """Why the claim waits, as structured data, from the cycle that decided; what it shares with other
     claims' explanations comes from (and goes to) `alike`."""
+    gid = cycle.group_of.get(waiting.key)  # its group is of its tenant and plan
+    same = (waiting.tenant, waiting.priority, gid, decision.reason)
+    found = alike.given.get(same)
+    if found is not None:
+        return found
     tenant = alike.tenants.get(waiting.tenant)
     if tenant is None:
         book = cycle.book
@@ -110,17 +117,16 @@ def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks:
             "name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
             "weight": book.weight(waiting.tenant), "share": round(book.share(waiting.tenant), 4)}
     key = None
-    if not blocks:  # a quota's figures are the tenant's own
-        gid = cycle.group_of.get(waiting.key)  # its group is of its tenant and plan
-        if gid is not None:
-            key = (gid[1], decision.reason, decision.unsatisfiable)
+    if not blocks and gid is not None:  # a quota's figures are the tenant's own
+        key = (gid[1], decision.reason, decision.unsatisfiable)
     parts = alike.parts.get(key) if key is not None else None
     if parts is None:
         parts = _spec_parts(cycle, waiting, decision, blocks, alike.candidates)
         if key is not None:
             alike.parts[key] = parts
     head, tail = parts
-    return {**head, "tenant": tenant, "priority": waiting.priority, **tail}
+    found = alike.given[same] = {**head, "tenant": tenant, "priority": waiting.priority, **tail}
+    return found
 
 
 def _spec_parts(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block], candidates: int
