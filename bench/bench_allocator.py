@@ -1,11 +1,12 @@
 """Allocator service cycle (issue 4): the whole decision transaction of the allocator, as `serve` runs it,
 on a ledger with a waiting queue held at a depth of 1,000 and of 10,000 claims. The fleet, quotas and claims
 are `bench_quota`'s (1,000 nodes of 8 GPUs, 100 tenants in 10 cohorts). As in a steady state of `serve`
-with its default batch of 64 messages, each transaction handles 32 releases of running claims and the
-submissions that keep the depth (about as many as the last transaction admitted), reads the queue and the
-quotas, runs the decision cycle and writes every decision with its status events and history, then
-commits. The fleet is filled first. Prints one JSON line per depth: admissions per second of transaction
-time, and the transaction's p50 and p99.
+with its default batch of 64 messages, each transaction is one batch of claim messages through the
+allocator's own handling (inbox, submissions, releases): 32 releases of running claims and the submissions
+that keep the depth (about as many as the last transaction admitted); it reads the queue and the quotas,
+runs the decision cycle and writes every decision with its status events and history, then commits. The
+fleet is filled first. Prints one JSON line per depth: admissions per second of transaction time, and the
+transaction's p50 and p99.
 
 Run: `make bench-allocator` (SQLite in a temporary directory), or
 `python bench/bench_allocator.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/DB --depth 1000` on an
@@ -30,9 +31,9 @@ import bench_quota  # noqa: E402
 from ledger_runs import run_depths  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
-from services.allocator import ledger_ops as ops  # noqa: E402
 from services.allocator import service  # noqa: E402
 from services.allocator.service import Allocator  # noqa: E402
+from shared import subjects  # noqa: E402
 from shared.allocation import State  # noqa: E402
 from shared.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.ledger.engine import create_engine, migrate  # noqa: E402
@@ -42,6 +43,12 @@ from shared.ledger.schema import Claim  # noqa: E402
 MEASURED = 30
 RELEASES = 32  # half of the allocator's default batch
 NODES = 1000
+
+
+def _message(subject: str, body: dict[str, Any], serial: int) -> Any:
+    """What the allocator reads of a JetStream message."""
+    return SimpleNamespace(subject=subject, data=json.dumps(body).encode(), headers={"Nats-Msg-Id": f"m{serial}"},
+                           metadata=SimpleNamespace(sequence=SimpleNamespace(stream=serial)))
 
 
 async def run(url: str, depth: int) -> dict[str, Any]:
@@ -68,23 +75,21 @@ async def run(url: str, depth: int) -> dict[str, Any]:
         times: list[float] = []
         warming = True
         while len(times) < MEASURED:
-            async with allocator.sessions() as session, session.begin():
-                await ops.lock_shard(session, "default", "bench", 0.0)
+            async with allocator.sessions() as session:  # what the tenants would release and submit
                 pending = await session.scalar(select(func.count()).select_from(Claim)
                                                .where(Claim.state == State.PENDING.value))
                 running = [] if warming else [tuple(row) for row in await session.execute(
                     select(Claim.namespace, Claim.name).where(Claim.state == State.ALLOCATED.value))]
-            finishing = rng.sample(sorted(running), min(RELEASES, len(running)))
+            messages = [_message(subjects.release(tenant), {"name": name}, serial + i)
+                         for i, (tenant, name) in enumerate(rng.sample(sorted(running), min(RELEASES, len(running))))]
+            serial += len(messages)
+            for _ in range(depth - (pending or 0)):
+                serial += 1
+                claim = bench_quota.new_claim(rng, serial).claim
+                messages.append(_message(subjects.submit(claim.metadata.namespace or "default"),
+                                         claim.model_dump(by_alias=True, exclude_none=True), serial))
             started = time.perf_counter()
-            async with allocator.sessions() as session, session.begin():
-                await ops.lock_shard(session, "default", "bench", 0.0)
-                for tenant, name in finishing:
-                    await allocator._release(session, tenant, json.dumps({"name": name}).encode(), "bench")
-                for _ in range(depth - (pending or 0)):
-                    serial += 1
-                    await ops.new_claim(session, bench_quota.new_claim(rng, serial).claim)
-                await session.flush()
-                await allocator._cycle(session)
+            await allocator._decide_messages(messages)  # one transaction, as serve runs a batch
             elapsed = time.perf_counter() - started
             if warming:
                 warming = admitted[-1] > 0 if admitted else True

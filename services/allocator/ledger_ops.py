@@ -54,10 +54,7 @@ async def pending_claims(session: AsyncSession) -> list[Claim]:
 
 
 async def find_claim(session: AsyncSession, namespace: str, name: str) -> Claim | None:
-    """Without flushing first: what earlier messages of the batch changed is in the session already (a row
-    they created or deleted was flushed then), and a flush per message cost most of a batch."""
-    with session.no_autoflush:
-        return await session.scalar(select(Claim).where(Claim.namespace == namespace, Claim.name == name))
+    return await session.scalar(select(Claim).where(Claim.namespace == namespace, Claim.name == name))
 
 
 def emit_status(session: AsyncSession, row: Claim, *, by: str | None = None, unsatisfiable: bool = False) -> None:
@@ -348,8 +345,7 @@ async def claim_rows(session: AsyncSession, queue: Queue,
 
 
 async def release_devices(session: AsyncSession, row: Claim) -> None:
-    with session.no_autoflush:  # nothing pending touches these rows; a flush per release cost most of a batch
-        await session.execute(delete(DeviceAllocation).where(DeviceAllocation.claim_id == row.id))
+    await session.execute(delete(DeviceAllocation).where(DeviceAllocation.claim_id == row.id))
 
 
 async def unpublished(session: AsyncSession, limit: int = 500) -> Sequence[OutboxEvent]:
