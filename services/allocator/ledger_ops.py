@@ -7,10 +7,11 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Table, delete, event, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session, defer
 
 from shared import dra, events, subjects
 from shared.admission import Running, Waiting
@@ -57,47 +58,96 @@ async def find_claim(session: AsyncSession, namespace: str, name: str) -> Claim 
     return await session.scalar(select(Claim).where(Claim.namespace == namespace, Claim.name == name))
 
 
+# Columns of claim rows read only to be written, not loaded: parsing their JSON cost most of a lookup.
+# Reading one by mistake raises instead of querying. A decision replaces the explanation (and compares the
+# allocation); a message also clears the allocation.
+_UNREAD_BY_DECISIONS = (defer(Claim.spec, raiseload=True), defer(Claim.explain, raiseload=True))
+_UNREAD_BY_MESSAGES = (*_UNREAD_BY_DECISIONS, defer(Claim.allocation, raiseload=True))
+
+
+async def claims_named(session: AsyncSession, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Claim]:
+    """The rows of these claims (namespace, name) that exist, read in bulk. Asked as namespaces and names
+    (a few rows more, dropped here), which the (namespace, name) index answers: SQLite scans the whole
+    table for a tuple IN."""
+    wanted = set(keys)
+    rows: dict[tuple[str, str], Claim] = {}
+    namespaces = sorted({namespace for namespace, _ in wanted})
+    for chunk in _chunks(sorted({name for _, name in wanted})):
+        for row in await session.scalars(select(Claim).options(*_UNREAD_BY_MESSAGES).where(
+                Claim.namespace.in_(namespaces), Claim.name.in_(chunk))):
+            if (key := (row.namespace, row.name)) in wanted:
+                rows[key] = row
+    return rows
+
+
+_CLAIMS = cast(Table, Claim.__table__)
+_EVENTS = "claimbroker.events"  # session.info: history and outbox rows emitted, not yet written
+
+
+def _emitted(session: AsyncSession) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    found = session.info.get(_EVENTS)
+    if found is None:
+        found = session.info[_EVENTS] = ([], [])
+    return found
+
+
 def emit_status(session: AsyncSession, row: Claim, *, by: str | None = None, unsatisfiable: bool = False) -> None:
     """Bump the claim's sequence, record it in the claim's history and queue its status event, all in the
-    caller's transaction."""
+    caller's transaction (written by `write_events`)."""
     row.sequence = (row.sequence or 0) + 1
     row.updated_at = datetime.now(UTC)
     payload = events.claim_status(
         namespace=row.namespace, name=row.name, state=row.state, allocation=row.allocation,
         reason=row.reason, sequence=row.sequence, by=by, unsatisfiable=unsatisfiable,
     )
-    session.add(ClaimEvent(claim_id=row.id, sequence=row.sequence, state=row.state, reason=row.reason,
-                           node=row.node, by=by))
-    session.add(
-        OutboxEvent(
-            subject=subjects.status(row.namespace, row.name),
-            message_id=f"status:{row.id}:{row.sequence}",
-            payload=payload,
-        )
-    )
+    history, outbox = _emitted(session)
+    history.append({"claim_id": row.id, "sequence": row.sequence, "state": row.state, "reason": row.reason,
+                    "node": row.node, "by": by})
+    outbox.append({"subject": subjects.status(row.namespace, row.name),
+                   "message_id": f"status:{row.id}:{row.sequence}", "payload": payload})
 
 
 def emit_event(session: AsyncSession, subject: str, message_id: str, payload: dict[str, Any]) -> None:
-    session.add(OutboxEvent(subject=subject, message_id=message_id, payload=payload))
+    _emitted(session)[1].append({"subject": subject, "message_id": message_id, "payload": payload})
 
 
-async def new_claim(session: AsyncSession, claim: dra.ResourceClaim, sequence: int = 0) -> Claim:
-    """`sequence`: where the claim's status sequence carries on (a claim submitted again under the name of
-    one that ended continues its statuses, so they stay in order for whoever follows the claim)."""
+async def write_events(session: AsyncSession) -> None:
+    """Insert the history and outbox rows emitted so far, in their order, one statement each: as ORM
+    objects they were inserted a statement per row (the ORM reads each new id back, and on SQLite it
+    cannot do that for many rows at once), two thirds of a decision transaction's statements. Called
+    before the transaction commits (committing with rows not written raises) and before a claim row
+    they may refer to is deleted."""
+    history, outbox = session.info.pop(_EVENTS, ([], []))
+    if history:
+        await session.execute(insert(cast(Table, ClaimEvent.__table__)), history)
+    if outbox:
+        await session.execute(insert(cast(Table, OutboxEvent.__table__)), outbox)
+
+
+@event.listens_for(Session, "before_commit")
+def _events_written(session: Session) -> None:
+    if any(session.info.get(_EVENTS, ())):
+        raise RuntimeError("claim events were emitted but not written (ledger_ops.write_events)")
+
+
+def claim_values(claim: dra.ResourceClaim, sequence: int = 0) -> dict[str, Any]:
+    """A new claim row's columns. `sequence`: where the claim's status sequence carries on (a claim
+    submitted again under the name of one that ended continues its statuses, so they stay in order for
+    whoever follows the claim)."""
     settings = settings_of(claim)
-    row = Claim(
-        namespace=claim.metadata.namespace or "default",
-        name=claim.metadata.name,
-        state=State.PENDING.value,
-        spec=json.loads(claim.model_dump_json(by_alias=True, exclude_none=True)),
-        priority=settings.priority,
-        preemptible=settings.preemptible,
-        sequence=sequence,
-    )
-    session.add(row)
-    await session.flush()
-    row.arrival = row.id  # the queue order; a preempted claim keeps it
-    return row
+    return {"namespace": claim.metadata.namespace or "default", "name": claim.metadata.name,
+            "state": State.PENDING.value, "spec": json.loads(claim.model_dump_json(by_alias=True, exclude_none=True)),
+            "priority": settings.priority, "preemptible": settings.preemptible, "sequence": sequence}
+
+
+async def insert_claims(session: AsyncSession, values: Sequence[dict[str, Any]]) -> None:
+    """New claim rows (`claim_values`) in one statement. As ORM objects they were inserted a statement
+    per row (the ORM reads each new id back, and on SQLite it cannot do that for many rows at once). Their
+    `arrival` stays empty, which means their id: the order they were queued in. They carry the
+    transaction's revision, as `_stamp_revision` gives ORM writes."""
+    if values:
+        revision = session.info.get(REVISION, OUTSIDE)
+        await session.execute(insert(_CLAIMS), [{**v, "revision": revision} for v in values])
 
 
 async def apply_decision(session: AsyncSession, row: Claim, decision: Decision,
@@ -335,17 +385,20 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
 
 async def claim_rows(session: AsyncSession, queue: Queue,
                      keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Claim]:
-    """The ledger rows of these queued claims, to write a cycle's decisions to (read in bulk)."""
+    """The ledger rows of these queued claims, to write a cycle's decisions to (read in bulk; a decision
+    replaces the explanation and does not read the document)."""
     wanted = {queue.ids[key]: key for key in keys}
     rows: dict[tuple[str, str], Claim] = {}
     for chunk in _chunks(sorted(wanted)):
-        for row in await session.scalars(select(Claim).where(Claim.id.in_(chunk))):
+        for row in await session.scalars(select(Claim).options(*_UNREAD_BY_DECISIONS).where(Claim.id.in_(chunk))):
             rows[wanted[row.id]] = row
     return rows
 
 
-async def release_devices(session: AsyncSession, row: Claim) -> None:
-    await session.execute(delete(DeviceAllocation).where(DeviceAllocation.claim_id == row.id))
+async def release_devices(session: AsyncSession, claim_ids: Iterable[int]) -> None:
+    """The devices these claim rows hold go back, in one statement per chunk."""
+    for chunk in _chunks(sorted(set(claim_ids))):
+        await session.execute(delete(DeviceAllocation).where(DeviceAllocation.claim_id.in_(chunk)))
 
 
 async def unpublished(session: AsyncSession, limit: int = 500) -> Sequence[OutboxEvent]:

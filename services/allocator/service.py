@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,12 +34,12 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services.allocator import ledger_ops as ops
+from services.allocator.batch import apply_messages, read_message
 from services.natsio import ensure_streams, publish_json, raise_lost_cancel
 from services.runtime import CollectorPacing
 from shared import dra, events, subjects
 from shared.admission import Snapshot, run_cycle
 from shared.allocation import SelectorMemo, State
-from shared.claims import InvalidClaim, read_submission
 from shared.inventory import Fleet
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config
@@ -79,6 +80,7 @@ class Allocator:
         self.cycle_interval = cycle_interval
         self.reason_refresh = reason_refresh
         self._answered_at: dict[tuple[str, str], float] = {}  # when a Pending claim was last answered
+        self._matched_at = -math.inf  # when _answered_at was last matched against every waiting claim
         self.shard = shard
         self.holder = f"{socket.gethostname()}:{id(self):x}"
         self.clock = clock
@@ -183,21 +185,17 @@ class Allocator:
                 ids = [(message.headers or {}).get("Nats-Msg-Id") or f"seq:{message.metadata.sequence.stream}"
                        for message in messages]
                 done = await ops.processed(session, CONSUMER, ids)
-                # Queries do not flush what earlier messages wrote (a flush per message cost most of a
-                # batch): those changes are in the session, and rows they create or delete are flushed then.
-                with session.no_autoflush:
-                    for message, message_id in zip(messages, ids, strict=True):
-                        if message_id in done:
-                            continue  # a redelivery, or a duplicate in this batch
-                        done.add(message_id)
-                        ops.record_processed(session, CONSUMER, message_id)
-                        tenant = subjects.tenant_of(message.subject)
-                        if message.subject.startswith(subjects.PREFIX + ".claims.submit."):
-                            await self._submit(session, tenant, message.data, message_id)
-                        else:
-                            await self._release(session, tenant, message.data, message_id)
-                await session.flush()
+                fresh = []
+                for message, message_id in zip(messages, ids, strict=True):
+                    if message_id in done:
+                        continue  # a redelivery, or a duplicate in this batch
+                    done.add(message_id)
+                    ops.record_processed(session, CONSUMER, message_id)
+                    fresh.append(read_message(message.subject, message.data, message_id))
+                if await apply_messages(session, fresh):
+                    self._waiting = True  # claims to place, or devices freed that may let waiting claims in
                 handled = await self._cycle(session)
+                await ops.write_events(session)
         except BaseException:
             self.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             raise
@@ -207,8 +205,9 @@ class Allocator:
         """Send lost nodes' claims back to the queue, decide, write; returns the lost nodes it handled."""
         lost = set(self.lost_nodes)
         if lost:
-            for row in await ops.claims_on_nodes(session, lost):
-                await ops.release_devices(session, row)
+            stranded = await ops.claims_on_nodes(session, lost)
+            await ops.release_devices(session, [row.id for row in stranded])
+            for row in stranded:
                 row.reason = f"node {row_node_of(row)} was lost; waiting to be placed again"
                 row.state, row.allocation, row.node = State.PENDING.value, None, None
                 ops.emit_status(session, row)
@@ -227,9 +226,9 @@ class Allocator:
         now = datetime.now(UTC)
         rows = await ops.claim_rows(session, queue, itertools.chain(
             (p.victim for p in result.preemptions), ((d.tenant, d.name) for d in result.decisions)))
+        await ops.release_devices(session, [rows[p.victim].id for p in result.preemptions])
         for preemption in result.preemptions:
             row = rows[preemption.victim]
-            await ops.release_devices(session, row)
             by = "/".join(preemption.by)
             row.state, row.reason, row.allocation, row.node = State.PREEMPTED.value, preemption.reason, None, None
             ops.emit_status(session, row, by=by)
@@ -260,77 +259,25 @@ class Allocator:
     def _refresh_stale_reasons(self, queue: ops.Queue) -> None:
         """Claims answered longer than `reason_refresh` ago are asked again: the core answers only claims
         without an answer (and changes of state), so this keeps reasons current at a bounded cost. Answer
-        times are kept oldest first, so only the stale ones are looked at, not every waiting claim."""
+        times are kept oldest first, so only the stale ones are looked at, not every waiting claim; a
+        stale one no longer waiting is forgotten then. Once a refresh period the answer times are matched
+        against every waiting claim (claims this allocator did not answer, after a restart or by another
+        allocator, count as answered now): at 10,000 waiting that match took 5 ms, too much for every cycle."""
         now = self.clock()
         answered_at, waiting = self._answered_at, queue.waiting
-        for key in answered_at.keys() - waiting.keys():  # no longer waiting: forgotten
-            del answered_at[key]
-        for key in waiting.keys() - answered_at.keys():  # unknown (after a restart, say): as of now
-            answered_at[key] = now
-        for key, at in answered_at.items():  # oldest first
-            if now - at < self.reason_refresh:
-                break
-            if (claim := waiting[key]).answered:
+        if now >= self._matched_at + self.reason_refresh:
+            self._matched_at = now
+            for key in answered_at.keys() - waiting.keys():  # no longer waiting: forgotten
+                del answered_at[key]
+            for key in waiting.keys() - answered_at.keys():  # unknown: as of now
+                answered_at[key] = now
+        stale = list(itertools.takewhile(lambda item: now - item[1] >= self.reason_refresh, answered_at.items()))
+        for key, _ in stale:  # oldest first
+            claim = waiting.get(key)
+            if claim is None:
+                del answered_at[key]
+            elif claim.answered:
                 waiting[key] = replace(claim, answered=False)
-
-    async def _submit(self, session: AsyncSession, tenant: str, data: bytes, message_id: str) -> None:
-        try:
-            claim = read_submission(data, tenant)
-        except InvalidClaim as invalid:
-            await self._refuse(session, tenant, invalid, message_id)
-            return
-        row = await ops.find_claim(session, tenant, claim.metadata.name)
-        if row is not None and row.state in (State.PENDING.value, State.ALLOCATED.value):
-            return  # the same claim again: claims are immutable, the first one stands
-        sequence = 0
-        if row is not None:  # it ended: the new claim takes its name, and carries on its status sequence
-            sequence = row.sequence  # (SQLite may give the new row the old id: status ids stay unique)
-            await session.delete(row)
-            await session.flush()
-        await ops.new_claim(session, claim, sequence)
-        self._waiting = True
-
-    async def _refuse(self, session: AsyncSession, tenant: str, invalid: InvalidClaim, message_id: str) -> None:
-        if invalid.name is not None:
-            row = await ops.find_claim(session, tenant, invalid.name)
-            if row is not None and row.state in (State.PENDING.value, State.ALLOCATED.value):
-                return  # never let a bad resubmission touch a good claim
-            if row is None:
-                row = ops.Claim(namespace=tenant, name=invalid.name, state=State.REJECTED.value, spec={},
-                                sequence=0, priority=0, preemptible=True)
-                session.add(row)
-                await session.flush()
-            row.state, row.reason, row.allocation, row.node = State.REJECTED.value, str(invalid), None, None
-            ops.emit_status(session, row)
-            return
-        now = datetime.now(UTC).timestamp()
-        ops.emit_event(
-            session, subjects.alert("warning", "invalid-message"), f"alert:invalid:{message_id}",
-            events.alert(
-                kind="invalid-message", severity="warning", key=f"invalid-message:{tenant}",
-                summary=f"a submission for tenant {tenant} could not be read as a claim: {invalid}",
-                details={"tenant": tenant, "error": str(invalid), "messageId": message_id},
-                labels={"tenant": tenant}, first_seen=now, last_seen=now,
-            ),
-        )
-
-    async def _release(self, session: AsyncSession, tenant: str, data: bytes, message_id: str) -> None:
-        try:
-            body = json.loads(data)
-            name = body["name"]
-            if not isinstance(name, str):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            await self._refuse(session, tenant, InvalidClaim('release payload must be {"name": ...}'), message_id)
-            return
-        row = await ops.find_claim(session, tenant, name)
-        if row is None or row.state not in (State.PENDING.value, State.ALLOCATED.value):
-            return
-        await ops.release_devices(session, row)
-        row.state, row.reason, row.allocation, row.node = State.RELEASED.value, "released by the tenant", None, None
-        row.explain = None
-        ops.emit_status(session, row)
-        self._waiting = True  # freed devices may let waiting claims in
 
     async def publish_outbox(self) -> None:
         """Publish committed events in order; Nats-Msg-Id makes a re-publish after a crash harmless."""

@@ -85,7 +85,8 @@ class Claim(Base):
     sequence: Mapped[int] = mapped_column(Integer, default=0)
     submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    # Arrival order for fair share; a preempted claim keeps its place. None until first queued.
+    # Arrival order for fair share; a preempted claim keeps its place. None: the row's id (the allocator
+    # inserts new claims in bulk, in the order they were queued).
     arrival: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     allocated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # Why it waits, as structured data (blocking quotas, shortfall, what preemption would take, what

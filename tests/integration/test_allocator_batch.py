@@ -10,8 +10,10 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
+from services.allocator import ledger_ops as ops
 from services.allocator.service import Allocator
 from shared import subjects
 from shared.classes import BUILTIN_CLASSES
@@ -55,8 +57,28 @@ async def test_a_batch_sees_what_its_earlier_messages_did(db_url: str) -> None:
         assert {n: r.state for n, r in rows.items()} == {"a": "Pending", "b": "Pending", "old": "Released"}
         assert inbox == {"m0", "m1", "m2", "m3", "m4", "m5"}
         assert ("old", "Released") in history and events == len(history)
-        assert rows["a"].arrival is not None and rows["a"].arrival > rows["old"].arrival  # the second "a"
+        queued = {n: r.arrival or r.id for n, r in rows.items()}  # no arrival: its id (see Claim.arrival)
+        assert queued["a"] > queued["old"]  # the second "a"
         assert rows["a"].sequence == 2  # its statuses carry on from the first "a" (Released: 1)
-        assert rows["b"].arrival is not None and rows["b"].arrival > rows["a"].arrival
+        assert queued["b"] > queued["a"]
+    finally:
+        await engine.dispose()
+
+
+async def test_events_emitted_but_not_written_refuse_the_commit(db_url: str) -> None:
+    """History and outbox rows are written in bulk (`write_events`); a transaction that would commit without
+    them raises and rolls back, so no status can be lost silently."""
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    try:
+        with pytest.raises(RuntimeError, match="write_events"):
+            async with sessions(engine)() as session, session.begin():
+                row = Claim(namespace="t", name="c", state="Pending", spec={}, sequence=0, priority=0,
+                            preemptible=True)
+                session.add(row)
+                await session.flush()
+                ops.emit_status(session, row)
+        async with sessions(engine)() as session:
+            assert await session.scalar(select(func.count()).select_from(Claim)) == 0
     finally:
         await engine.dispose()

@@ -62,25 +62,28 @@ async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
             ops.emit_status(session, rows[("t", "c0")])
             rows[("t", "c1")].reason = "waits"
             ops.emit_status(session, rows[("t", "c1")])
+            await ops.write_events(session)
         second = await check()
         assert second.running[("t", "c0")].allocation == _allocation("gpu-0")
         assert second.waiting[("t", "c1")].answered and not second.waiting[("t", "c2")].answered
         async with make() as session, session.begin():  # c0 preempted, then placed elsewhere at once
             row = (await ops.claim_rows(session, second, [("t", "c0")]))[("t", "c0")]
-            await ops.release_devices(session, row)
+            await ops.release_devices(session, [row.id])
             row.state, row.allocation, row.node, row.reason = State.PENDING.value, None, None, None
             ops.emit_status(session, row)
             await ops.apply_decision(session, row, Decision(State.ALLOCATED, _allocation("gpu-1")))
             ops.emit_status(session, row)
+            await ops.write_events(session)
         third = await check()
         assert third.running[("t", "c0")].allocation == _allocation("gpu-1")  # read again: its sequence moved
         async with make() as session, session.begin():  # c0 preempted back to the queue, c2 released
             rows = await ops.claim_rows(session, third, [("t", "c0"), ("t", "c2")])
-            await ops.release_devices(session, rows[("t", "c0")])
+            await ops.release_devices(session, [rows[("t", "c0")].id])
             rows[("t", "c0")].state, rows[("t", "c0")].allocation = State.PENDING.value, None
             ops.emit_status(session, rows[("t", "c0")])
             rows[("t", "c2")].state, rows[("t", "c2")].reason = State.RELEASED.value, "released by the tenant"
             ops.emit_status(session, rows[("t", "c2")])
+            await ops.write_events(session)
         fourth = await check()
         assert sorted(fourth.waiting) == [("t", "c0"), ("t", "c1")] and not fourth.running
     finally:
@@ -111,6 +114,7 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
                 assert _seen(queue) == _seen(fresh)
                 if after is not None:
                     await after(session, queue)
+                await ops.write_events(session)
                 if not commit:
                     raise _RolledBack
         except _RolledBack:
@@ -142,7 +146,7 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
         async def release_c0(session: Any) -> None:
             row = await ops.find_claim(session, "t", "c0")
             assert row is not None
-            await ops.release_devices(session, row)
+            await ops.release_devices(session, [row.id])
             row.state, row.allocation, row.node = State.RELEASED.value, None, None
             ops.emit_status(session, row)
             await add("c40")(session)

@@ -1,5 +1,6 @@
 """Allocator reasons: Pending answers older than `reason_refresh` are asked again; stale-node texts stay put."""
 
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,7 +16,7 @@ def test_only_answers_older_than_the_refresh_are_asked_again() -> None:
                            ("t", "recent"): Waiting("t", "recent", claim, answered=True),
                            ("t", "new"): Waiting("t", "new", claim)})
     now = [1000.0]
-    allocator = SimpleNamespace(clock=lambda: now[0], reason_refresh=60.0,
+    allocator = SimpleNamespace(clock=lambda: now[0], reason_refresh=60.0, _matched_at=-math.inf,
                                 _answered_at={("t", "old"): 900.0, ("t", "recent"): 990.0, ("t", "gone"): 10.0})
     Allocator._refresh_stale_reasons(allocator, queue)  # type: ignore[arg-type]
     assert {k[1]: w.answered for k, w in queue.waiting.items()} == {"old": False, "recent": True, "new": False}
@@ -31,9 +32,17 @@ class _Watched(dict[tuple[str, str], Waiting]):
         self.read.append(key)
         return super().__getitem__(key)
 
+    def get(self, key: tuple[str, str], default: Any = None) -> Any:
+        self.read.append(key)
+        return super().get(key, default)
+
     def items(self) -> Any:
-        self.read.extend(self.keys())
+        self.read.extend(super().keys())
         return super().items()
+
+    def keys(self) -> Any:
+        self.read.extend(super().keys())
+        return super().keys()
 
 
 def test_only_stale_answers_are_looked_at_not_every_waiting_claim() -> None:
@@ -41,11 +50,17 @@ def test_only_stale_answers_are_looked_at_not_every_waiting_claim() -> None:
     claim = a_claim("c", "t").request().build()
     waiting = _Watched({("t", f"c{i}"): Waiting("t", f"c{i}", claim, answered=True) for i in range(1000)})
     waiting.read = []
-    allocator = SimpleNamespace(clock=lambda: 1000.0, reason_refresh=60.0,
+    now = [1000.0]
+    allocator = SimpleNamespace(clock=lambda: now[0], reason_refresh=60.0, _matched_at=980.0,  # matched lately
                                 _answered_at={("t", "c7"): 900.0, **{("t", f"c{i}"): 990.0 for i in range(1000)
-                                                                    if i != 7}})
+                                                                    if i != 7 and i != 8}})  # c8: unknown
     Allocator._refresh_stale_reasons(allocator, Queue(waiting=waiting))  # type: ignore[arg-type]
     assert waiting.read == [("t", "c7")] and not waiting[("t", "c7")].answered
+    assert ("t", "c8") not in allocator._answered_at
+    now[0] = 1040.0  # a refresh period after the last match: every waiting claim is matched once
+    waiting.read = []
+    Allocator._refresh_stale_reasons(allocator, Queue(waiting=waiting))  # type: ignore[arg-type]
+    assert set(waiting.read) == set(waiting) and allocator._answered_at[("t", "c8")] == 1040.0
 
 
 def test_a_stale_node_reads_the_same_from_cycle_to_cycle() -> None:
