@@ -31,7 +31,6 @@ class ClaimMessage:
 
     message_id: str
     tenant: str
-    submit: bool
     claim: dra.ResourceClaim | None = None
     name: str | None = None  # the claim it names, when one can be read from it
     invalid: InvalidClaim | None = None
@@ -43,15 +42,15 @@ def read_message(subject: str, data: bytes, message_id: str) -> ClaimMessage:
         try:
             claim = read_submission(data, tenant)
         except InvalidClaim as invalid:
-            return ClaimMessage(message_id, tenant, True, name=invalid.name, invalid=invalid)
-        return ClaimMessage(message_id, tenant, True, claim=claim, name=claim.metadata.name)
+            return ClaimMessage(message_id, tenant, name=invalid.name, invalid=invalid)
+        return ClaimMessage(message_id, tenant, claim=claim, name=claim.metadata.name)
     try:
         name = json.loads(data)["name"]
         if not isinstance(name, str):
             raise TypeError
     except (ValueError, KeyError, TypeError):
-        return ClaimMessage(message_id, tenant, False, invalid=InvalidClaim('release payload must be {"name": ...}'))
-    return ClaimMessage(message_id, tenant, False, name=name)
+        return ClaimMessage(message_id, tenant, invalid=InvalidClaim('release payload must be {"name": ...}'))
+    return ClaimMessage(message_id, tenant, name=name)
 
 
 @dataclass
@@ -63,7 +62,7 @@ class _Applied:
 
     async def row(self, key: tuple[str, str]) -> Claim | None:
         """The claim's row; a claim queued earlier in the batch is written first (rarely: a batch that
-        queues a claim and then releases or submits it again)."""
+        queues a claim and then releases it, or sends an unreadable copy of it)."""
         if key in self.new:
             await self.write_new()
             self.rows.update(await ops.claims_named(self.session, [key]))
