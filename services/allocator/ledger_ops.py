@@ -80,7 +80,10 @@ async def claims_named(session: AsyncSession, keys: Iterable[tuple[str, str]]) -
     return rows
 
 
-_CLAIMS = cast(Table, Claim.__table__)
+# Rows the allocator writes many of per transaction go in as one statement per table through these: as ORM
+# objects they were a statement per row (the ORM reads each new id back, and on SQLite it cannot do that for
+# many rows at once), most of a decision transaction's statements.
+_CLAIMS, _HISTORY, _OUTBOX = (cast(Table, model.__table__) for model in (Claim, ClaimEvent, OutboxEvent))
 _EVENTS = "claimbroker.events"  # session.info: history and outbox rows emitted, not yet written
 
 
@@ -112,16 +115,14 @@ def emit_event(session: AsyncSession, subject: str, message_id: str, payload: di
 
 
 async def write_events(session: AsyncSession) -> None:
-    """Insert the history and outbox rows emitted so far, in their order, one statement each: as ORM
-    objects they were inserted a statement per row (the ORM reads each new id back, and on SQLite it
-    cannot do that for many rows at once), two thirds of a decision transaction's statements. Called
+    """Insert the history and outbox rows emitted so far, in their order, one statement each. Called
     before the transaction commits (committing with rows not written raises) and before a claim row
     they may refer to is deleted."""
     history, outbox = session.info.pop(_EVENTS, ([], []))
     if history:
-        await session.execute(insert(cast(Table, ClaimEvent.__table__)), history)
+        await session.execute(insert(_HISTORY), history)
     if outbox:
-        await session.execute(insert(cast(Table, OutboxEvent.__table__)), outbox)
+        await session.execute(insert(_OUTBOX), outbox)
 
 
 @event.listens_for(Session, "before_commit")
@@ -141,10 +142,9 @@ def claim_values(claim: dra.ResourceClaim, sequence: int = 0) -> dict[str, Any]:
 
 
 async def insert_claims(session: AsyncSession, values: Sequence[dict[str, Any]]) -> None:
-    """New claim rows (`claim_values`) in one statement. As ORM objects they were inserted a statement
-    per row (the ORM reads each new id back, and on SQLite it cannot do that for many rows at once). Their
-    `arrival` stays empty, which means their id: the order they were queued in. They carry the
-    transaction's revision, as `_stamp_revision` gives ORM writes."""
+    """New claim rows (`claim_values`) in one statement. Their `arrival` stays empty, which means their
+    id: the order they were queued in. They carry the transaction's revision, as `_stamp_revision` gives
+    ORM writes."""
     if values:
         revision = session.info.get(REVISION, OUTSIDE)
         await session.execute(insert(_CLAIMS), [{**v, "revision": revision} for v in values])
