@@ -289,10 +289,14 @@ async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> 
     revision = session.info.get(REVISION)
     since = cache.seen if revision is not None and cache.seen is not None and cache.seen < revision else None
     if since is None:
-        query = select(*_COLUMNS).where(Claim.state.in_(_QUEUED))
+        listed = list((await session.execute(select(*_COLUMNS).where(Claim.state.in_(_QUEUED))
+                                             .order_by(Claim.id))).all())
     else:
-        query = select(*_COLUMNS).where(Claim.revision > since)  # OUTSIDE rows too
-    listed = (await session.execute(query.order_by(Claim.id))).all()
+        # OUTSIDE rows too. Sorted here, not by the database: asked to order by id, SQLite scans the whole
+        # table in id order instead of searching the revision index (7 ms at a depth of 10,000, against
+        # 3 at 1,000, for the same hundred rows)
+        listed = sorted((await session.execute(select(*_COLUMNS).where(Claim.revision > since))).all(),
+                        key=lambda row: row[0])
     cache.rows_read = len(listed)
     queued = [row for row in listed if row[3] in _QUEUED]
     gone = ({row[0] for row in listed} - {row[0] for row in queued} if since is not None  # released, Rejected

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, event
 
 from services.allocator import ledger_ops as ops
 from shared.admission import Running, Waiting
@@ -184,3 +184,36 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
 
 class _RolledBack(Exception):
     pass
+
+
+async def test_the_kept_read_searches_the_revision_index_on_sqlite(tmp_path: Any) -> None:
+    """SQLite, asked to order the rows written since a revision by id, scans the whole claims table in id
+    order instead of searching the revision index: a deep queue's every row read for a few changed ones."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    await migrate(url)
+    engine = create_engine(url)
+    make = sessions(engine)
+    cache = ops.QueueCache()
+    statements: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        statements.append((statement, parameters))
+
+    try:
+        for n in range(2):  # a full read, then a kept one
+            async with make() as session, session.begin():
+                await ops.lock_shard(session, "default", "test", 0.0)
+                session.add(Claim(namespace="t", name=f"c{n}", state=State.PENDING.value,
+                                  spec=_spec("c", "t"), sequence=0))
+                await session.flush()
+                event.listen(engine.sync_engine, "before_cursor_execute", record)
+                await ops.load_queue(session, cache)
+                event.remove(engine.sync_engine, "before_cursor_execute", record)
+        since = [(s, p) for s, p in statements if "claims.revision >" in s]
+        assert len(since) == 1
+        async with engine.connect() as connection:
+            plan = [row[-1] for row in await connection.exec_driver_sql("EXPLAIN QUERY PLAN " + since[0][0],
+                                                                        since[0][1])]
+        assert plan and all("ix_claims_revision" in step for step in plan if "claims" in step), plan
+    finally:
+        await engine.dispose()
