@@ -63,7 +63,7 @@ async def run(url: str, depth: int) -> dict[str, Any]:
                 for key in keys:  # what a cycle writes: answers, with their status events
                     rows[key].reason = f"waits ({n})"
                     ops.emit_status(session, rows[key])
-                await ops.write_events(session)
+                await ops.write_buffered(session)
         kept, every_row = kept[1:], every_row[1:]  # the first read is a full one either way
         return {"queue_depth": depth, "changed_per_transaction": CHANGED, "rows_read": cache.rows_read,
                 "kept_p50_ms": round(statistics.median(kept) * 1000, 1), "kept_min_ms": round(min(kept) * 1000, 1),

@@ -82,7 +82,7 @@ class _Applied:
         sequence = 0
         if row is not None:  # it ended: the new claim takes its name, and carries on its status sequence
             sequence = row.sequence  # (SQLite may give the new row the old id: status ids stay unique)
-            await ops.write_events(self.session)  # its history goes with it; its statuses are still sent
+            await ops.write_buffered(self.session)  # its history goes with it; its statuses are still sent
             await self.session.delete(row)
             await self.session.flush()  # before the insert that takes its name
             del self.rows[key]

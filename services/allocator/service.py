@@ -195,7 +195,7 @@ class Allocator:
                 if await apply_messages(session, fresh):
                     self._waiting = True  # claims to place, or devices freed that may let waiting claims in
                 handled = await self._cycle(session)
-                await ops.write_events(session)
+                await ops.write_buffered(session)
         except BaseException:
             self.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             raise
@@ -207,11 +207,11 @@ class Allocator:
         if lost:
             stranded = await ops.claims_on_nodes(session, lost)
             await ops.release_devices(session, [row.id for row in stranded])
-            for row in stranded:
-                row.reason = f"node {row_node_of(row)} was lost; waiting to be placed again"
-                row.state, row.allocation, row.node = State.PENDING.value, None, None
-                ops.emit_status(session, row)
-                row.reason = None  # not answered yet: the cycle below decides it like a new claim
+            for stranded_row in stranded:
+                stranded_row.reason = f"node {row_node_of(stranded_row)} was lost; waiting to be placed again"
+                stranded_row.state, stranded_row.allocation, stranded_row.node = State.PENDING.value, None, None
+                ops.emit_status(session, stranded_row)
+                stranded_row.reason = None  # not answered yet: the cycle below decides it like a new claim
         queue = await ops.load_queue(session, self.queue_cache)
         if not queue.waiting:
             self._waiting = False
@@ -235,7 +235,6 @@ class Allocator:
             row.state, row.reason = State.PENDING.value, f"{preemption.reason}; waiting to be placed again"
             ops.emit_status(session, row)
             row.reason = None  # not answered yet: the next cycle decides it like a new claim
-        await session.flush()
         settled = 0  # waiting claims admitted or Rejected
         answered_now, answered_at = self.clock(), self._answered_at
         for decided in result.decisions:
@@ -247,7 +246,7 @@ class Allocator:
                 answered_at[key] = answered_now
             elif key in queue.waiting:
                 settled += 1
-            changed = await ops.apply_decision(session, row, decision, result.flavors)
+            changed = ops.apply_decision(session, row, decision, result.flavors)
             row.explain = dict(decided.explain) if decided.explain is not None else None
             if decision.allocation is not None:
                 row.allocated_at = now

@@ -16,9 +16,10 @@ from sqlalchemy import func, select
 from services.allocator import ledger_ops as ops
 from services.allocator.service import Allocator
 from shared import subjects
+from shared.allocation import Allocation, Decision, DeviceResult, State
 from shared.classes import BUILTIN_CLASSES
 from shared.ledger.engine import create_engine, migrate, sessions
-from shared.ledger.schema import Claim, ClaimEvent, InboxMessage
+from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation, InboxMessage
 from tests.builders import a_claim
 
 
@@ -65,20 +66,63 @@ async def test_a_batch_sees_what_its_earlier_messages_did(db_url: str) -> None:
         await engine.dispose()
 
 
-async def test_events_emitted_but_not_written_refuse_the_commit(db_url: str) -> None:
-    """History and outbox rows are written in bulk (`write_events`); a transaction that would commit without
-    them raises and rolls back, so no status can be lost silently."""
+async def _a_queued_claim(session: Any) -> ops.ClaimRow:
+    session.add(Claim(namespace="t", name="c", state="Pending", spec=a_claim("c", "t").request().document(),
+                      sequence=0, priority=0, preemptible=True))
+    await session.flush()
+    queue = await ops.load_queue(session)
+    return (await ops.claim_rows(session, queue, [("t", "c")]))[("t", "c")]
+
+
+async def _emit(session: Any) -> None:
+    ops.emit_status(session, await _a_queued_claim(session))
+
+
+async def _decide(session: Any) -> None:
+    ops.apply_decision(session, await _a_queued_claim(session), Decision(State.PENDING, reason="waits"))
+
+
+async def _record(session: Any) -> None:
+    await _a_queued_claim(session)
+    ops.record_processed(session, "allocator", "m1")
+
+
+@pytest.mark.parametrize("unwritten", [_emit, _decide, _record], ids=["status", "decision", "message"])
+async def test_what_is_written_in_bulk_and_not_written_refuses_the_commit(db_url: str, unwritten: Any) -> None:
+    """Statuses, decided claim rows and handled messages are written in bulk (`write_buffered`); a transaction
+    that would commit without them raises and rolls back, so no decision or status can be lost silently."""
     await migrate(db_url)
     engine = create_engine(db_url)
     try:
-        with pytest.raises(RuntimeError, match="write_events"):
+        with pytest.raises(RuntimeError, match="write_buffered"):
             async with sessions(engine)() as session, session.begin():
-                row = Claim(namespace="t", name="c", state="Pending", spec={}, sequence=0, priority=0,
-                            preemptible=True)
-                session.add(row)
-                await session.flush()
-                ops.emit_status(session, row)
+                await unwritten(session)
         async with sessions(engine)() as session:
             assert await session.scalar(select(func.count()).select_from(Claim)) == 0
+    finally:
+        await engine.dispose()
+
+
+async def test_a_decision_is_written_with_its_devices_and_revision(db_url: str) -> None:
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    allocation = Allocation("n1", (DeviceResult("gpu", "gpu.nvidia.com", "n1", "gpu-0"),))
+    try:
+        async with sessions(engine)() as session, session.begin():
+            revision = await ops.lock_shard(session, "default", "test", 0.0)
+            row = await _a_queued_claim(session)
+            row.explain = {"why": "kept"}
+            assert ops.apply_decision(session, row, Decision(State.ALLOCATED, allocation),
+                                      {("gpu.nvidia.com", "n1", "gpu-0"): ("H100", 2.0)})
+            ops.emit_status(session, row)
+            await ops.write_buffered(session)
+        async with sessions(engine)() as session:
+            written = await session.scalar(select(Claim))
+            devices = [(d.device, d.node, d.flavor, d.units) for d in await session.scalars(select(DeviceAllocation))]
+            statuses = [(e.sequence, e.state) for e in await session.scalars(select(ClaimEvent))]
+        assert written is not None
+        assert (written.state, written.node, written.allocation, written.explain, written.sequence,
+                written.revision) == ("Allocated", "n1", allocation.to_json(), {"why": "kept"}, 1, revision)
+        assert devices == [("gpu-0", "n1", "H100", 2.0)] and statuses == [(1, "Allocated")]
     finally:
         await engine.dispose()

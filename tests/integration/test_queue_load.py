@@ -58,11 +58,11 @@ async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
         assert sorted(first.waiting) == [("t", "c0"), ("t", "c1"), ("t", "c2")] and not first.running
         async with make() as session, session.begin():  # c0 allocated, c1 answered
             rows = await ops.claim_rows(session, first, [("t", "c0"), ("t", "c1")])
-            await ops.apply_decision(session, rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
+            ops.apply_decision(session, rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
             ops.emit_status(session, rows[("t", "c0")])
             rows[("t", "c1")].reason = "waits"
             ops.emit_status(session, rows[("t", "c1")])
-            await ops.write_events(session)
+            await ops.write_buffered(session)
         second = await check()
         assert second.running[("t", "c0")].allocation == _allocation("gpu-0")
         assert second.waiting[("t", "c1")].answered and not second.waiting[("t", "c2")].answered
@@ -71,9 +71,9 @@ async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
             await ops.release_devices(session, [row.id])
             row.state, row.allocation, row.node, row.reason = State.PENDING.value, None, None, None
             ops.emit_status(session, row)
-            await ops.apply_decision(session, row, Decision(State.ALLOCATED, _allocation("gpu-1")))
+            ops.apply_decision(session, row, Decision(State.ALLOCATED, _allocation("gpu-1")))
             ops.emit_status(session, row)
-            await ops.write_events(session)
+            await ops.write_buffered(session)
         third = await check()
         assert third.running[("t", "c0")].allocation == _allocation("gpu-1")  # read again: its sequence moved
         async with make() as session, session.begin():  # c0 preempted back to the queue, c2 released
@@ -83,7 +83,7 @@ async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
             ops.emit_status(session, rows[("t", "c0")])
             rows[("t", "c2")].state, rows[("t", "c2")].reason = State.RELEASED.value, "released by the tenant"
             ops.emit_status(session, rows[("t", "c2")])
-            await ops.write_events(session)
+            await ops.write_buffered(session)
         fourth = await check()
         assert sorted(fourth.waiting) == [("t", "c0"), ("t", "c1")] and not fourth.running
     finally:
@@ -114,7 +114,7 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
                 assert _seen(queue) == _seen(fresh)
                 if after is not None:
                     await after(session, queue)
-                await ops.write_events(session)
+                await ops.write_buffered(session)
                 if not commit:
                     raise _RolledBack
         except _RolledBack:
@@ -134,7 +134,7 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
 
         async def allocate_c0_answer_c1(session: Any, queue: ops.Queue) -> None:
             rows = await ops.claim_rows(session, queue, [("t", "c0"), ("t", "c1")])
-            await ops.apply_decision(session, rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
+            ops.apply_decision(session, rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
             ops.emit_status(session, rows[("t", "c0")])
             rows[("t", "c1")].reason = "waits"
             ops.emit_status(session, rows[("t", "c1")])
