@@ -10,16 +10,16 @@ that does not add up) falls back to the comparison.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, ValuesView
 
 from shared.admission import ClaimKey, QueueChanges, Waiting
 
 _VERSIONS = itertools.count(1)  # one sequence for every queue of the process: versions never collide
 
 
-class WaitingQueue:
+class WaitingQueue(Mapping[ClaimKey, Waiting]):
     """Waiting claims by key, in the order they were first put, with the changes since the last
-    `snapshot()`."""
+    `snapshot()`. Read as a mapping; changed only through `put` and `pop`, which record the change."""
 
     def __init__(self) -> None:
         self._claims: dict[ClaimKey, Waiting] = {}
@@ -35,11 +35,15 @@ class WaitingQueue:
     def __iter__(self) -> Iterator[ClaimKey]:
         return iter(self._claims)
 
-    def get(self, key: ClaimKey) -> Waiting | None:
-        return self._claims.get(key)
+    def __getitem__(self, key: ClaimKey) -> Waiting:
+        return self._claims[key]
 
-    def values(self) -> Iterator[Waiting]:
-        return iter(self._claims.values())
+    def get(self, key: ClaimKey, default: Waiting | None = None) -> Waiting | None:  # type: ignore[override]
+        # the dict's own: Mapping.get would raise and catch KeyError on every miss
+        return self._claims.get(key, default)
+
+    def values(self) -> ValuesView[Waiting]:
+        return self._claims.values()
 
     def put(self, waiting: Waiting) -> None:
         """Queue the claim, or replace the one queued under its key (a rebuilt claim is a change)."""

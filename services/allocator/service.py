@@ -219,8 +219,9 @@ class Allocator:
             return lost
         self._refresh_stale_reasons(queue)
         config = await load_quota_config(session)
-        snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()),
-                            tuple(queue.waiting.values()), self._unusable_nodes())
+        waiting, changes = queue.waiting.snapshot()
+        snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()), waiting,
+                            self._unusable_nodes(), changes)
         result = run_cycle(snapshot, self.memo)
         self.collector.after_cycle()
         now = datetime.now(UTC)
@@ -276,7 +277,7 @@ class Allocator:
             if claim is None:
                 del answered_at[key]
             elif claim.answered:
-                waiting[key] = replace(claim, answered=False)
+                waiting.put(replace(claim, answered=False))
 
     async def publish_outbox(self) -> None:
         """Publish committed events in order; Nats-Msg-Id makes a re-publish after a crash harmless."""

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import delete, event
 
 from services.allocator import ledger_ops as ops
-from shared.admission import Running, Waiting
+from shared.admission import QueueChanges, Running, Waiting
 from shared.allocation import Allocation, Decision, DeviceResult, State
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import Claim
@@ -100,6 +100,7 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
     engine = create_engine(db_url)
     make = sessions(engine)
     cache = ops.QueueCache()
+    changes: list[QueueChanges] = []
 
     async def decide(before: Any = None, after: Any = None, *, commit: bool = True) -> ops.Queue:
         """One decision transaction: `before` writes, the read (checked against a full one), `after` writes."""
@@ -112,6 +113,7 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
                 queue = await ops.load_queue(session, cache)
                 fresh = await ops.load_queue(session)
                 assert _seen(queue) == _seen(fresh)
+                changes.append(queue.waiting.snapshot()[1])  # what the cycle would be handed
                 if after is not None:
                     await after(session, queue)
                 await ops.write_buffered(session)
@@ -142,6 +144,9 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
         await decide(after=allocate_c0_answer_c1)  # written after the read, in the same transaction
         third = await decide()
         assert cache.rows_read == 2 and ("t", "c0") in third.running and third.waiting[("t", "c1")].answered
+        # the waiting claims hand on what changed: c0 went (allocated), c1 was rebuilt (answered)
+        assert [w.name for w in changes[-1].went] == ["c0", "c1"] and changes[-1].came == (third.waiting[("t", "c1")],)
+        assert changes[-1].since == changes[-2].version and not changes[-2].came and not changes[-2].went
 
         async def release_c0(session: Any) -> None:
             row = await ops.find_claim(session, "t", "c0")

@@ -7,23 +7,34 @@ from typing import Any
 from services.allocator.ledger_ops import Queue
 from services.allocator.service import Allocator
 from shared.admission import Waiting
+from shared.waiting_queue import WaitingQueue
 from tests.builders import a_claim
 
 
+def _queued(queue: WaitingQueue, *claims: Waiting) -> WaitingQueue:
+    for waiting in claims:
+        queue.put(waiting)
+    queue.snapshot()  # as a cycle saw them
+    return queue
+
+
 def test_only_answers_older_than_the_refresh_are_asked_again() -> None:
+    """A stale answer is asked again by queueing the claim unanswered: a change the next cycle is handed."""
     claim = a_claim("c", "t").request().build()
-    queue = Queue(waiting={("t", "old"): Waiting("t", "old", claim, answered=True),
-                           ("t", "recent"): Waiting("t", "recent", claim, answered=True),
-                           ("t", "new"): Waiting("t", "new", claim)})
+    old = Waiting("t", "old", claim, answered=True)
+    queue = Queue(waiting=_queued(WaitingQueue(), old, Waiting("t", "recent", claim, answered=True),
+                                  Waiting("t", "new", claim)))
     now = [1000.0]
     allocator = SimpleNamespace(clock=lambda: now[0], reason_refresh=60.0, _matched_at=-math.inf,
                                 _answered_at={("t", "old"): 900.0, ("t", "recent"): 990.0, ("t", "gone"): 10.0})
     Allocator._refresh_stale_reasons(allocator, queue)  # type: ignore[arg-type]
     assert {k[1]: w.answered for k, w in queue.waiting.items()} == {"old": False, "recent": True, "new": False}
     assert set(allocator._answered_at) == set(queue.waiting)  # claims no longer waiting are forgotten
+    _, changes = queue.waiting.snapshot()
+    assert changes.went == (old,) and changes.came == (queue.waiting[("t", "old")],)
 
 
-class _Watched(dict[tuple[str, str], Waiting]):
+class _Watched(WaitingQueue):
     """Waiting claims that record which of them are read one by one."""
 
     read: list[tuple[str, str]]
@@ -37,18 +48,18 @@ class _Watched(dict[tuple[str, str], Waiting]):
         return super().get(key, default)
 
     def items(self) -> Any:
-        self.read.extend(super().keys())
+        self.read.extend(self)
         return super().items()
 
     def keys(self) -> Any:
-        self.read.extend(super().keys())
+        self.read.extend(self)
         return super().keys()
 
 
 def test_only_stale_answers_are_looked_at_not_every_waiting_claim() -> None:
     """Answer times are kept oldest first, so a deep queue of recent answers costs nothing to check."""
     claim = a_claim("c", "t").request().build()
-    waiting = _Watched({("t", f"c{i}"): Waiting("t", f"c{i}", claim, answered=True) for i in range(1000)})
+    waiting = _queued(_Watched(), *(Waiting("t", f"c{i}", claim, answered=True) for i in range(1000)))
     waiting.read = []
     now = [1000.0]
     allocator = SimpleNamespace(clock=lambda: now[0], reason_refresh=60.0, _matched_at=980.0,  # matched lately
