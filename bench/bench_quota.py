@@ -6,7 +6,10 @@ carry priorities), explanations. The fleet is filled first (cycles without finis
 admits nothing), so both depths measure the same steady state of a full fleet. Prints one JSON line per
 depth.
 
-admissions_per_s is claims admitted over the time spent in cycles; cycle_*_ms are per cycle.
+admissions_per_s is claims admitted over the time spent in cycles; cycle_*_ms are per cycle. `answered` counts
+the Pending answers the cycles gave (a claim is answered once, then keeps its answer while it waits behind
+its kind), and decisions_per_s is admissions and answers over that time: a deeper queue admits as many
+claims a cycle but answers more of the new ones, which wait instead of being admitted at once.
 Run: `make bench-quota` (or `python bench/bench_quota.py --depth 1000 --cycles 20`).
 """
 
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.runtime import CollectorPacing, tune_gc  # noqa: E402
 from shared import dra  # noqa: E402
 from shared.admission import Running, Snapshot, Waiting, run_cycle  # noqa: E402
-from shared.allocation import SelectorMemo  # noqa: E402
+from shared.allocation import SelectorMemo, State  # noqa: E402
 from shared.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.inventory import Fleet  # noqa: E402
 from shared.quota import QuotaConfig, parse_quotas  # noqa: E402
@@ -102,7 +105,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
     gc.freeze()
     memo = SelectorMemo()
     collector = CollectorPacing()  # as the allocator runs: what a cycle keeps is frozen after it
-    times, admitted, preempted = [], 0, 0
+    times, admitted, preempted, answered = [], 0, 0, 0
     warming, index = True, 0
     while index < cycles:
         if not warming:
@@ -140,9 +143,11 @@ def run(nodes: int, depth: int, cycles: int, seed: int = 11) -> dict[str, Any]:
         times.append(elapsed)
         admitted += count
         preempted += len(result.preemptions)
+        answered += sum(1 for d in result.decisions if d.decision.state is State.PENDING)
     times.sort()
     return {"nodes": nodes, "tenants": TENANTS, "queue_depth": depth, "cycles": cycles, "admitted": admitted,
-            "preempted": preempted, "admissions_per_s": round(admitted / sum(times), 1),
+            "preempted": preempted, "answered": answered, "admissions_per_s": round(admitted / sum(times), 1),
+            "decisions_per_s": round((admitted + answered) / sum(times), 1),
             "cycle_p50_ms": round(statistics.median(times) * 1000, 1),
             "cycle_p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1)}
 
