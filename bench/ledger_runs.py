@@ -23,3 +23,11 @@ def run_depths(doc: str, run: Callable[[str, int], Awaitable[dict[str, Any]]]) -
         with tempfile.TemporaryDirectory() as scratch:
             url = args.url or f"sqlite+aiosqlite:///{scratch}/ledger.db"
             print(json.dumps(asyncio.run(run(url, depth))), flush=True)
+
+
+async def maintain(engine: Any) -> None:
+    """What autovacuum does for a running ledger: planner statistics and a visibility map. A database filled
+    in seconds has neither, and PostgreSQL then scans the claims table for the rows written since the last
+    cycle and for the count of queued rows (7 and 5 ms a transaction at a depth of 10,000)."""
+    async with engine.connect() as connection:
+        await (await connection.execution_options(isolation_level="AUTOCOMMIT")).exec_driver_sql("VACUUM ANALYZE")
