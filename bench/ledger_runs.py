@@ -10,6 +10,8 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 
 def run_depths(doc: str, run: Callable[[str, int], Awaitable[dict[str, Any]]]) -> None:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -25,7 +27,7 @@ def run_depths(doc: str, run: Callable[[str, int], Awaitable[dict[str, Any]]]) -
             print(json.dumps(asyncio.run(run(url, depth))), flush=True)
 
 
-async def maintain(engine: Any) -> None:
+async def maintain(engine: AsyncEngine) -> None:
     """What autovacuum does for a running ledger: planner statistics and a visibility map. A database filled
     in seconds has neither, and PostgreSQL then scans the claims table for the rows written since the last
     cycle and for the count of queued rows (7 and 5 ms a transaction at a depth of 10,000)."""

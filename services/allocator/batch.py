@@ -21,8 +21,6 @@ from shared.allocation import State
 from shared.claims import InvalidClaim, read_submission
 from shared.ledger.schema import Claim
 
-_LIVE = (State.PENDING.value, State.ALLOCATED.value)
-
 
 @dataclass(frozen=True)
 class ClaimMessage:
@@ -77,7 +75,7 @@ class _Applied:
         if key in self.new:
             return False  # the same claim again: claims are immutable, the first one stands
         row = self.rows.get(key)
-        if row is not None and row.state in _LIVE:
+        if row is not None and row.state in ops.QUEUED:
             return False
         sequence = 0
         if row is not None:  # it ended: the new claim takes its name, and carries on its status sequence
@@ -91,7 +89,7 @@ class _Applied:
 
     async def release(self, message: ClaimMessage, name: str) -> bool:
         row = await self.row((message.tenant, name))
-        if row is None or row.state not in _LIVE:
+        if row is None or row.state not in ops.QUEUED:
             return False
         self.released.append(row.id)
         row.state, row.reason, row.allocation, row.node = State.RELEASED.value, "released by the tenant", None, None
@@ -104,7 +102,7 @@ class _Applied:
         if invalid.name is not None:
             key = (message.tenant, invalid.name)
             row = await self.row(key)
-            if row is not None and row.state in _LIVE:
+            if row is not None and row.state in ops.QUEUED:
                 return  # never let a bad resubmission touch a good claim
             if row is None:
                 row = self.rows[key] = Claim(namespace=message.tenant, name=invalid.name, state=State.REJECTED.value,

@@ -46,11 +46,6 @@ def record_processed(session: AsyncSession, consumer: str, message_id: str) -> N
     _writes(session).inbox.append({"consumer": consumer, "message_id": message_id})
 
 
-async def devices_in_use(session: AsyncSession) -> frozenset[DeviceKey]:
-    rows = await session.execute(select(DeviceAllocation.driver, DeviceAllocation.pool, DeviceAllocation.device))
-    return frozenset((r[0], r[1], r[2]) for r in rows)
-
-
 async def pending_claims(session: AsyncSession) -> list[Claim]:
     rows = await session.scalars(select(Claim).where(Claim.state == State.PENDING.value).order_by(Claim.id))
     return list(rows)
@@ -309,7 +304,7 @@ def _document(spec: dict[str, Any]) -> dra.ResourceClaim:
     return found
 
 
-_QUEUED = (State.PENDING.value, State.ALLOCATED.value)
+QUEUED = (State.PENDING.value, State.ALLOCATED.value)  # a claim in these states waits or runs
 _IDS_PER_QUERY = 500  # under every database's limit on bound parameters
 _T = TypeVar("_T")
 
@@ -341,7 +336,7 @@ async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> 
     revision = session.info.get(REVISION)
     since = cache.seen if revision is not None and cache.seen is not None and cache.seen < revision else None
     if since is None:
-        listed = list((await session.execute(select(*_COLUMNS).where(Claim.state.in_(_QUEUED))
+        listed = list((await session.execute(select(*_COLUMNS).where(Claim.state.in_(QUEUED))
                                              .order_by(Claim.id))).all())
     else:
         # OUTSIDE rows too. Sorted here, not by the database: asked to order by id, SQLite scans the whole
@@ -350,14 +345,14 @@ async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> 
         listed = sorted((await session.execute(select(*_COLUMNS).where(Claim.revision > since))).all(),
                         key=lambda row: row[0])
     cache.rows_read = len(listed)
-    queued = [row for row in listed if row[3] in _QUEUED]
+    queued = [row for row in listed if row[3] in QUEUED]
     gone = ({row[0] for row in listed} - {row[0] for row in queued} if since is not None  # released, Rejected
             else set(cache.keys) - {row[0] for row in queued})  # not queued any more
     for row_id in gone:
         cache.drop(row_id)
     await _read_rows(session, cache, queued, full=since is None)
     if since is not None:
-        count = await session.scalar(select(func.count()).select_from(Claim).where(Claim.state.in_(_QUEUED)))
+        count = await session.scalar(select(func.count()).select_from(Claim).where(Claim.state.in_(QUEUED)))
         if count != len(cache.keys):
             log.warning("queue read since revision %d holds %d claims, the ledger %d: reading it all", since,
                         len(cache.keys), count)
