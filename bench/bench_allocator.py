@@ -53,7 +53,7 @@ def _message(subject: str, body: dict[str, Any], serial: int) -> Any:
 
 
 async def run(url: str, depth: int) -> dict[str, Any]:
-    rng = random.Random(11)
+    rng = random.Random(bench_quota.SEED)
     fleet = bench_quota.build_fleet(NODES)
     quotas = bench_quota.build_quotas(NODES, rng)
     await migrate(url)
