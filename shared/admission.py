@@ -32,13 +32,14 @@ import heapq
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, NamedTuple, cast
 
 from shared import dra
 from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
 from shared.cel import CompiledSelector, SelectorError, compile_selector
+from shared.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault_decision, per_claim
 from shared.inventory import Fleet, FleetDevice
 from shared.matching import SelectorMemo
 from shared.quota import Flavor, QuotaConfig
@@ -118,6 +119,7 @@ class ClaimDecision:
     name: str
     decision: Decision
     explain: Mapping[str, Any] | None = None
+    internal_error: str | None = None  # deciding it failed through a fault of ours: alert on it
 
 
 @dataclass(frozen=True)
@@ -625,10 +627,12 @@ class _Cycle:
         del self.running[running.key]
         self._holdings.pop(running.key, None)
 
+    @per_claim
     def _enqueue(self, waiting: Waiting) -> None:
         self.waiting[waiting.key] = waiting
         try:
             plan = self.state.plan(waiting.claim)
+            self.state.capacity_version(plan)  # its selectors on every device now: a runtime error rejects it
         except Rejected:
             self.group_of[waiting.key] = None
             self.invalid.add(waiting.key)
@@ -739,6 +743,7 @@ class _Cycle:
     def _within_nominal(self, tenant: str, deltas: Mapping[str, int]) -> bool:
         return all(self.book.used[(tenant, f)] + n <= self.book.nominal(tenant, f) for f, n in deltas.items())
 
+    @per_claim
     def try_admit(self, waiting: Waiting, *, room_known: bool = False) -> tuple[Decision, list[Block]]:
         """Placement within nominal first, then borrowing; the quota check is on the devices chosen.
 
@@ -856,13 +861,13 @@ class _Cycle:
         when `explain`: reasons are worked out only for the answers that are given)."""
         try:
             plan = self.state.plan(waiting.claim)
+            plan_key = (id(plan), only.key if only else None, explain)
+            shrinking = self.shrinking
+            if shrinking is not None and (known := shrinking.get(plan_key)) is not None:
+                return known
+            version = self.state.capacity_version(plan, only)  # a selector failing on a new device rejects it
         except Rejected as rejected:
             return Decision(State.REJECTED, reason=str(rejected))
-        plan_key = (id(plan), only.key if only else None, explain)
-        shrinking = self.shrinking
-        if shrinking is not None and (known := shrinking.get(plan_key)) is not None:
-            return known
-        version = self.state.capacity_version(plan, only)
         failed = self.failed_at.get(plan_key)
         if failed is not None and failed[0] == version:
             if shrinking is not None:
@@ -902,6 +907,17 @@ class _Cycle:
         # devices freed by this cycle's preemptions, or quota returned by them
         return Decision(State.PENDING, reason="devices or quota were freed in this cycle; it is tried again in the "
                                               "next"), []
+
+    @per_claim
+    def settle(self, waiting: Waiting, decision: Decision, blocks: list[Block], alike: Any
+               ) -> tuple[Decision, Mapping[str, Any] | None]:
+        """The answer a decided claim is given and, when it waits, why (`shared.explain`)."""
+        from shared.explain import explain_pending
+
+        decision, blocks = self.answer(waiting, decision, blocks)
+        if decision.state is State.PENDING:
+            return decision, explain_pending(self, waiting, decision, blocks, alike)
+        return decision, None
 
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
         self._hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
@@ -1092,6 +1108,7 @@ class _Cycle:
             found = self._plan_facts[id(plan)] = _PlanFacts(frozenset(names), least, unflavored and counted)
         return found
 
+    @per_claim
     def try_preempt(self, waiting: Waiting) -> Decision | None:
         try:  # victims only on nodes with devices the claim's first request accepts
             lead = self.state.plan(waiting.claim).variants[0][0]
@@ -1495,8 +1512,33 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     """Admit what fits in fair-share order, then preempt where a rule allows, and explain the rest.
 
     Decisions cover every claim admitted, Rejected or tried, and every claim without an answer yet;
-    a claim that keeps waiting behind a head of its kind keeps its last answer."""
+    a claim that keeps waiting behind a head of its kind keeps its last answer.
+
+    The one guarded place per claim: when deciding a claim fails (`shared.claim_guard`), that claim gets
+    its fault's decision and the cycle is decided again without it, on state built anew (what was kept
+    may be half updated), so no claim can stop the others."""
     memo = memo or SelectorMemo()
+    faulty: dict[ClaimKey, ClaimDecision] = {}
+    current = snapshot
+    while True:
+        try:
+            result = _decide_cycle(current, memo)
+        except ClaimFault as fault:
+            if fault.key in faulty or len(faulty) >= MAX_FAULTS_PER_CYCLE:
+                raise  # not one claim's fault: the shell reports the cycle's failure
+            decision, internal = fault_decision(fault)
+            faulty[fault.key] = ClaimDecision(fault.key[0], fault.key[1], decision, internal_error=internal)
+            for kept in ("admission", "cycle"):
+                memo.states.pop(kept, None)
+            current = replace(snapshot, waiting=tuple(w for w in snapshot.waiting if w.key not in faulty),
+                              changes=None)
+            continue
+        if faulty:
+            result = replace(result, decisions=result.decisions + tuple(faulty.values()))
+        return result
+
+
+def _decide_cycle(snapshot: Snapshot, memo: SelectorMemo) -> CycleResult:
     cycle = _cycle_for(snapshot, memo)
     decided, order = _admission_pass(cycle)
     for key in sorted(cycle.invalid):  # claims Rejected as written
@@ -1506,18 +1548,15 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:
             decided.append((waiting, preempted, []))
-    from shared.explain import Alike, explain_pending
+    from shared.explain import Alike
 
     final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer
     results = []
     alike = Alike(sum(sum(c.values()) for c in cycle._priorities.values()))  # preemptible claims running
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     for waiting, decision, blocks in final.values():
-        detail = None
-        decision, blocks = cycle.answer(waiting, decision, blocks)
-        if decision.state is State.PENDING:
-            detail = explain_pending(cycle, waiting, decision, blocks, alike)
-        elif decision.allocation is not None:
+        decision, detail = cycle.settle(waiting, decision, blocks, alike)
+        if decision.allocation is not None:
             for d in cycle._devices(decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))
         results.append(ClaimDecision(waiting.tenant, waiting.name, decision, detail))
