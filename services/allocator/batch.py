@@ -8,7 +8,9 @@ message cost most of a batch: a submission took 2 to 4 ms, nearly all of it the 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +23,26 @@ from shared.allocation import State
 from shared.claims import InvalidClaim, read_submission
 from shared.ledger.schema import Claim
 
+MAX_MESSAGE_ID = 255  # the inbox's column
+_TENANT = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a namespace: an RFC 1123 DNS label
+_CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,251}[a-z0-9])?$")  # a DNS subdomain without dots (a subject token)
+
+
+def inbox_id(message_id: str) -> str:
+    """The id the inbox keeps: the message's own when it fits the column, else a digest of it (a release of
+    a 253-character name builds a longer one), so a long id is still deduplicated, never refused."""
+    if len(message_id) <= MAX_MESSAGE_ID and message_id.isprintable():
+        return message_id
+    return "sha256:" + hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def printable(text: str, limit: int = 2000) -> str:
+    """Text from a tenant's message made safe for any column and payload: no NUL (PostgreSQL refuses it),
+    no lone surrogate (no UTF-8 encodes it), no control character, bounded."""
+    cut = text[:limit]
+    safe = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in cut)
+    return safe if len(text) <= limit else safe + "..."
+
 
 @dataclass(frozen=True)
 class ClaimMessage:
@@ -32,23 +54,46 @@ class ClaimMessage:
     claim: dra.ResourceClaim | None = None
     name: str | None = None  # the claim it names, when one can be read from it
     invalid: InvalidClaim | None = None
+    sequence: int = 0  # the claims stream's sequence (0: unknown): a submission older than a release is released
 
 
-def read_message(subject: str, data: bytes, message_id: str) -> ClaimMessage:
-    tenant = subjects.tenant_of(subject)
+def read_message(subject: str, data: bytes, message_id: str, sequence: int = 0) -> ClaimMessage:
+    """The one guarded place per message: whatever it holds, the result says what it is or why it cannot
+    be read, and nothing raises (a tenant's message must not stop the allocator)."""
+    parts = subject.split(".")
+    tenant = parts[4] if len(parts) > 4 else ""
+    try:
+        return _read(subject, data, message_id, sequence)
+    except Exception as error:  # noqa: BLE001 - whatever it was, the message is invalid, not the service
+        problem = InvalidClaim(f"message could not be read: {type(error).__name__}: {error}")
+        return ClaimMessage(message_id, tenant if _TENANT.match(tenant) else "", invalid=problem, sequence=sequence)
+
+
+def _read(subject: str, data: bytes, message_id: str, sequence: int) -> ClaimMessage:
+    tenant = subjects.tenant_of(subject)  # raises for a subject with extra tokens
+    if not _TENANT.match(tenant):
+        return ClaimMessage(message_id, "", invalid=InvalidClaim(
+            f"subject tenant {printable(tenant, 80)!r} is not a namespace (an RFC 1123 label: lowercase letters, "
+            "digits and '-', at most 63 characters)"), sequence=sequence)
     if subject.startswith(subjects.PREFIX + ".claims.submit."):
         try:
             claim = read_submission(data, tenant)
         except InvalidClaim as invalid:
-            return ClaimMessage(message_id, tenant, name=invalid.name, invalid=invalid)
-        return ClaimMessage(message_id, tenant, claim=claim, name=claim.metadata.name)
+            name = invalid.name if invalid.name is not None and _CLAIM_NAME.match(invalid.name) else None
+            return ClaimMessage(message_id, tenant, name=name, invalid=invalid, sequence=sequence)
+        return ClaimMessage(message_id, tenant, claim=claim, name=claim.metadata.name, sequence=sequence)
     try:
         name = json.loads(data)["name"]
         if not isinstance(name, str):
             raise TypeError
-    except (ValueError, KeyError, TypeError):
-        return ClaimMessage(message_id, tenant, invalid=InvalidClaim('release payload must be {"name": ...}'))
-    return ClaimMessage(message_id, tenant, name=name)
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return ClaimMessage(message_id, tenant, invalid=InvalidClaim('release payload must be {"name": ...}'),
+                            sequence=sequence)
+    if not _CLAIM_NAME.match(name):
+        return ClaimMessage(message_id, tenant, invalid=InvalidClaim(
+            f"release of {printable(name, 80)!r}: not a claim name (lowercase letters, digits and '-', at most "
+            "253 characters)"), sequence=sequence)
+    return ClaimMessage(message_id, tenant, name=name, sequence=sequence)
 
 
 @dataclass
@@ -59,11 +104,12 @@ class _Applied:
     released: list[int] = field(default_factory=list)  # rows whose devices go back
 
     async def row(self, key: tuple[str, str]) -> Claim | None:
-        """The claim's row; a claim queued earlier in the batch is written first (rarely: a batch that
-        queues a claim and then releases it, or sends an unreadable copy of it)."""
+        """The claim's row; the claims queued earlier in the batch are written first, and all of them read
+        back (rarely: a batch that queues claims and then releases one, or sends an unreadable copy)."""
         if key in self.new:
+            written = list(self.new)
             await self.write_new()
-            self.rows.update(await ops.claims_named(self.session, [key]))
+            self.rows.update(await ops.claims_named(self.session, written))
         return self.rows.get(key)
 
     async def write_new(self) -> None:
@@ -71,26 +117,57 @@ class _Applied:
         await ops.insert_claims(self.session, new)
 
     async def submit(self, message: ClaimMessage, claim: dra.ResourceClaim) -> bool:
-        key = (message.tenant, claim.metadata.name)
+        """Queue the claim, unless it is queued already (claims are immutable: the first one stands; a
+        release published before this submission then concerns an earlier one) or was released after this
+        submission was published."""
+        key, sequence = (message.tenant, claim.metadata.name), message.sequence
         if key in self.new:
-            return False  # the same claim again: claims are immutable, the first one stands
+            self.new[key]["submitted_seq"] = max(self.new[key]["submitted_seq"] or 0, sequence) or None
+            return False
         row = self.rows.get(key)
         if row is not None and row.state in ops.QUEUED:
+            row.submitted_seq = max(row.submitted_seq or 0, sequence) or None
             return False
-        sequence = 0
+        if row is not None and 0 < sequence < (row.released_seq or 0):
+            return await self._released_before(row, claim)
+        status_sequence, row_released = 0, None
         if row is not None:  # it ended: the new claim takes its name, and carries on its status sequence
-            sequence = row.sequence  # (SQLite may give the new row the old id: status ids stay unique)
+            status_sequence = row.sequence  # (SQLite may give the new row the old id: status ids stay unique)
+            row_released = row.released_seq
             await ops.write_buffered(self.session)  # its history goes with it; its statuses are still sent
             await self.session.delete(row)
             await self.session.flush()  # before the insert that takes its name
             del self.rows[key]
-        self.new[key] = ops.claim_values(claim, sequence)
+        self.new[key] = {**ops.claim_values(claim, status_sequence), "submitted_seq": sequence or None,
+                         "released_seq": row_released}
         return True
 
+    async def _released_before(self, row: Claim, claim: dra.ResourceClaim) -> bool:
+        """A submission published before the claim's last release (it reached us after the release, or came
+        again after a crash): released already. The release kept the name's row (a tombstone, without a
+        status yet, when it came first); the claim is written into it and its Released status sent once."""
+        if row.sequence == 0 and row.state == State.RELEASED.value:
+            values = ops.claim_values(claim)
+            row.spec, row.priority, row.preemptible = values["spec"], values["priority"], values["preemptible"]
+            row.allocation, row.node = None, None
+            ops.emit_status(self.session, row)
+        return False
+
     async def release(self, message: ClaimMessage, name: str) -> bool:
-        row = await self.row((message.tenant, name))
+        key = (message.tenant, name)
+        row = await self.row(key)
+        if row is None and message.sequence:  # its submission may still come (redelivered after a crash)
+            row = self.rows[key] = Claim(
+                namespace=message.tenant, name=name, state=State.RELEASED.value, spec={}, sequence=0, priority=0,
+                preemptible=True, reason="released by the tenant before the broker read its submission")
+            self.session.add(row)
+            await self.session.flush()  # a row with an id, as every row in hand has
+        if row is not None and message.sequence:
+            row.released_seq = max(row.released_seq or 0, message.sequence)
         if row is None or row.state not in ops.QUEUED:
             return False
+        if 0 < message.sequence < (row.submitted_seq or 0):
+            return False  # published before the claim's last submission: it concerned an earlier claim
         self.released.append(row.id)
         row.state, row.reason, row.allocation, row.node = State.RELEASED.value, "released by the tenant", None, None
         row.explain = None
@@ -110,17 +187,18 @@ class _Applied:
                 self.session.add(row)
             if row.id is None:
                 await self.session.flush()
-            row.state, row.reason, row.allocation, row.node = State.REJECTED.value, str(invalid), None, None
+            row.state, row.reason, row.allocation, row.node = State.REJECTED.value, printable(str(invalid)), None, None
             ops.emit_status(self.session, row)
             return
         now = datetime.now(UTC).timestamp()
+        error, tenant = printable(str(invalid)), message.tenant or "(unknown)"
         ops.emit_event(
             self.session, subjects.alert("warning", "invalid-message"), f"alert:invalid:{message.message_id}",
             events.alert(
-                kind="invalid-message", severity="warning", key=f"invalid-message:{message.tenant}",
-                summary=f"a submission for tenant {message.tenant} could not be read as a claim: {invalid}",
-                details={"tenant": message.tenant, "error": str(invalid), "messageId": message.message_id},
-                labels={"tenant": message.tenant}, first_seen=now, last_seen=now,
+                kind="invalid-message", severity="warning", key=f"invalid-message:{tenant}",
+                summary=f"a message for tenant {tenant} could not be read as a claim: {error}",
+                details={"tenant": tenant, "error": error, "messageId": message.message_id},
+                labels={"tenant": tenant}, first_seen=now, last_seen=now,
             ),
         )
 

@@ -30,20 +30,20 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services.allocator import ledger_ops as ops
-from services.allocator.batch import apply_messages, read_message
+from services.allocator.batch import apply_messages, inbox_id, printable, read_message
 from services.natsio import ensure_streams, publish_json, raise_lost_cancel
 from services.runtime import CollectorPacing
 from shared import dra, events, subjects
-from shared.admission import Snapshot, run_cycle
+from shared.admission import Snapshot, Waiting, run_cycle
 from shared.allocation import SelectorMemo, State
 from shared.inventory import Fleet
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config
-from shared.ledger.schema import OutboxEvent
+from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, OutboxEvent
 
 log = logging.getLogger("claimbroker.allocator")
 CONSUMER = "allocator"
@@ -85,6 +85,7 @@ class Allocator:
         self.holder = f"{socket.gethostname()}:{id(self):x}"
         self.clock = clock
         self.lost_nodes: set[str] = set()
+        self._set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
         self._fleet_changed = asyncio.Event()
         self._inventory_seen = asyncio.Event()
         self._publish_lock = asyncio.Lock()
@@ -150,19 +151,89 @@ class Allocator:
         self._fleet_changed.set()
 
     async def _handle(self, messages: Sequence[Msg]) -> None:
+        """Decide the batch in one transaction; when it fails, no message takes another with it: the
+        messages are decided one at a time, and one that still fails on its own (while the cycle without
+        it commits) is set aside in the dead-letter table with its error and an alert, then acked."""
         try:
             await self._decide_messages(messages)
-        except (IntegrityError, DBAPIError) as error:
-            # Another allocator committed first, or the database is busy: decide again later.
-            log.warning("ledger refused a cycle (%s); redelivering %d message(s)", type(error).__name__,
-                        len(messages))
-            for message in messages:
-                await message.nak(delay=0.2)
+        except Exception as error:  # noqa: BLE001 - the batch's fate is decided below, message by message
             self._fleet_changed.set()
+            if len(messages) > 1:
+                log.warning("batch of %d failed (%s: %s); deciding its messages one at a time", len(messages),
+                            type(error).__name__, printable(str(error), 300))
+                for message in messages:
+                    await self._handle([message])
+                return
+            await self._handle_failure(messages[0] if messages else None, error)
             return
         for message in messages:
             await message.ack_sync()
         await self.publish_outbox()
+
+    async def _handle_failure(self, message: Msg | None, error: Exception) -> None:
+        """One message's transaction failed, or a cycle with none. A passing fault (a busy database,
+        another allocator first to a device) is retried; a message that fails alone while the cycle
+        without it commits is the message's fault: dead-lettered. Otherwise the cycle itself fails: the
+        message waits for it, and an internal-error alert says so."""
+        transient = isinstance(error, IntegrityError | OperationalError) or _is_transient(error)
+        deliveries = message.metadata.num_delivered if message is not None else 0
+        if message is not None and transient and deliveries < self.max_deliver - 1:
+            log.warning("ledger refused a message (%s); redelivering it", type(error).__name__)
+            await message.nak(delay=0.2 * deliveries)
+            return
+        cycle_fails = None
+        if message is not None:
+            try:
+                await self._decide_messages([])
+            except Exception as cycle_error:  # noqa: BLE001
+                cycle_fails = cycle_error
+            else:
+                if await self._dead_letter(message, error):
+                    await message.ack_sync()
+                    await self.publish_outbox()
+                    return
+        failure = cycle_fails or error
+        log.error("decision cycle failed: %s: %s", type(failure).__name__, printable(str(failure), 500),
+                  exc_info=failure)
+        await self._alert_internal_error(failure)
+        if message is not None:
+            await message.nak(delay=min(5.0, 0.5 * max(deliveries, 1)))
+
+    async def _dead_letter(self, message: Msg, error: Exception) -> bool:
+        """Keep the message and its error, mark it handled and alert, in one transaction; False when even
+        that cannot be written (the database is down: the message is redelivered instead)."""
+        message_id = _message_id(message)
+        reason = f"{type(error).__name__}: {printable(str(error), 2000)}"
+        log.error("dead-lettered message %s on %s: %s", message_id, printable(message.subject, 300), reason)
+        try:
+            async with self.sessions() as session, session.begin():
+                if await ops.processed(session, CONSUMER, [message_id]):
+                    return True
+                ops.record_processed(session, CONSUMER, message_id)
+                subject = printable(message.subject, 1000)
+                session.add(DeadLetter(consumer=CONSUMER, message_id=message_id, subject=subject,
+                                       payload=message.data[:DEAD_LETTER_PAYLOAD_LIMIT],
+                                       payload_size=len(message.data), error=reason,
+                                       deliveries=message.metadata.num_delivered or 1))
+                ops.emit_event(session, *_alert(
+                    "message-dead-lettered", message_id, f"alert:dead:{message_id}",
+                    f"a message on {subject[:200]} could not be committed and was set aside: {reason[:300]}",
+                    {"messageId": message_id, "subject": subject, "error": reason}))
+                await ops.write_buffered(session)
+        except Exception as write_error:  # noqa: BLE001
+            log.error("could not dead-letter message %s: %s", message_id, write_error)
+            return False
+        return True
+
+    async def _alert_internal_error(self, error: BaseException) -> None:
+        """Publish an internal-error alert straight away (best effort: the ledger may be what fails)."""
+        text = printable(f"{type(error).__name__}: {error}", 2000)
+        subject, _, payload = _alert("internal-error", "cycle", "", f"internal error in the decision cycle: "
+                                     f"{text[:300]}", {"error": text})
+        try:
+            await publish_json(self.js, subject, payload)
+        except Exception as publish_error:  # noqa: BLE001
+            log.error("could not publish internal-error alert: %s", publish_error)
 
     def _unusable_nodes(self) -> dict[str, str]:
         """Nodes whose inventory is older than the TTL get no new allocation. The reason names when the
@@ -182,8 +253,7 @@ class Allocator:
             async with self.sessions() as session, session.begin():
                 await ops.lock_shard(session, self.shard, self.holder,
                                      self.clock() + 3 * self.cycle_interval + 30)
-                ids = [(message.headers or {}).get("Nats-Msg-Id") or f"seq:{message.metadata.sequence.stream}"
-                       for message in messages]
+                ids = [_message_id(message) for message in messages]
                 done = await ops.processed(session, CONSUMER, ids)
                 fresh = []
                 for message, message_id in zip(messages, ids, strict=True):
@@ -191,7 +261,8 @@ class Allocator:
                         continue  # a redelivery, or a duplicate in this batch
                     done.add(message_id)
                     ops.record_processed(session, CONSUMER, message_id)
-                    fresh.append(read_message(message.subject, message.data, message_id))
+                    fresh.append(read_message(message.subject, message.data, message_id,
+                                              message.metadata.sequence.stream))
                 if await apply_messages(session, fresh):
                     self._waiting = True  # claims to place, or devices freed that may let waiting claims in
                 handled = await self._cycle(session)
@@ -220,8 +291,10 @@ class Allocator:
         self._refresh_stale_reasons(queue)
         config = await load_quota_config(session)
         waiting, changes = queue.waiting.snapshot()
+        if self._set_aside:  # compared in full, not by the changes recorded
+            waiting = self._without_set_aside(waiting, queue)
         snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()), waiting,
-                            self._unusable_nodes(), changes)
+                            self._unusable_nodes(), None if self._set_aside else changes)
         result = run_cycle(snapshot, self.memo)
         self.collector.after_cycle()
         now = datetime.now(UTC)
@@ -247,6 +320,9 @@ class Allocator:
                 answered_at[key] = answered_now
             elif key in queue.waiting:
                 settled += 1
+            if decided.internal_error is not None:
+                self._set_aside[key] = answered_now + self.reason_refresh
+                self._emit_internal_error(session, key, decided.internal_error, row.sequence)
             changed = ops.apply_decision(session, row, decision, result.flavors)
             row.explain = dict(decided.explain) if decided.explain is not None else None
             if decision.allocation is not None:
@@ -255,6 +331,23 @@ class Allocator:
                 ops.emit_status(session, row, unsatisfiable=decision.unsatisfiable)
         self._waiting = len(queue.waiting) > settled or bool(result.preemptions)
         return lost
+
+    def _without_set_aside(self, waiting: tuple[Waiting, ...], queue: ops.Queue) -> tuple[Waiting, ...]:
+        """Claims whose deciding failed through a fault of ours sit out `reason_refresh` (each try costs the
+        core a cycle built anew), then are tried again; the queue is then compared in full, not by changes."""
+        now = self.clock()
+        for key, until in list(self._set_aside.items()):
+            if until <= now or key not in queue.waiting:
+                del self._set_aside[key]
+        return tuple(w for w in waiting if w.key not in self._set_aside)
+
+    @staticmethod
+    def _emit_internal_error(session: AsyncSession, key: tuple[str, str], error: str, sequence: int) -> None:
+        tenant, name = key
+        ops.emit_event(session, *_alert(
+            "internal-error", f"{tenant}/{name}", f"alert:internal:{tenant}/{name}:{sequence}",
+            f"internal error while deciding claim {tenant}/{name}: {error}",
+            {"tenant": tenant, "claim": name, "error": error}, tenant=tenant))
 
     def _refresh_stale_reasons(self, queue: ops.Queue) -> None:
         """Claims answered longer than `reason_refresh` ago are asked again: the core answers only claims
@@ -301,6 +394,26 @@ class Allocator:
         except TimeoutError:
             return False
         return True
+
+
+def _message_id(message: Msg) -> str:
+    return inbox_id((message.headers or {}).get("Nats-Msg-Id") or f"seq:{message.metadata.sequence.stream}")
+
+
+def _is_transient(error: BaseException) -> bool:
+    """PostgreSQL's serialization failures, deadlocks and lock timeouts: deciding again succeeds."""
+    driver_error = getattr(error, "orig", None)
+    code = getattr(driver_error, "sqlstate", None) or getattr(driver_error, "pgcode", None)
+    return code in ("40001", "40P01", "55P03") or isinstance(error, ConnectionError | TimeoutError)
+
+
+def _alert(kind: str, about: str, message_id: str, summary: str, details: dict[str, Any], *,
+           tenant: str | None = None) -> tuple[str, str, dict[str, Any]]:
+    """A critical alert of the allocator's own: its subject, outbox message id and payload."""
+    now = time.time()
+    payload = events.alert(kind=kind, severity="critical", key=f"{kind}:{about}", summary=summary, details=details,
+                           labels={"tenant": tenant} if tenant else {}, first_seen=now, last_seen=now)
+    return subjects.alert("critical", kind), message_id, payload
 
 
 def row_node_of(row: Any) -> str:

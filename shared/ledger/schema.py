@@ -14,6 +14,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -96,6 +97,12 @@ class Claim(Base):
     # that last wrote the row, set on every flush (`_stamp_revision`); OUTSIDE when written outside a
     # decision transaction. The allocator reads only rows written since its last read (one index range).
     revision: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+    # The claims stream's sequences of the last submission and the last release of this name seen: a
+    # submission published before the last release is released already, and a release published before
+    # the last submission of a queued claim is of an earlier one (both reach us out of order when a
+    # message is redelivered after a crash), so neither is lost nor applied to the wrong claim.
+    submitted_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    released_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class DeviceAllocation(Base):
@@ -185,6 +192,25 @@ class WebhookDeadLetter(Base):
     attempts: Mapped[int] = mapped_column(Integer)
     last_error: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class DeadLetter(Base):
+    """A message whose effects could not be committed even on its own: kept with its error for an operator
+    (and acknowledged), so it never holds up or takes down the messages behind it."""
+
+    __tablename__ = "dead_letters"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    consumer: Mapped[str] = mapped_column(String(64))
+    message_id: Mapped[str] = mapped_column(String(255), index=True)
+    subject: Mapped[str] = mapped_column(Text)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)  # as received, cut at DEAD_LETTER_PAYLOAD_LIMIT
+    payload_size: Mapped[int] = mapped_column(BigInteger)
+    error: Mapped[str] = mapped_column(Text)
+    deliveries: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+DEAD_LETTER_PAYLOAD_LIMIT = 1 << 20
 
 
 class ClaimEvent(Base):

@@ -1,0 +1,113 @@
+"""A message whose transaction fails never takes its batch-mates with it: the batch is decided again one
+message at a time, and the one that still fails alone, while the cycle without it commits, is kept in the
+dead-letter table with its error and an alert, and acknowledged. When the cycle itself fails, no message
+is blamed: each is redelivered."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from services.allocator import batch
+from services.allocator.service import Allocator
+from shared import subjects
+from shared.classes import BUILTIN_CLASSES
+from shared.ledger.engine import create_engine, migrate
+from shared.ledger.schema import Claim, DeadLetter, InboxMessage, OutboxEvent
+from tests.builders import a_claim
+
+
+class Message:
+    """What the allocator reads of a JetStream message, and what it answers."""
+
+    def __init__(self, name: str, sequence: int, delivered: int = 1) -> None:
+        self.subject = subjects.submit("t")
+        self.data = json.dumps(a_claim(name, "t").request().document()).encode()
+        self.headers = {"Nats-Msg-Id": f"m-{name}"}
+        self.metadata = SimpleNamespace(sequence=SimpleNamespace(stream=sequence), num_delivered=delivered)
+        self.answer: str | None = None
+
+    async def ack_sync(self) -> None:
+        self.answer = "ack"
+
+    async def nak(self, delay: float | None = None) -> None:
+        self.answer = "nak"
+
+
+@pytest.fixture
+async def allocator(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
+
+    async def nothing(*_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(allocator, "publish_outbox", nothing)
+    monkeypatch.setattr(allocator, "_alert_internal_error", nothing)
+    yield allocator
+    await engine.dispose()
+
+
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing the claim named `poison` fails inside the transaction, as a value the database refuses would."""
+    submit = batch._Applied.submit
+
+    async def failing(self: Any, message: Any, claim: Any) -> bool:
+        if claim.metadata.name == "poison":
+            raise ValueError("value too long for type character varying(253)")
+        return await submit(self, message, claim)
+
+    monkeypatch.setattr(batch._Applied, "submit", failing)
+
+
+async def test_a_message_that_fails_alone_is_dead_lettered_and_its_batch_mates_are_decided(
+        allocator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    poisoned(monkeypatch)
+    messages = [Message("a", 1), Message("poison", 2), Message("b", 3)]
+
+    await allocator._handle(messages)
+
+    assert [m.answer for m in messages] == ["ack", "ack", "ack"]
+    async with allocator.sessions() as session:
+        states = {row.name: row.state for row in await session.scalars(select(Claim))}
+        letters = list(await session.scalars(select(DeadLetter)))
+        inbox = set(await session.scalars(select(InboxMessage.message_id)))
+        alerts = [e.payload for e in await session.scalars(select(OutboxEvent)) if ".alerts." in e.subject]
+    assert states == {"a": "Pending", "b": "Pending"}
+    assert [(d.message_id, d.payload, d.deliveries) for d in letters] == [("m-poison", messages[1].data, 1)]
+    assert "value too long" in letters[0].error
+    assert inbox == {"m-a", "m-poison", "m-b"}  # a redelivery of the dead letter changes nothing
+    assert [(a["kind"], a["details"]["messageId"]) for a in alerts] == [("message-dead-lettered", "m-poison")]
+
+
+async def test_a_redelivered_dead_letter_changes_nothing(allocator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    poisoned(monkeypatch)
+    await allocator._handle([Message("poison", 1)])
+    again = Message("poison", 1, delivered=2)
+
+    await allocator._handle([again])
+
+    assert again.answer == "ack"
+    async with allocator.sessions() as session:
+        assert len(list(await session.scalars(select(DeadLetter)))) == 1
+
+
+async def test_when_the_cycle_itself_fails_no_message_is_blamed(
+        allocator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(self: Any, session: Any) -> set[str]:
+        raise RuntimeError("the cycle is broken")
+
+    monkeypatch.setattr(Allocator, "_cycle", broken)
+    messages = [Message("a", 1), Message("b", 2)]
+
+    await allocator._handle(messages)
+
+    assert [m.answer for m in messages] == ["nak", "nak"]
+    async with allocator.sessions() as session:
+        assert list(await session.scalars(select(DeadLetter))) == []
+        assert list(await session.scalars(select(Claim))) == []
