@@ -95,10 +95,12 @@ def up(
                          nats_url=nats, api_port=api_port,
                          pending_alert_after=pending_alert_after,
                          webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
-    asyncio.run(_up(settings))
+    if not asyncio.run(_up(settings)):
+        raise typer.Exit(1)  # a service ended on its own: everything it started is stopped
 
 
-async def _up(settings: BrokerSettings) -> None:
+async def _up(settings: BrokerSettings) -> bool:
+    """Whether it stopped because it was told to (False: a service ended on its own)."""
     from services.stack import running_stack
     from shared.ledger.engine import sessions
     from shared.ledger.tokens import create_token
@@ -121,10 +123,13 @@ async def _up(settings: BrokerSettings) -> None:
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([waiter, *stack.tasks.values()], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if task is not waiter and task.exception():
-                err.print(f"service {task.get_name()} failed: {task.exception()!r}")
+            if task is not waiter:
+                failure = task.exception() if not task.cancelled() else None
+                err.print(f"service {task.get_name()} {'failed: ' + repr(failure) if failure else 'ended'}; "
+                          "stopping the broker")
         waiter.cancel()
     console.print("stopped")
+    return waiter in done
 
 
 @app.command()
@@ -153,7 +158,7 @@ def serve(
                   "(a deployed watcher never publishes the demo fleet)")
         raise typer.Exit(2)
 
-    async def main() -> None:
+    async def main() -> bool:
         from services.natsio import wait_closed
         from services.stack import Stack, start_service
         from shared.ledger.engine import create_engine
@@ -168,10 +173,17 @@ def serve(
         task = stack.tasks[service]
         waiter = asyncio.create_task(stop.wait())
         await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        told = waiter.done()
+        if not told:
+            failure = task.exception() if not task.cancelled() else None
+            logging.getLogger("claimbroker").error("service %s %s", service,
+                                                   f"failed: {failure!r}" if failure else "ended", exc_info=failure)
         await wait_closed(task)
         await engine.dispose()
+        return told
 
-    asyncio.run(main())
+    if not asyncio.run(main()):
+        raise typer.Exit(1)  # it ended without being told to: a supervisor restarts it
 
 
 @app.command()
