@@ -70,7 +70,13 @@ def read_message(subject: str, data: bytes, message_id: str, sequence: int = 0) 
 
 
 def _read(subject: str, data: bytes, message_id: str, sequence: int) -> ClaimMessage:
-    tenant = subjects.tenant_of(subject)  # raises for a subject with extra tokens
+    try:
+        tenant = subjects.tenant_of(subject)
+    except subjects.SubjectError:
+        return ClaimMessage(message_id, "", invalid=InvalidClaim(
+            f"subject {printable(subject, 300)!r} is not a claim subject: claims go to "
+            f"{subjects.PREFIX}.claims.submit.<tenant> and releases to {subjects.PREFIX}.claims.release.<tenant>"),
+            sequence=sequence)
     if not _TENANT.match(tenant):
         return ClaimMessage(message_id, "", invalid=InvalidClaim(
             f"subject tenant {printable(tenant, 80)!r} is not a namespace (an RFC 1123 label: lowercase letters, "
