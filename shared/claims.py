@@ -1,15 +1,23 @@
-"""Reading a tenant's claim: namespace as tenant, broker annotations, and what makes one invalid."""
+"""Reading a tenant's claim: namespace as tenant, broker annotations, and what makes one invalid.
+
+Everything that reaches the ledger is checked here or in shared.dra first: names fit their columns and
+NATS subject tokens, the priority fits the 32-bit column, and no string holds what PostgreSQL refuses.
+One bad value in a batch would otherwise make the database refuse the whole batch.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from shared import dra, subjects
+from shared import dra
 
 PRIORITY_ANNOTATION = "claimbroker.io/priority"
 PREEMPTIBLE_ANNOTATION = "claimbroker.io/preemptible"
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # the ledger's priority column is a 32-bit INTEGER
+_PRIORITY = re.compile(r"-?[0-9]+")  # ASCII only: int() would also take "٣", "1_000" and " 1 "
 
 
 class InvalidClaim(ValueError):
@@ -28,49 +36,85 @@ class ClaimSettings:
 
 
 def settings_of(claim: dra.ResourceClaim) -> ClaimSettings:
+    """The broker's annotations, strictly: a typo must not silently become priority 0 or preemptible."""
     annotations = claim.metadata.annotations
-    raw_priority = annotations.get(PRIORITY_ANNOTATION, "0")
-    try:
+    priority = 0
+    raw_priority = annotations.get(PRIORITY_ANNOTATION)
+    if raw_priority is not None:
+        digits = raw_priority.lstrip("-").lstrip("0")
+        if (not _PRIORITY.fullmatch(raw_priority) or len(digits) > 10  # int() of a huge string is slow
+                or not INT32_MIN <= int(raw_priority) <= INT32_MAX):
+            raise InvalidClaim(
+                f"metadata.annotations[{PRIORITY_ANNOTATION}]: {dra.shown(raw_priority)} must be an integer from "
+                f"{INT32_MIN} to {INT32_MAX} (an optional '-' and ASCII digits)"
+            )
         priority = int(raw_priority)
-    except ValueError:
+    raw_preemptible = annotations.get(PREEMPTIBLE_ANNOTATION, "true")
+    if not raw_preemptible.isascii() or raw_preemptible.lower() not in ("true", "false"):
         raise InvalidClaim(
-            f"metadata.annotations.{PRIORITY_ANNOTATION}: {raw_priority!r} is not an integer"
-        ) from None
-    preemptible = annotations.get(PREEMPTIBLE_ANNOTATION, "true").strip().lower() != "false"
-    return ClaimSettings(priority=priority, preemptible=preemptible)
+            f"metadata.annotations[{PREEMPTIBLE_ANNOTATION}]: {dra.shown(raw_preemptible)} must be \"true\" or "
+            "\"false\""
+        )
+    return ClaimSettings(priority=priority, preemptible=raw_preemptible.lower() == "true")
 
 
-def with_namespace(document: dict[str, Any], tenant: str) -> dict[str, Any]:
-    """A claim without a namespace belongs to the given tenant, as kubectl -n would do."""
-    metadata = dict(document.get("metadata") or {})
+def claim_name_problem(name: object, path: str = "metadata.name") -> str | None:
+    """Why `name` cannot name a claim: Kubernetes wants a DNS subdomain, and the broker uses the name as
+    one NATS subject token (claimbroker.v1.claims.status.<tenant>.<claim>), which a '.' would split."""
+    if not isinstance(name, str) or not name:
+        return f"{path}: is required"
+    if not dra.is_dns_subdomain(name):
+        return f"{path}: {dra.shown(name)} {dra.DNS_SUBDOMAIN_RULE}"
+    if "." in name:
+        return f"{path}: {dra.shown(name)} must not contain '.': the broker uses the claim name as a NATS subject token"
+    return None
+
+
+def tenant_problem(tenant: object) -> str | None:
+    """Why `tenant` cannot be a tenant: it is the claims' namespace, a DNS label in Kubernetes."""
+    if not dra.is_dns_label(tenant):
+        return f"tenant {dra.shown(tenant)} {dra.DNS_LABEL_RULE}"
+    return None
+
+
+def with_namespace(document: Any, tenant: str) -> Any:
+    """A claim without a namespace belongs to the given tenant, as kubectl -n would do. Anything that
+    is not a claim-shaped mapping is left for the parser to refuse by name."""
+    if not isinstance(document, dict):
+        return document
+    metadata = document.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        return document
     if not metadata.get("namespace"):
-        metadata["namespace"] = tenant
+        metadata = {**metadata, "namespace": tenant}
     return {**document, "metadata": metadata}
 
 
 def read_submission(payload: bytes, tenant: str) -> dra.ResourceClaim:
-    """Parse a submit message for `tenant`; raises InvalidClaim naming the field."""
+    """Parse a submit message for `tenant`; raises InvalidClaim naming the field. Its `name` is set only
+    when the claim's name is valid, since a Rejected status is written under it."""
     try:
         document = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise InvalidClaim(f"payload is not JSON: {error}") from None
-    name = None
-    namespace = None
+    if (problem := tenant_problem(tenant)) is not None:
+        raise InvalidClaim(f"subject: {problem}")
+    raw_name: object = None
+    raw_namespace: object = None
     if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
         raw_name = document["metadata"].get("name")
-        name = raw_name if isinstance(raw_name, str) and raw_name else None
-        raw_ns = document["metadata"].get("namespace")
-        namespace = raw_ns if isinstance(raw_ns, str) and raw_ns else None
-    if namespace is not None and namespace != tenant:
+        raw_namespace = document["metadata"].get("namespace")
+    name_problem = claim_name_problem(raw_name)
+    name = raw_name if name_problem is None and isinstance(raw_name, str) else None
+    if isinstance(raw_namespace, str) and raw_namespace and raw_namespace != tenant:
         raise InvalidClaim(
-            f"metadata.namespace {namespace!r} does not match the subject's tenant {tenant!r}",
-            name=name, namespace=namespace,
+            f"metadata.namespace: {dra.shown(raw_namespace)} does not match the subject's tenant {tenant!r}",
+            name=name, namespace=tenant,
         )
-    if name is not None:
-        try:
-            subjects.token(name)
-        except subjects.SubjectError as error:
-            raise InvalidClaim(f"metadata.name: {error}", name=None, namespace=tenant) from None
+    if name_problem is not None and isinstance(raw_name, str):
+        raise InvalidClaim(name_problem, namespace=tenant)
     try:
         claim = dra.parse_claim(with_namespace(document, tenant))
         settings_of(claim)

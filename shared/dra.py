@@ -2,11 +2,14 @@
 
 Documents load verbatim from Kubernetes YAML/JSON (camelCase). Spec fields are strict (unknown
 fields are refused, as `kubectl --validate=strict` would), metadata and status are tolerant so that
-objects copied from a live cluster still load. Validation errors name the field path.
+objects copied from a live cluster still load. A ResourceClaim is then checked as the API server's
+validation (k8s.io/kubernetes pkg/apis/resource/validation) checks it: names, enums, uniqueness, list
+sizes and references, each problem reported with its field path.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
@@ -14,11 +17,124 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "resource.k8s.io/v1"
-MAX_REQUESTS = 32
-MAX_DEVICES_PER_CLAIM = 32
-MAX_SUBREQUESTS = 8
-MAX_CEL_LENGTH = 10 * 1024
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Limits of resource/v1/types.go and apimachinery's ObjectMeta validation.
+MAX_REQUESTS = 32  # DeviceRequestsMaxSize
+MAX_DEVICES_PER_CLAIM = 32  # AllocationResultsMaxSize
+MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize
+MAX_CONSTRAINTS = 32  # DeviceConstraintsMaxSize
+MAX_CONFIGS = 32  # DeviceConfigMaxSize
+MAX_SELECTORS = 32  # DeviceSelectorsMaxSize
+MAX_TOLERATIONS = 16  # DeviceTolerationsMaxLength
+MAX_CEL_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength, in bytes
+MAX_OPAQUE_PARAMETERS = 10 * 1024  # OpaqueParametersMaxLength, in bytes of JSON
+MAX_ANNOTATIONS_SIZE = 256 * 1024  # TotalAnnotationSizeLimitB: keys and values, in bytes
+MAX_DRIVER_NAME = 63
+MAX_ATTRIBUTE_ID = 32  # DeviceMaxIDLength
+INT64_MAX = 2**63 - 1
+MAX_DEPTH = 240  # nesting of a whole claim: deeper, it could not be written back out as JSON (pydantic: ~250)
+DNS_LABEL_RULE = "must be a DNS label (lowercase letters, digits and '-', at most 63 characters)"
+DNS_SUBDOMAIN_RULE = ("must be a DNS subdomain (lowercase letters, digits, '-' and '.', starting and ending with a "
+                      "letter or digit, at most 253 characters)")
+
+# fullmatch only: `$` would also accept a trailing newline.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUALIFIED_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+# A C identifier, plus '-': the contract allows the lab's gpu.nvidia.com/numa-node, which Kubernetes refuses.
+_ATTRIBUTE_ID = re.compile(r"[A-Za-z_][-A-Za-z0-9_]*")
+_QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_dns_label(value: object) -> bool:
+    """RFC 1123 label, as Kubernetes checks namespaces, request names and (here) tenants and cohorts."""
+    return isinstance(value, str) and _DNS_LABEL.fullmatch(value) is not None
+
+
+def is_dns_subdomain(value: object) -> bool:
+    """RFC 1123 subdomain of at most 253 characters, as Kubernetes checks object names."""
+    return isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value) is not None
+
+
+def shown(value: object, limit: int = 64) -> str:
+    """A user's value quoted for a message: control characters and lone surrogates escaped (the message
+    lands in the ledger, where PostgreSQL refuses NUL), long values cut short."""
+    try:
+        text = value if isinstance(value, str) else json.dumps(value) if isinstance(value, int) else repr(value)
+    except ValueError:  # an integer of more than 4,300 digits
+        text = "<a number too long to show>"
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    escaped = "".join(c if c.isprintable() and c not in '"\\' else json.dumps(c)[1:-1] for c in cut)
+    return f'"{escaped}"'
+
+
+def text_problem(value: str) -> str | None:
+    """Why a string cannot be stored: PostgreSQL refuses NUL in text, and a lone surrogate has no UTF-8."""
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    if _SURROGATE.search(value):
+        return "must not contain unpaired surrogates (not valid Unicode)"
+    return None
+
+
+def text_problems(document: Any, path: str = "") -> list[str]:
+    """Every string (key or value) of a parsed document that `text_problem` refuses, and any part nested
+    deeper than MAX_DEPTH, by field path. Iterative, so a deeply nested document cannot exhaust the stack."""
+    problems = []
+    stack: list[tuple[str, Any, int]] = [(path, document, 0)]
+    while stack:
+        where, item, depth = stack.pop()
+        if isinstance(item, str):
+            if (problem := text_problem(item)) is not None:
+                problems.append(f"{where or '<document>'}: {problem}")
+        elif isinstance(item, dict | list | tuple) and depth >= MAX_DEPTH:
+            cut = re.sub(r"(\[[0-9]+\])+$", "", where)  # name the field, not a chain of [0][0]...
+            cut = cut if len(cut) <= 120 else cut[:120] + "..."
+            problems.append(f"{cut}: nested more than {MAX_DEPTH} levels deep")
+        elif isinstance(item, dict):
+            for key, value in reversed(item.items()):
+                if isinstance(key, str) and (problem := text_problem(key)) is not None:
+                    problems.append(f"{where or '<document>'}: key {shown(key)} {problem}")
+                    continue
+                stack.append((_child(where, key), value, depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{i}]", value, depth + 1) for i, value in reversed(list(enumerate(item))))
+    return problems
+
+
+def _child(where: str, key: object) -> str:
+    """`a.b` for a field name, `a[key]` for a map key that is not a plain name (annotation keys)."""
+    text = key if isinstance(key, str) else str(key)
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) and not where.endswith((".annotations", ".labels")):
+        return f"{where}.{text}" if where else text
+    return f"{where}[{shown(text)[1:-1]}]"
+
+
+def qualified_name_problem(key: str) -> str | None:
+    """Why `key` is not a label or annotation key (`[prefix/]name`, apimachinery IsQualifiedName)."""
+    prefix, slash, name = key.rpartition("/")
+    if key.count("/") > 1:
+        return "must be a name with an optional DNS subdomain prefix and '/'"
+    if slash and not prefix:
+        return "prefix part must not be empty"
+    if slash and not is_dns_subdomain(prefix):
+        return f"prefix part {DNS_SUBDOMAIN_RULE}"
+    if not name:
+        return "name part must not be empty"
+    if len(name) > 63:
+        return "name part must be at most 63 characters"
+    if not _QUALIFIED_PART.fullmatch(name):
+        return "name part must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    if len(value) > 63:
+        return "must be at most 63 characters"
+    if not _LABEL_VALUE.fullmatch(value):
+        return "must be empty or letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+    return None
 
 
 class _Spec(BaseModel):
@@ -40,8 +156,9 @@ class CELSelector(_Spec):
     @field_validator("expression")
     @classmethod
     def _not_too_long(cls, value: str) -> str:
-        if len(value) > MAX_CEL_LENGTH:
-            raise ValueError(f"CEL expression is {len(value)} characters, over the limit of {MAX_CEL_LENGTH}")
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > MAX_CEL_LENGTH:
+            raise ValueError(f"CEL expression is {size} bytes, over the limit of {MAX_CEL_LENGTH}")
         return value
 
 
@@ -75,8 +192,14 @@ class Toleration(_Spec):
     key: str | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
     value: str | None = None
-    effect: Literal["NoSchedule", "NoExecute", ""] | None = None
-    toleration_seconds: int | None = None
+    effect: Literal["NoSchedule", "NoExecute", "None", ""] | None = None
+    toleration_seconds: int | None = Field(default=None, strict=True)
+
+    @field_validator("operator", mode="before")
+    @classmethod
+    def _default_operator(cls, value: Any) -> Any:
+        """The API server defaults an empty operator to Equal."""
+        return "Equal" if value is None or value == "" else value
 
 
 class CapacityRequirements(_Spec):
@@ -87,24 +210,23 @@ class _RequestBody(_Spec):
     device_class_name: str
     selectors: tuple[DeviceSelector, ...] = ()
     allocation_mode: Literal["ExactCount", "All"] = "ExactCount"
-    count: int | None = None
+    # Strict: a JSON string or bool is not a count, as Go's decoder refuses them.
+    count: int | None = Field(default=None, strict=True)
     tolerations: tuple[Toleration, ...] = ()
     capacity: CapacityRequirements | None = None
 
-    @field_validator("device_class_name")
+    @field_validator("allocation_mode", mode="before")
     @classmethod
-    def _class_named(cls, value: str) -> str:
-        if not value:
-            raise ValueError("missing device class name")
-        return value
+    def _default_mode(cls, value: Any) -> Any:
+        """v1 defaults an empty allocationMode to ExactCount (SetDefaults_ExactDeviceRequest)."""
+        return "ExactCount" if value is None or value == "" else value
 
-    @model_validator(mode="after")
-    def _count_fits_mode(self) -> _RequestBody:
-        if self.allocation_mode == "ExactCount" and self.count is not None and self.count <= 0:
-            raise ValueError(f"count must be greater than zero, got {self.count}")
-        if self.allocation_mode == "All" and self.count is not None:
-            raise ValueError("count must not be set when allocationMode is All")
-        return self
+    @field_validator("count", mode="before")
+    @classmethod
+    def _zero_is_unset(cls, value: Any) -> Any:
+        """v1's count is a plain int64: 0 and null both mean unset (1 for ExactCount), as the API
+        server's decoder and defaulting make them."""
+        return None if type(value) is int and value == 0 else value
 
     @property
     def wanted(self) -> int:
@@ -112,7 +234,7 @@ class _RequestBody(_Spec):
 
 
 class ExactDeviceRequest(_RequestBody):
-    admin_access: bool | None = None
+    admin_access: bool | None = Field(default=None, strict=True)
 
 
 class DeviceSubRequest(_RequestBody):
@@ -124,35 +246,11 @@ class DeviceRequest(_Spec):
     exactly: ExactDeviceRequest | None = None
     first_available: tuple[DeviceSubRequest, ...] | None = None
 
-    @field_validator("name")
-    @classmethod
-    def _dns_label(cls, value: str) -> str:
-        if not _DNS_LABEL.match(value):
-            raise ValueError(f"request name {value!r} must be a DNS label")
-        return value
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> DeviceRequest:
-        if (self.exactly is None) == (self.first_available is None):
-            raise ValueError(f"request {self.name!r} must set exactly one of exactly or firstAvailable")
-        if self.first_available is not None and not 1 <= len(self.first_available) <= MAX_SUBREQUESTS:
-            raise ValueError(
-                f"request {self.name!r} has {len(self.first_available)} firstAvailable entries; 1 to "
-                f"{MAX_SUBREQUESTS} are allowed"
-            )
-        return self
-
 
 class DeviceConstraint(_Spec):
     requests: tuple[str, ...] = ()
     match_attribute: str | None = None
     distinct_attribute: str | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> DeviceConstraint:
-        if (self.match_attribute is None) == (self.distinct_attribute is None):
-            raise ValueError("a constraint must set exactly one of matchAttribute or distinctAttribute")
-        return self
 
 
 class DeviceClaimConfiguration(_Spec):
@@ -171,19 +269,15 @@ class ResourceClaimSpec(_Spec):
 
 
 class ResourceClaim(BaseModel):
+    """Shape and types only; `claim_problems` holds the API server's rules, so that re-reading a stored
+    claim (the allocator does, per process) does not pay for them again."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
     api_version: Literal["resource.k8s.io/v1"]
     kind: Literal["ResourceClaim"]
     metadata: ObjectMeta
     spec: ResourceClaimSpec
     status: Any = None
-
-    @field_validator("metadata")
-    @classmethod
-    def _named(cls, meta: ObjectMeta) -> ObjectMeta:
-        if not meta.name:
-            raise ValueError("metadata.name is required")
-        return meta
 
 
 class DeviceAttribute(_Spec):
@@ -268,18 +362,250 @@ class ResourceSlice(BaseModel):
     spec: ResourceSliceSpec
 
 
+# --- the API server's rules for a ResourceClaim ------------------------------------------------------
+
+
+def claim_problems(claim: ResourceClaim) -> list[str]:
+    """Every rule of ValidateResourceClaim that a parsed claim can break, as `path: problem` lines."""
+    problems: list[str] = []
+    _check_metadata(claim.metadata, problems)
+    _check_devices(claim.spec.devices, "spec.devices", problems)
+    return problems
+
+
+def _check_metadata(meta: ObjectMeta, problems: list[str]) -> None:
+    if not meta.name:
+        problems.append("metadata.name: is required")
+    elif not is_dns_subdomain(meta.name):
+        problems.append(f"metadata.name: {shown(meta.name)} {DNS_SUBDOMAIN_RULE}")
+    if meta.namespace and not is_dns_label(meta.namespace):
+        problems.append(f"metadata.namespace: {shown(meta.namespace)} {DNS_LABEL_RULE}")
+    for key, value in meta.labels.items():
+        if (problem := qualified_name_problem(key)) is not None:
+            problems.append(f"metadata.labels: key {shown(key)} {problem}")
+        elif (problem := label_value_problem(value)) is not None:
+            problems.append(f"metadata.labels[{shown(key)[1:-1]}]: {shown(value)} {problem}")
+    size = 0
+    for key, value in meta.annotations.items():
+        if (problem := qualified_name_problem(key.lower())) is not None:
+            problems.append(f"metadata.annotations: key {shown(key)} {problem}")
+        size += len(key.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ANNOTATIONS_SIZE:
+        problems.append(f"metadata.annotations: {size} bytes in all, over the limit of {MAX_ANNOTATIONS_SIZE}")
+
+
+def _too_many(items: tuple[Any, ...], limit: int, path: str, problems: list[str]) -> bool:
+    """The API server reports an over-long list once and does not look inside it (DoS protection)."""
+    if len(items) > limit:
+        problems.append(f"{path}: {len(items)} items, over the limit of {limit}")
+        return True
+    return False
+
+
+def _check_devices(devices: DeviceClaim, path: str, problems: list[str]) -> None:
+    names: dict[str, set[str] | None] = {}
+    for request in devices.requests:
+        names.setdefault(request.name, {s.name for s in request.first_available or ()} or None)
+    if not _too_many(devices.requests, MAX_REQUESTS, f"{path}.requests", problems):
+        seen: set[str] = set()
+        for i, request in enumerate(devices.requests):
+            at = f"{path}.requests[{i}]"
+            _check_request(request, at, problems)
+            if request.name in seen:
+                problems.append(f"{at}.name: duplicate request name {shown(request.name)}")
+            seen.add(request.name)
+    if not _too_many(devices.constraints, MAX_CONSTRAINTS, f"{path}.constraints", problems):
+        for i, constraint in enumerate(devices.constraints):
+            at = f"{path}.constraints[{i}]"
+            _check_references(constraint.requests, names, f"{at}.requests", problems)
+            if (constraint.match_attribute is None) == (constraint.distinct_attribute is None):
+                problems.append(f"{at}: exactly one of matchAttribute or distinctAttribute is required")
+            for field_name, attribute in (("matchAttribute", constraint.match_attribute),
+                                          ("distinctAttribute", constraint.distinct_attribute)):
+                if attribute is not None and (problem := _attribute_name_problem(attribute)) is not None:
+                    problems.append(f"{at}.{field_name}: {shown(attribute)} {problem}")
+    if not _too_many(devices.config, MAX_CONFIGS, f"{path}.config", problems):
+        for i, config in enumerate(devices.config):
+            at = f"{path}.config[{i}]"
+            _check_references(config.requests, names, f"{at}.requests", problems)
+            _check_opaque(config.opaque, f"{at}.opaque", problems)
+
+
+def _check_request(request: DeviceRequest, path: str, problems: list[str]) -> None:
+    if not is_dns_label(request.name):
+        problems.append(f"{path}.name: {shown(request.name)} {DNS_LABEL_RULE}")
+    subrequests = request.first_available or ()  # an empty list is as good as unset
+    if request.exactly is None and not subrequests:
+        problems.append(f"{path}: exactly one of exactly or firstAvailable is required")
+    elif request.exactly is not None and subrequests:
+        problems.append(f"{path}: exactly one of exactly or firstAvailable is required, but both are set")
+    elif request.exactly is not None:
+        _check_body(request.exactly, f"{path}.exactly", problems, exact=True)
+    elif not _too_many(subrequests, MAX_SUBREQUESTS, f"{path}.firstAvailable", problems):
+        seen: set[str] = set()
+        for j, sub in enumerate(subrequests):
+            at = f"{path}.firstAvailable[{j}]"
+            if not is_dns_label(sub.name):
+                problems.append(f"{at}.name: {shown(sub.name)} {DNS_LABEL_RULE}")
+            elif sub.name in seen:
+                problems.append(f"{at}.name: duplicate subrequest name {shown(sub.name)}")
+            seen.add(sub.name)
+            _check_body(sub, at, problems, exact=False)
+        if all(s.allocation_mode == "ExactCount" and s.wanted > MAX_DEVICES_PER_CLAIM for s in subrequests):
+            problems.append(f"{path}.firstAvailable: every entry asks for more than {MAX_DEVICES_PER_CLAIM} "
+                            "devices, the most one claim may hold")
+
+
+def _check_body(body: _RequestBody, path: str, problems: list[str], *, exact: bool) -> None:
+    if not body.device_class_name:
+        problems.append(f"{path}.deviceClassName: is required")
+    elif not is_dns_subdomain(body.device_class_name):
+        problems.append(f"{path}.deviceClassName: {shown(body.device_class_name)} {DNS_SUBDOMAIN_RULE}")
+    _too_many(body.selectors, MAX_SELECTORS, f"{path}.selectors", problems)
+    count = body.count
+    if body.allocation_mode == "All":
+        if count is not None:
+            problems.append(f"{path}.count: must not be set when allocationMode is All")
+    elif count is not None and count < 0:
+        problems.append(f"{path}.count: must be greater than zero")
+    elif count is not None and count > INT64_MAX:
+        problems.append(f"{path}.count: does not fit a 64-bit integer")
+    elif exact and count is not None and count > MAX_DEVICES_PER_CLAIM:
+        problems.append(f"{path}.count: {count} is over the claim limit of {MAX_DEVICES_PER_CLAIM} devices")
+    if not _too_many(body.tolerations, MAX_TOLERATIONS, f"{path}.tolerations", problems):
+        for k, toleration in enumerate(body.tolerations):
+            _check_toleration(toleration, f"{path}.tolerations[{k}]", problems)
+    for key, quantity in (body.capacity.requests if body.capacity else {}).items():
+        at = f"{path}.capacity.requests"
+        if (problem := _attribute_name_problem(key, domain_required=False)) is not None:
+            problems.append(f"{at}: key {shown(key)} {problem}")
+        elif not _QUANTITY.fullmatch(quantity):
+            problems.append(f"{at}[{shown(key)[1:-1]}]: {shown(quantity)} is not a quantity (e.g. 40Gi, 500m, 2)")
+
+
+def _check_toleration(toleration: Toleration, path: str, problems: list[str]) -> None:
+    if toleration.key and (problem := qualified_name_problem(toleration.key)) is not None:
+        problems.append(f"{path}.key: {shown(toleration.key)} {problem}")
+    value = toleration.value or ""
+    if toleration.operator == "Exists" and value:
+        problems.append(f"{path}.value: must be empty for operator Exists")
+    elif toleration.operator == "Equal" and (problem := label_value_problem(value)) is not None:
+        problems.append(f"{path}.value: {shown(value)} {problem}")
+
+
+def _check_references(references: tuple[str, ...], names: dict[str, set[str] | None], path: str,
+                      problems: list[str]) -> None:
+    """`request` or `request/subrequest`, naming one of the claim's requests, each at most once."""
+    if _too_many(references, MAX_REQUESTS, path, problems):
+        return
+    seen: set[str] = set()
+    for i, reference in enumerate(references):
+        parent, _, sub = reference.partition("/")
+        known = parent in names and (not sub or sub in (names[parent] or ()))
+        if "/" in sub or not known:
+            problems.append(f"{path}[{i}]: {shown(reference)} names no request of this claim (use a request's "
+                            "name, or <request>/<subrequest> for a firstAvailable entry)")
+        elif reference in seen:
+            problems.append(f"{path}[{i}]: duplicate {shown(reference)}")
+        seen.add(reference)
+
+
+def _driver_name_problem(driver: str) -> str | None:
+    """A driver name as Kubernetes checks it (ValidateCSIDriverName: a DNS subdomain, case-insensitive)."""
+    if not driver:
+        return "is required"
+    if len(driver) > MAX_DRIVER_NAME:
+        return f"must be at most {MAX_DRIVER_NAME} characters"
+    if not is_dns_subdomain(driver.lower()):
+        return DNS_SUBDOMAIN_RULE
+    return None
+
+
+def _attribute_name_problem(name: str, *, domain_required: bool = True) -> str | None:
+    """`<domain>/<identifier>` (a FullyQualifiedName), or a bare identifier where the domain may be left out
+    (a QualifiedName); the identifier may hold '-' (the contract's one departure from Kubernetes)."""
+    domain, slash, identifier = name.rpartition("/")
+    if (domain_required and not slash) or "/" in domain:
+        return "must be a domain and a name separated by one '/', e.g. gpu.nvidia.com/numa-node"
+    if slash and (problem := _driver_name_problem(domain)) is not None:
+        return f"domain {problem}"
+    if len(identifier) > MAX_ATTRIBUTE_ID or not _ATTRIBUTE_ID.fullmatch(identifier):
+        return (f"name must be at most {MAX_ATTRIBUTE_ID} letters, digits, '_' or '-', starting with a letter "
+                "or '_'")
+    return None
+
+
+def _check_opaque(opaque: OpaqueConfig, path: str, problems: list[str]) -> None:
+    if (problem := _driver_name_problem(opaque.driver)) is not None:
+        problems.append(f"{path}.driver: {problem if not opaque.driver else shown(opaque.driver) + ' ' + problem}")
+    if opaque.parameters is None:
+        problems.append(f"{path}.parameters: is required")
+    elif not isinstance(opaque.parameters, dict):
+        problems.append(f"{path}.parameters: must be a JSON object")
+    else:
+        try:
+            size = len(json.dumps(opaque.parameters, separators=(",", ":"), ensure_ascii=False, default=str)
+                       .encode("utf-8", "surrogatepass"))
+        except (RecursionError, ValueError):
+            size = MAX_OPAQUE_PARAMETERS + 1  # nested too deeply to write back out: far over any sane size
+        if size > MAX_OPAQUE_PARAMETERS:
+            problems.append(f"{path}.parameters: {size} bytes, over the limit of {MAX_OPAQUE_PARAMETERS}")
+
+
 class DocumentError(ValueError):
     """A document that is not a valid object; the message names the field."""
 
 
+MAX_PROBLEMS_SHOWN = 10  # a reason is read by a person; the first ten problems say enough
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    """pydantic's loc as a Kubernetes field path: `spec.devices.requests[1].name`, map keys in brackets
+    (`metadata.annotations[claimbroker.io/priority]`)."""
+    out = ""
+    previous: list[int | str] = []
+    for part in loc:
+        if part == "function-after":
+            continue
+        in_map = bool(previous) and (
+            previous[-1] in ("labels", "annotations", "attributes", "counters")
+            or (previous[-1] == "capacity" and part != "requests")
+            or previous[-2:] == ["capacity", "requests"])
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif in_map or part.startswith("["):
+            out += f"[{shown(part)[1:-1]}]" if not part.startswith("[") else part
+        else:
+            out += f".{shown(part)[1:-1]}" if out else shown(part)[1:-1]
+        previous.append(part)
+    return out
+
+
 def describe_validation_error(error: ValidationError) -> str:
-    """One line per problem, each naming the camelCase field path, as kubectl does."""
+    """One problem per clause, each naming the camelCase field path, as kubectl does."""
     parts = []
     for item in error.errors():
-        path = ".".join(str(p) for p in item["loc"] if p not in ("function-after",))
+        path = _location(item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         parts.append(f"{path}: {message}" if path else message)
-    return "; ".join(parts)
+    return _joined(parts)
+
+
+def _joined(problems: list[str]) -> str:
+    """At most MAX_PROBLEMS_SHOWN problems of at most 1,000 characters each: the reason is stored and
+    published (a NATS message is at most 1 MiB), and a long path deep in a document says no more."""
+    more = len(problems) - MAX_PROBLEMS_SHOWN
+    shown_problems = [p if len(p) <= 1000 else p[:1000] + "..." for p in problems[:MAX_PROBLEMS_SHOWN]]
+    return "; ".join(shown_problems) + (f"; and {more} more" if more > 0 else "")
+
+
+def _brief(value: object) -> str:
+    """repr() for a message, bounded: a kind or apiVersion may be anything a tenant sent."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # a huge integer, a deeply nested list
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 _KINDS: dict[str, type[BaseModel]] = {
@@ -290,22 +616,28 @@ _KINDS: dict[str, type[BaseModel]] = {
 
 
 def parse_object(document: Any) -> ResourceClaim | ResourceSlice | DeviceClass:
-    """Parse one resource.k8s.io/v1 document, refusing unknown kinds and API versions by name."""
+    """Parse one resource.k8s.io/v1 document, refusing unknown kinds and API versions by name. A claim
+    must also pass `claim_problems`, and hold no string the ledger cannot store."""
     if not isinstance(document, dict):
         raise DocumentError(f"expected a mapping with apiVersion and kind, got {type(document).__name__}")
     kind = document.get("kind")
-    if kind not in _KINDS:
-        raise DocumentError(f"kind: unknown kind {kind!r}; expected one of {', '.join(sorted(_KINDS))}")
+    if not isinstance(kind, str) or kind not in _KINDS:  # a list or mapping is unhashable
+        raise DocumentError(f"kind: unknown kind {_brief(kind)}; expected one of {', '.join(sorted(_KINDS))}")
     if document.get("apiVersion") != API_VERSION:
-        raise DocumentError(f"apiVersion: {document.get('apiVersion')!r} is not {API_VERSION!r}")
+        raise DocumentError(f"apiVersion: {_brief(document.get('apiVersion'))} is not {API_VERSION!r}")
+    if kind == "ResourceClaim" and (problems := text_problems(document)):
+        raise DocumentError(_joined(problems))
     try:
-        return _KINDS[kind].model_validate(document)  # type: ignore[return-value]
+        parsed = _KINDS[kind].model_validate(document)
     except ValidationError as error:
         raise DocumentError(describe_validation_error(error)) from None
+    if isinstance(parsed, ResourceClaim) and (problems := claim_problems(parsed)):
+        raise DocumentError(_joined(problems))
+    return parsed  # type: ignore[return-value]
 
 
 def parse_claim(document: Any) -> ResourceClaim:
     obj = parse_object(document)
     if not isinstance(obj, ResourceClaim):
-        raise DocumentError(f"kind: expected ResourceClaim, got {document.get('kind')!r}")
+        raise DocumentError(f"kind: expected ResourceClaim, got {_brief(document.get('kind'))}")
     return obj

@@ -6,7 +6,7 @@ application/problem+json. Every write is audited in the same transaction as the 
 live in one module per resource; this module wires them to an engine and maps errors to problems.
 """
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
@@ -14,14 +14,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.admin_api import claims, quotas, tenants
-from services.admin_api.common import Problem, Session, phrase, problem
+from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
 from services.admin_api.page import USAGE_PAGE
 from shared.ledger.engine import sessions
 
 
 def create_app(engine: AsyncEngine) -> FastAPI:
     """Everything the app needs comes in through `engine`; nothing is read from the environment here."""
-    app = FastAPI(title="claim-broker admin API", version="1")
+    # storable_parameters runs first on every route: a NUL in a path or query parameter is a 422, not a 500.
+    app = FastAPI(title="claim-broker admin API", version="1", dependencies=[Depends(storable_parameters)])
     app.state.sessions = sessions(engine)
 
     async def _http_error(_: Request, error: Exception) -> JSONResponse:
@@ -35,7 +36,8 @@ def create_app(engine: AsyncEngine) -> FastAPI:
 
     async def _invalid(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
-        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
+                           for e in error.errors())
         return problem(422, "invalid request", detail)
 
     async def _crash(_: Request, __: Exception) -> JSONResponse:

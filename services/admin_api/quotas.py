@@ -4,6 +4,7 @@ An import is applied and checked in one transaction; a dry run is that same tran
 what it reports is exactly what the import would do.
 """
 
+import math
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
@@ -14,7 +15,8 @@ from pydantic import Field
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.admin_api.common import PROBLEMS, Caller, Model, Problem, Session, admin, problem_doc
+from services.admin_api.common import INT32_MAX, PROBLEMS, Caller, Model, Problem, Session, admin, problem_doc
+from shared import dra
 from shared.cel import SelectorError, compile_selector
 from shared.ledger.quota_store import apply_quota_config, load_quota_config
 from shared.ledger.schema import Claim, DeviceAllocation
@@ -196,15 +198,49 @@ _IMPORT_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"type": "object", "description": "a Quotas document"}}}}}
 
 
+def _unstorable(document: Any, config: QuotaConfig) -> str | None:
+    """What the ledger could not hold, by field: tenant and cohort names that are not DNS labels (a tenant
+    is a namespace), names over their columns, numbers over 32-bit INTEGER columns, floats that are not
+    finite (YAML's .inf)."""
+    for i, listed_flavor in enumerate(config.listed_flavors):
+        if len(listed_flavor.name) > 253:
+            return f"flavors[{i}].name: at most 253 characters"
+        if not math.isfinite(listed_flavor.value):
+            return f"flavors[{i}].value: must be a finite number"
+    listed = (document.get("cohorts") or []) if isinstance(document, dict) else []
+    for i, cohort in enumerate(config.cohorts[:len(listed)]):
+        if not dra.is_dns_label(cohort):
+            return f"cohorts[{i}].name: {dra.shown(cohort)} {dra.DNS_LABEL_RULE}"
+    for i, tenant in enumerate(config.tenants.values()):
+        at = f"tenants[{i}]"
+        if not dra.is_dns_label(tenant.name):
+            return f"{at}.name: {dra.shown(tenant.name)} {dra.DNS_LABEL_RULE}"
+        if tenant.cohort is not None and not dra.is_dns_label(tenant.cohort):
+            return f"{at}.cohort: {dra.shown(tenant.cohort)} {dra.DNS_LABEL_RULE}"
+        for number, value in (("weight", tenant.weight), ("pendingAlertAfter", tenant.pending_alert_after)):
+            if value is not None and not math.isfinite(value):
+                return f"{at}.{number}: must be a finite number"
+        for flavor, limit in tenant.quotas.items():
+            for field_name, amount in (("nominal", limit.nominal), ("borrowingLimit", limit.borrowing_limit),
+                                       ("lendingLimit", limit.lending_limit)):
+                if amount is not None and amount > INT32_MAX:
+                    return f"{at}.quotas.{flavor}.{field_name}: {amount} is over the limit of {INT32_MAX}"
+    return None
+
+
 def _parse(body: bytes) -> QuotaConfig:
     try:
         document = yaml.safe_load(body.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as error:
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as error:
         raise Problem(422, "invalid Quotas document", f"cannot read the body as YAML or JSON: {error}") from None
+    if problems := dra.text_problems(document):
+        raise Problem(422, "invalid Quotas document", f"Quotas: {problems[0]}")
     try:
         config = parse_quotas(document)
     except QuotaFileError as error:
         raise Problem(422, "invalid Quotas document", str(error)) from None
+    if (problem := _unstorable(document, config)) is not None:
+        raise Problem(422, "invalid Quotas document", f"Quotas: {problem}")
     for i, flavor in enumerate(config.listed_flavors):
         try:
             compile_selector(flavor.selector)

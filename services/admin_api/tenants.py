@@ -12,9 +12,12 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.admin_api.common import (
+    INT32_MAX,
     PROBLEMS,
     Caller,
+    DnsLabel,
     Input,
+    LabelName,
     Model,
     Name,
     Problem,
@@ -36,9 +39,9 @@ BUILTIN = {f.name: f for f in BUILTIN_FLAVORS}
 
 
 class TenantIn(Input):
-    cohort: str | None = Field(default=None, min_length=1, max_length=253)
-    weight: float = Field(default=1.0, gt=0)
-    pending_alert_after: float | None = Field(default=None, gt=0, description="seconds")
+    cohort: DnsLabel | None = Field(default=None, description="a DNS label, as tenant names are")
+    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    pending_alert_after: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="seconds")
 
 
 class TenantOut(Model):
@@ -49,9 +52,9 @@ class TenantOut(Model):
 
 
 class QuotaIn(Input):
-    nominal: int = Field(default=0, ge=0)
-    borrowing_limit: int | None = Field(default=None, ge=0)
-    lending_limit: int | None = Field(default=None, ge=0)
+    nominal: int = Field(default=0, ge=0, le=INT32_MAX)
+    borrowing_limit: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    lending_limit: int | None = Field(default=None, ge=0, le=INT32_MAX)
 
 
 class QuotaOut(Model):
@@ -73,8 +76,9 @@ class CohortOut(Model):
 
 class FlavorIn(Input):
     selector: str = Field(min_length=1, description="CEL over `device`, as in DRA selectors")
-    value: float = Field(default=1.0, ge=0, description="GPU units one device of this flavor weighs")
-    position: int | None = Field(default=None, ge=0,
+    value: float = Field(default=1.0, ge=0, allow_inf_nan=False,
+                         description="GPU units one device of this flavor weighs")
+    position: int | None = Field(default=None, ge=0, le=INT32_MAX,
                                  description="place among the custom flavors (default: last, or unchanged)")
 
 
@@ -115,9 +119,9 @@ async def get_tenant(name: Name, s: Session, token: Caller) -> TenantOut:
 
 
 @router.put("/v1/tenants/{name}", response_model=TenantOut, tags=["tenants"])
-async def put_tenant(name: Name, body: TenantIn, s: Session, token: Caller) -> TenantOut:
-    """Create or replace. A cohort named for the first time is created here, in the same write (and
-    audit row) as the tenant, so no separate step is needed."""
+async def put_tenant(name: LabelName, body: TenantIn, s: Session, token: Caller) -> TenantOut:
+    """Create or replace. The name is the tenant's namespace, so a DNS label. A cohort named for the first
+    time is created here, in the same write (and audit row) as the tenant, so no separate step is needed."""
     admin(token)
     async with s.begin():
         if body.cohort is not None and await s.get(Cohort, body.cohort) is None:
@@ -170,7 +174,7 @@ async def list_cohorts(s: Session, token: Caller) -> list[CohortOut]:
 
 
 @router.put("/v1/cohorts/{name}", response_model=CohortOut, tags=["cohorts"])
-async def put_cohort(name: Name, s: Session, token: Caller,
+async def put_cohort(name: LabelName, s: Session, token: Caller,
                      body: Annotated[CohortIn | None, Body()] = None) -> CohortOut:
     admin(token)
     async with s.begin():

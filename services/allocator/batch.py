@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -20,12 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.allocator import ledger_ops as ops
 from shared import dra, events, subjects
 from shared.allocation import State
-from shared.claims import InvalidClaim, read_submission
+from shared.claims import InvalidClaim, claim_name_problem, read_submission, tenant_problem
 from shared.ledger.schema import Claim
 
 MAX_MESSAGE_ID = 255  # the inbox's column
-_TENANT = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a namespace: an RFC 1123 DNS label
-_CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,251}[a-z0-9])?$")  # a DNS subdomain without dots (a subject token)
 
 
 def inbox_id(message_id: str) -> str:
@@ -66,7 +63,7 @@ def read_message(subject: str, data: bytes, message_id: str, sequence: int = 0) 
         return _read(subject, data, message_id, sequence)
     except Exception as error:  # noqa: BLE001 - whatever it was, the message is invalid, not the service
         problem = InvalidClaim(f"message could not be read: {type(error).__name__}: {error}")
-        return ClaimMessage(message_id, tenant if _TENANT.match(tenant) else "", invalid=problem, sequence=sequence)
+        return ClaimMessage(message_id, "" if tenant_problem(tenant) else tenant, invalid=problem, sequence=sequence)
 
 
 def _read(subject: str, data: bytes, message_id: str, sequence: int) -> ClaimMessage:
@@ -77,16 +74,13 @@ def _read(subject: str, data: bytes, message_id: str, sequence: int) -> ClaimMes
             f"subject {printable(subject, 300)!r} is not a claim subject: claims go to "
             f"{subjects.PREFIX}.claims.submit.<tenant> and releases to {subjects.PREFIX}.claims.release.<tenant>"),
             sequence=sequence)
-    if not _TENANT.match(tenant):
-        return ClaimMessage(message_id, "", invalid=InvalidClaim(
-            f"subject tenant {printable(tenant, 80)!r} is not a namespace (an RFC 1123 label: lowercase letters, "
-            "digits and '-', at most 63 characters)"), sequence=sequence)
+    if (problem := tenant_problem(tenant)) is not None:
+        return ClaimMessage(message_id, "", invalid=InvalidClaim(f"subject: {problem}"), sequence=sequence)
     if subject.startswith(subjects.PREFIX + ".claims.submit."):
         try:
             claim = read_submission(data, tenant)
         except InvalidClaim as invalid:
-            name = invalid.name if invalid.name is not None and _CLAIM_NAME.match(invalid.name) else None
-            return ClaimMessage(message_id, tenant, name=name, invalid=invalid, sequence=sequence)
+            return ClaimMessage(message_id, tenant, name=invalid.name, invalid=invalid, sequence=sequence)
         return ClaimMessage(message_id, tenant, claim=claim, name=claim.metadata.name, sequence=sequence)
     try:
         name = json.loads(data)["name"]
@@ -95,10 +89,8 @@ def _read(subject: str, data: bytes, message_id: str, sequence: int) -> ClaimMes
     except (ValueError, KeyError, TypeError, RecursionError):
         return ClaimMessage(message_id, tenant, invalid=InvalidClaim('release payload must be {"name": ...}'),
                             sequence=sequence)
-    if not _CLAIM_NAME.match(name):
-        return ClaimMessage(message_id, tenant, invalid=InvalidClaim(
-            f"release of {printable(name, 80)!r}: not a claim name (lowercase letters, digits and '-', at most "
-            "253 characters)"), sequence=sequence)
+    if (problem := claim_name_problem(name, "name")) is not None:
+        return ClaimMessage(message_id, tenant, invalid=InvalidClaim(f"release: {problem}"), sequence=sequence)
     return ClaimMessage(message_id, tenant, name=name, sequence=sequence)
 
 

@@ -1,0 +1,390 @@
+"""A tenant's claim is checked as the Kubernetes API server checks a resource.k8s.io/v1 ResourceClaim, and
+for what the ledger can store, before anything is written: one row per case.
+
+Each refused row names the field path its message must carry, and whether the InvalidClaim keeps the claim's
+name (a Rejected status is written under it) or not (the name itself is unusable). Each accepted row is a
+claim Kubernetes takes, or that the contract says the broker takes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.allocator.ledger_ops import claim_values
+from shared import dra
+from shared.claims import INT32_MAX, INT32_MIN, InvalidClaim, read_submission, settings_of
+
+TENANT = "t1"
+GPU = "gpu.nvidia.com"
+WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+SELECTOR = 'device.attributes["gpu.nvidia.com"].productName == "H100"'
+PARAMETERS = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+
+
+def claim(**metadata: Any) -> dict[str, Any]:
+    """One request for one GPU, named "claim"; metadata fields given here replace the defaults."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "claim", **metadata},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}}}
+
+
+def with_(path: str, value: Any, document: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of `document` (default: `claim()`) with the dotted `path` set; digits index lists."""
+    out = copy.deepcopy(document if document is not None else claim())
+    target: Any = out
+    keys = path.split(".")
+    for key in keys[:-1]:
+        target = target[int(key)] if key.isdigit() else target.setdefault(key, {})
+    target[keys[-1]] = value
+    return out
+
+
+def exact(name: str = "gpu", **body: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": GPU, **body}}
+
+
+def sub(name: str, **body: Any) -> dict[str, Any]:
+    return {"name": name, "deviceClassName": GPU, **body}
+
+
+def first_available(name: str, *subs: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "firstAvailable": list(subs)}
+
+
+def requests(*items: dict[str, Any], document: dict[str, Any] | None = None) -> dict[str, Any]:
+    return with_("spec.devices.requests", list(items), document)
+
+
+def constraints(*items: dict[str, Any]) -> dict[str, Any]:
+    return with_("spec.devices.constraints", list(items))
+
+
+def config(*items: dict[str, Any], document: dict[str, Any] | None = None) -> dict[str, Any]:
+    return with_("spec.devices.config", list(items), document)
+
+
+def opaque(*request_names: str, driver: str = GPU, parameters: Any = PARAMETERS) -> dict[str, Any]:
+    body: dict[str, Any] = {"opaque": {"driver": driver, "parameters": parameters}}
+    return {"requests": list(request_names), **body} if request_names else body
+
+
+def annotated(key: str, value: Any) -> dict[str, Any]:
+    return claim(annotations={key: value})
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def tolerating(**toleration: Any) -> dict[str, Any]:
+    return requests(exact(tolerations=[toleration]))
+
+
+R0 = "spec.devices.requests[0]"
+EXACT = f"{R0}.exactly"
+PRIORITY = "metadata.annotations[claimbroker.io/priority]"
+PREEMPTIBLE = "metadata.annotations[claimbroker.io/preemptible]"
+KEEPS = "claim"  # the InvalidClaim keeps the claim's name
+NO_NAME = None  # the name is unusable: nothing may be written under it
+
+
+# (id, document, tenant, field path the message names, InvalidClaim.name)
+REFUSED: list[tuple[str, Any, str, str, str | None]] = [
+    # metadata.name: a DNS subdomain (Kubernetes), and one NATS subject token (the broker: no '.')
+    ("name-upper", claim(name="UPPER"), TENANT, "metadata.name", NO_NAME),
+    ("name-underscore", claim(name="under_score"), TENANT, "metadata.name", NO_NAME),
+    ("name-leading-hyphen", claim(name="-leading"), TENANT, "metadata.name", NO_NAME),
+    ("name-trailing-hyphen", claim(name="trailing-"), TENANT, "metadata.name", NO_NAME),
+    ("name-dot", claim(name="a.b"), TENANT, "metadata.name", NO_NAME),
+    ("name-254", claim(name="n" * 254), TENANT, "metadata.name", NO_NAME),
+    ("name-space", claim(name="a b"), TENANT, "metadata.name", NO_NAME),
+    ("name-empty", claim(name=""), TENANT, "metadata.name", NO_NAME),
+    ("name-missing", with_("metadata", {}), TENANT, "metadata.name", NO_NAME),
+    ("name-number", claim(name=5), TENANT, "metadata.name", NO_NAME),
+    ("name-nul", claim(name="nul\x00name"), TENANT, "metadata.name", NO_NAME),
+    ("name-surrogate", claim(name="a\udc00"), TENANT, "metadata.name", NO_NAME),
+    # metadata.namespace is the tenant: a DNS label, the subject's
+    ("namespace-other-tenant", claim(namespace="t2"), TENANT, "metadata.namespace", KEEPS),
+    ("namespace-upper", claim(namespace="T1"), TENANT, "metadata.namespace", KEEPS),
+    ("namespace-nul", claim(namespace="t1\x00"), TENANT, "metadata.namespace", KEEPS),
+    ("namespace-number", claim(namespace=7), TENANT, "metadata.namespace", KEEPS),
+    ("tenant-upper", claim(), "Team", "subject", NO_NAME),
+    ("tenant-underscore", claim(), "t_1", "subject", NO_NAME),
+    ("tenant-64", claim(), "t" * 64, "subject", NO_NAME),
+    # request and subrequest names: DNS labels, unique
+    ("request-name-upper", requests(exact("GPU")), TENANT, f"{R0}.name", KEEPS),
+    ("request-name-64", requests(exact("g" * 64)), TENANT, f"{R0}.name", KEEPS),
+    ("request-name-underscore", requests(exact("g_pu")), TENANT, f"{R0}.name", KEEPS),
+    ("request-name-dot", requests(exact("g.pu")), TENANT, f"{R0}.name", KEEPS),
+    ("request-name-empty", requests(exact("")), TENANT, f"{R0}.name", KEEPS),
+    ("request-name-newline", requests(exact("gpu\n")), TENANT, f"{R0}.name", KEEPS),
+    ("request-name-nul", requests(exact("g\x00pu")), TENANT, f"{R0}.name", KEEPS),
+    ("request-duplicate", requests(exact("gpu"), exact("gpu")), TENANT, "spec.devices.requests[1].name", KEEPS),
+    ("subrequest-name-upper", requests(first_available("gpu", sub("ONE"))), TENANT,
+     f"{R0}.firstAvailable[0].name", KEEPS),
+    ("subrequest-name-64", requests(first_available("gpu", sub("s" * 64))), TENANT,
+     f"{R0}.firstAvailable[0].name", KEEPS),
+    ("subrequest-duplicate", requests(first_available("gpu", sub("a"), sub("a"))), TENANT,
+     f"{R0}.firstAvailable[1].name", KEEPS),
+    # exactly one of exactly / firstAvailable, and firstAvailable's size
+    ("request-neither", requests({"name": "gpu"}), TENANT, R0, KEEPS),
+    ("request-both", requests(exact() | {"firstAvailable": [sub("one")]}), TENANT, R0, KEEPS),
+    ("first-available-empty", requests(first_available("gpu")), TENANT, R0, KEEPS),
+    ("first-available-9", requests(first_available("gpu", *[sub(f"s{i}") for i in range(9)])), TENANT,
+     f"{R0}.firstAvailable", KEEPS),
+    ("first-available-all-over-32", requests(first_available("gpu", sub("a", count=33), sub("b", count=64))),
+     TENANT, f"{R0}.firstAvailable", KEEPS),
+    ("subrequest-admin-access", requests(first_available("gpu", sub("one", adminAccess=True))), TENANT,
+     f"{R0}.firstAvailable[0].adminAccess", KEEPS),
+    # count: a strict integer, > 0, at most 32 devices per claim, unset with All
+    ("count-string", requests(exact(count="1")), TENANT, f"{EXACT}.count", KEEPS),
+    ("count-true", requests(exact(count=True)), TENANT, f"{EXACT}.count", KEEPS),
+    ("count-float", requests(exact(count=1.0)), TENANT, f"{EXACT}.count", KEEPS),
+    ("count-list", requests(exact(count=[1])), TENANT, f"{EXACT}.count", KEEPS),
+    ("count-minus-one", requests(exact(count=-1)), TENANT, f"{EXACT}.count", KEEPS),
+    ("count-33", requests(exact(count=33)), TENANT, f"{EXACT}.count", KEEPS),
+    ("count-1e9", requests(exact(count=10**9)), TENANT, f"{EXACT}.count", KEEPS),
+    ("count-2-63", requests(exact(count=2**63)), TENANT, f"{EXACT}.count", KEEPS),
+    ("count-with-all", requests(exact(allocationMode="All", count=2)), TENANT, f"{EXACT}.count", KEEPS),
+    ("subrequest-count-string", requests(first_available("gpu", sub("one", count="1"))), TENANT,
+     f"{R0}.firstAvailable[0].count", KEEPS),
+    # enums and strict booleans
+    ("mode-some", requests(exact(allocationMode="Some")), TENANT, f"{EXACT}.allocationMode", KEEPS),
+    ("mode-lowercase", requests(exact(allocationMode="all")), TENANT, f"{EXACT}.allocationMode", KEEPS),
+    ("admin-access-yes", requests(exact(adminAccess="yes")), TENANT, f"{EXACT}.adminAccess", KEEPS),
+    ("admin-access-string-true", requests(exact(adminAccess="true")), TENANT, f"{EXACT}.adminAccess", KEEPS),
+    ("admin-access-one", requests(exact(adminAccess=1)), TENANT, f"{EXACT}.adminAccess", KEEPS),
+    ("toleration-operator", tolerating(key="a", operator="Maybe"), TENANT, f"{EXACT}.tolerations[0].operator", KEEPS),
+    ("toleration-effect", tolerating(operator="Exists", effect="Sometimes"), TENANT,
+     f"{EXACT}.tolerations[0].effect", KEEPS),
+    ("toleration-exists-with-value", tolerating(key="a", operator="Exists", value="x"), TENANT,
+     f"{EXACT}.tolerations[0].value", KEEPS),
+    ("toleration-key", tolerating(key="not a key", operator="Exists"), TENANT, f"{EXACT}.tolerations[0].key", KEEPS),
+    ("toleration-value", tolerating(key="a", value="not a value!"), TENANT, f"{EXACT}.tolerations[0].value", KEEPS),
+    ("toleration-seconds-string", tolerating(operator="Exists", tolerationSeconds="5"), TENANT,
+     f"{EXACT}.tolerations[0].tolerationSeconds", KEEPS),
+    # device class names
+    ("class-empty", requests(exact(deviceClassName="")), TENANT, f"{EXACT}.deviceClassName", KEEPS),
+    ("class-300", requests(exact(deviceClassName="c" * 300)), TENANT, f"{EXACT}.deviceClassName", KEEPS),
+    ("class-underscore", requests(exact(deviceClassName="gpu_class")), TENANT, f"{EXACT}.deviceClassName", KEEPS),
+    ("class-nul", requests(exact(deviceClassName="gpu.nvidia.com\x00")), TENANT, f"{EXACT}.deviceClassName", KEEPS),
+    # capacity requests: qualified names and quantities
+    ("capacity-not-a-quantity", requests(exact(capacity={"requests": {"memory": "lots"}})), TENANT,
+     f"{EXACT}.capacity.requests[memory]", KEEPS),
+    ("capacity-key", requests(exact(capacity={"requests": {"a/b/c": "1"}})), TENANT, f"{EXACT}.capacity.requests",
+     KEEPS),
+    # references from constraints and config: known requests, "<request>/<subrequest>", each once
+    ("config-unknown-request", config(opaque("nope")), TENANT, "spec.devices.config[0].requests[0]", KEEPS),
+    ("config-unknown-subrequest",
+     config(opaque("gpu/nope"), document=requests(first_available("gpu", sub("one")))), TENANT,
+     "spec.devices.config[0].requests[0]", KEEPS),
+    ("config-subrequest-of-exactly", config(opaque("gpu/one")), TENANT, "spec.devices.config[0].requests[0]", KEEPS),
+    ("config-three-segments", config(opaque("gpu/one/two")), TENANT, "spec.devices.config[0].requests[0]", KEEPS),
+    ("config-duplicate-reference", config(opaque("gpu", "gpu")), TENANT, "spec.devices.config[0].requests[1]",
+     KEEPS),
+    ("config-no-parameters", config({"opaque": {"driver": GPU}}), TENANT, "spec.devices.config[0].opaque.parameters",
+     KEEPS),
+    ("config-parameters-list", config(opaque(parameters=[1])), TENANT, "spec.devices.config[0].opaque.parameters",
+     KEEPS),
+    ("config-parameters-over-10ki", config(opaque(parameters={"pad": "x" * 10_240})), TENANT,
+     "spec.devices.config[0].opaque.parameters", KEEPS),
+    ("config-parameters-too-deep", config(opaque(parameters={"deep": nested(300)})), TENANT,
+     "spec.devices.config[0].opaque.parameters.deep", KEEPS),
+    ("config-driver-empty", config(opaque(driver="")), TENANT, "spec.devices.config[0].opaque.driver", KEEPS),
+    ("config-driver-64", config(opaque(driver="d" * 64)), TENANT, "spec.devices.config[0].opaque.driver", KEEPS),
+    ("config-no-opaque", config({"requests": ["gpu"]}), TENANT, "spec.devices.config[0].opaque", KEEPS),
+    ("constraint-unknown-request", constraints({"requests": ["nope"], "matchAttribute": f"{GPU}/numa-node"}),
+     TENANT, "spec.devices.constraints[0].requests[0]", KEEPS),
+    ("constraint-both", constraints({"matchAttribute": f"{GPU}/numa-node", "distinctAttribute": f"{GPU}/uuid"}),
+     TENANT, "spec.devices.constraints[0]", KEEPS),
+    ("constraint-neither", constraints({"requests": ["gpu"]}), TENANT, "spec.devices.constraints[0]", KEEPS),
+    ("constraint-not-a-name", constraints({"matchAttribute": "not a name!"}), TENANT,
+     "spec.devices.constraints[0].matchAttribute", KEEPS),
+    ("constraint-no-domain", constraints({"matchAttribute": "numa-node"}), TENANT,
+     "spec.devices.constraints[0].matchAttribute", KEEPS),
+    ("constraint-name-33", constraints({"distinctAttribute": f"{GPU}/{'a' * 33}"}), TENANT,
+     "spec.devices.constraints[0].distinctAttribute", KEEPS),
+    # list sizes Kubernetes enforces
+    ("requests-33", requests(*[exact(f"r{i}") for i in range(33)]), TENANT, "spec.devices.requests", KEEPS),
+    ("constraints-33", constraints(*[{"matchAttribute": f"{GPU}/numa-node"}] * 33), TENANT,
+     "spec.devices.constraints", KEEPS),
+    ("config-33", config(*[opaque()] * 33), TENANT, "spec.devices.config", KEEPS),
+    ("selectors-33", requests(exact(selectors=[{"cel": {"expression": "true"}}] * 33)), TENANT,
+     f"{EXACT}.selectors", KEEPS),
+    ("tolerations-17", requests(exact(tolerations=[{"operator": "Exists"}] * 17)), TENANT, f"{EXACT}.tolerations",
+     KEEPS),
+    ("constraint-requests-33", constraints({"requests": [f"r{i}" for i in range(33)],
+                                            "matchAttribute": f"{GPU}/numa-node"}), TENANT,
+     "spec.devices.constraints[0].requests", KEEPS),
+    ("cel-10241-bytes", requests(exact(selectors=[{"cel": {"expression": "x" * 10_241}}])), TENANT,
+     f"{EXACT}.selectors[0].cel.expression", KEEPS),
+    ("cel-10242-bytes-in-5121-characters",  # the limit is in bytes, as Go's len() counts
+     requests(exact(selectors=[{"cel": {"expression": '"' + "é" * 5_120 + '"'}}])), TENANT,
+     f"{EXACT}.selectors[0].cel.expression", KEEPS),
+    ("selector-no-expression", requests(exact(selectors=[{"cel": {}}])), TENANT,
+     f"{EXACT}.selectors[0].cel.expression", KEEPS),
+    # kind and apiVersion, and unknown fields (kubectl --validate=strict)
+    ("kind-pod", with_("kind", "Pod"), TENANT, "kind", KEEPS),
+    ("kind-list", with_("kind", ["ResourceClaim"]), TENANT, "kind", KEEPS),
+    ("kind-object", with_("kind", {}), TENANT, "kind", KEEPS),
+    ("api-version-v1beta1", with_("apiVersion", "resource.k8s.io/v1beta1"), TENANT, "apiVersion", KEEPS),
+    ("unknown-field", requests(exact(colour="red")), TENANT, f"{EXACT}.colour", KEEPS),
+    # the broker's annotations: ASCII digits that fit the 32-bit column, "true" or "false"
+    ("priority-arabic-indic", annotated("claimbroker.io/priority", "٣"), TENANT, PRIORITY, KEEPS),
+    ("priority-fullwidth", annotated("claimbroker.io/priority", "５"), TENANT, PRIORITY, KEEPS),
+    ("priority-underscore", annotated("claimbroker.io/priority", "1_000"), TENANT, PRIORITY, KEEPS),
+    ("priority-spaces", annotated("claimbroker.io/priority", " 5 "), TENANT, PRIORITY, KEEPS),
+    ("priority-newline", annotated("claimbroker.io/priority", "5\n"), TENANT, PRIORITY, KEEPS),
+    ("priority-plus", annotated("claimbroker.io/priority", "+5"), TENANT, PRIORITY, KEEPS),
+    ("priority-float", annotated("claimbroker.io/priority", "5.0"), TENANT, PRIORITY, KEEPS),
+    ("priority-hex", annotated("claimbroker.io/priority", "0x10"), TENANT, PRIORITY, KEEPS),
+    ("priority-empty", annotated("claimbroker.io/priority", ""), TENANT, PRIORITY, KEEPS),
+    ("priority-2147483648", annotated("claimbroker.io/priority", "2147483648"), TENANT, PRIORITY, KEEPS),
+    ("priority-minus-2147483649", annotated("claimbroker.io/priority", "-2147483649"), TENANT, PRIORITY, KEEPS),
+    ("priority-400-digits", annotated("claimbroker.io/priority", "1" + "0" * 400), TENANT, PRIORITY, KEEPS),
+    ("priority-number", annotated("claimbroker.io/priority", 5), TENANT, PRIORITY, KEEPS),
+    ("preemptible-yes", annotated("claimbroker.io/preemptible", "yes"), TENANT, PREEMPTIBLE, KEEPS),
+    ("preemptible-maybe", annotated("claimbroker.io/preemptible", "maybe"), TENANT, PREEMPTIBLE, KEEPS),
+    ("preemptible-empty", annotated("claimbroker.io/preemptible", ""), TENANT, PREEMPTIBLE, KEEPS),
+    ("preemptible-padded", annotated("claimbroker.io/preemptible", " true"), TENANT, PREEMPTIBLE, KEEPS),
+    # annotations and labels as ObjectMeta validation has them
+    ("annotation-key", annotated("not a key", "x"), TENANT, "metadata.annotations", KEEPS),
+    ("annotation-key-two-slashes", annotated("a/b/c", "x"), TENANT, "metadata.annotations", KEEPS),
+    ("annotations-over-256ki", annotated("pad", "x" * (256 * 1024)), TENANT, "metadata.annotations", KEEPS),
+    ("label-key", claim(labels={"bad key": "x"}), TENANT, "metadata.labels", KEEPS),
+    ("label-value", claim(labels={"app": "not ok!"}), TENANT, "metadata.labels[app]", KEEPS),
+    ("label-value-64", claim(labels={"app": "v" * 64}), TENANT, "metadata.labels[app]", KEEPS),
+    # what PostgreSQL (NUL) or UTF-8 (lone surrogates) cannot store
+    ("annotation-nul", annotated("note", "a\x00b"), TENANT, "metadata.annotations[note]", KEEPS),
+    ("annotation-surrogate", annotated("note", "\ud800"), TENANT, "metadata.annotations[note]", KEEPS),
+    ("annotation-key-nul", annotated("no\x00te", "x"), TENANT, "metadata.annotations", KEEPS),
+    ("selector-nul", requests(exact(selectors=[{"cel": {"expression": "true\x00"}}])), TENANT,
+     f"{EXACT}.selectors[0].cel.expression", KEEPS),
+]
+
+
+@pytest.mark.parametrize(("document", "tenant", "path", "name"),
+                         [pytest.param(*row[1:], id=row[0]) for row in REFUSED])
+def test_refused_with_the_field_path(document: Any, tenant: str, path: str, name: str | None) -> None:
+    with pytest.raises(InvalidClaim) as caught:
+        read_submission(json.dumps(document).encode(), tenant)
+    message = str(caught.value)
+    assert f"{path}: " in message, message
+    assert caught.value.name == name, message
+    assert dra.text_problem(message) is None, "the reason is stored and published: no NUL, no lone surrogate"
+    assert len(message) < 4_000, f"a {len(message):,}-character reason"
+
+
+def test_a_dot_in_a_claim_name_is_refused_for_the_subject() -> None:
+    with pytest.raises(InvalidClaim, match="NATS subject token"):
+        read_submission(json.dumps(claim(name="a.b")).encode(), TENANT)
+
+
+def test_a_count_over_the_limit_names_the_limit() -> None:
+    with pytest.raises(InvalidClaim, match=f"over the claim limit of {dra.MAX_DEVICES_PER_CLAIM} devices"):
+        read_submission(json.dumps(requests(exact(count=10**9))).encode(), TENANT)
+
+
+def test_a_bad_namespace_is_refused_when_parsed_without_a_subject() -> None:
+    """`simulate` parses claims without a subject: the namespace rule still holds."""
+    with pytest.raises(dra.DocumentError, match=r"metadata\.namespace: \"Team\" must be a DNS label"):
+        dra.parse_claim(claim(namespace="Team"))
+
+
+def test_every_problem_is_named_at_once() -> None:
+    document = requests(exact("GPU", count=-1), exact("gpu", deviceClassName=""))
+    with pytest.raises(InvalidClaim) as caught:
+        read_submission(json.dumps(document).encode(), TENANT)
+    assert str(caught.value) == (
+        'spec.devices.requests[0].name: "GPU" must be a DNS label (lowercase letters, digits and \'-\', at most 63 '
+        "characters); spec.devices.requests[0].exactly.count: must be greater than zero; "
+        "spec.devices.requests[1].exactly.deviceClassName: is required")
+
+
+def _workload_claims() -> list[Any]:
+    out = []
+    for path in sorted(WORKLOADS.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document and document.get("kind") == "ResourceClaim":
+                out.append(pytest.param(document, id=f"{path.stem}-{document['metadata']['name']}"))
+    return out
+
+
+@pytest.mark.parametrize("document", _workload_claims())
+def test_the_lab_and_showcase_claims_still_parse(document: dict[str, Any]) -> None:
+    claim_read = read_submission(json.dumps(document).encode(), TENANT)
+    assert claim_read.metadata.name == document["metadata"]["name"]
+
+
+# (id, document, what must hold of the claim read)
+ACCEPTED: list[tuple[str, dict[str, Any], Any]] = [
+    ("hyphen-in-attribute-name", constraints({"matchAttribute": f"{GPU}/numa-node"}),
+     lambda c: c.spec.devices.constraints[0].match_attribute == f"{GPU}/numa-node"),
+    ("count-null-defaults-to-1", requests(exact(count=None)), lambda c: c.spec.devices.requests[0].exactly.wanted == 1),
+    ("count-0-defaults-to-1", requests(exact(count=0)), lambda c: c.spec.devices.requests[0].exactly.wanted == 1),
+    ("count-32", requests(exact(count=32)), lambda c: c.spec.devices.requests[0].exactly.wanted == 32),
+    ("mode-empty-is-exact-count", requests(exact(allocationMode="")),
+     lambda c: c.spec.devices.requests[0].exactly.allocation_mode == "ExactCount"),
+    ("mode-all-count-0", requests(exact(allocationMode="All", count=0)),
+     lambda c: c.spec.devices.requests[0].exactly.allocation_mode == "All"),
+    ("admin-access-false", requests(exact(adminAccess=False)), lambda c: True),
+    ("name-253", claim(name="n" * 253), lambda c: len(c.metadata.name) == 253),
+    ("request-name-63", requests(exact("g" * 63)), lambda c: True),
+    ("subrequest-over-32-with-a-fallback", requests(first_available("gpu", sub("all", count=64), sub("one"))),
+     lambda c: True),
+    ("config-for-a-subrequest", config(opaque("gpu/one"), document=requests(first_available("gpu", sub("one")))),
+     lambda c: c.spec.devices.config[0].requests == ("gpu/one",)),
+    ("config-for-every-request", config(opaque()), lambda c: c.spec.devices.config[0].requests == ()),
+    ("constraint-on-a-subrequest", with_("spec.devices.constraints", [
+        {"requests": ["gpu/one"], "matchAttribute": f"{GPU}/numa-node"}],
+        requests(first_available("gpu", sub("one", count=2)))), lambda c: True),
+    ("parameters-200-deep", config(opaque(parameters={"deep": nested(200)})), lambda c: True),
+    ("toleration-defaults", tolerating(key="example.com/maintenance"),
+     lambda c: c.spec.devices.requests[0].exactly.tolerations[0].operator == "Equal"),
+    ("toleration-effect-none", tolerating(operator="Exists", effect="None"), lambda c: True),
+    ("capacity-quantity", requests(exact(capacity={"requests": {f"{GPU}/memory": "40Gi", "cores": "500m"}})),
+     lambda c: True),
+    ("selector-10240-bytes", requests(exact(selectors=[{"cel": {"expression": "x" * 10_240}}])), lambda c: True),
+    ("priority-max", annotated("claimbroker.io/priority", str(INT32_MAX)),
+     lambda c: settings_of(c).priority == INT32_MAX),
+    ("priority-min", annotated("claimbroker.io/priority", str(INT32_MIN)),
+     lambda c: settings_of(c).priority == INT32_MIN),
+    ("priority-leading-zeros", annotated("claimbroker.io/priority", "00000000000007"),
+     lambda c: settings_of(c).priority == 7),
+    ("preemptible-any-case", annotated("claimbroker.io/preemptible", "False"),
+     lambda c: settings_of(c).preemptible is False),
+    ("annotations-under-256ki", annotated("example.com/note", "x" * 200_000), lambda c: True),
+    ("labels", claim(labels={"app.kubernetes.io/name": "trainer", "empty": ""}), lambda c: True),
+    ("namespace-of-the-tenant", claim(namespace=TENANT), lambda c: c.metadata.namespace == TENANT),
+    ("cluster-metadata", claim(uid="0b6c2c4e", resourceVersion="17", managedFields=[{"manager": "kubectl"}]),
+     lambda c: True),
+    ("status", with_("status", {"allocation": {"devices": {"results": []}}}), lambda c: True),
+    ("non-ascii-annotation-value", annotated("example.com/owner", "Zoë ٣"), lambda c: True),
+]
+
+
+@pytest.mark.parametrize(("document", "holds"), [pytest.param(*row[1:], id=row[0]) for row in ACCEPTED])
+def test_accepted_and_storable(document: dict[str, Any], holds: Any) -> None:
+    claim_read = read_submission(json.dumps(document).encode(), TENANT)
+    assert holds(claim_read)
+    row = claim_values(claim_read)  # what the allocator inserts: it must serialise, and fit its columns
+    assert len(row["name"]) <= 253 and len(row["namespace"]) <= 63
+    assert INT32_MIN <= row["priority"] <= INT32_MAX
+    assert dra.ResourceClaim.model_validate(row["spec"]) == claim_read, "the stored claim reads back the same"
+
+
+def test_a_payload_that_is_not_an_object_is_refused_without_a_name() -> None:
+    for payload in (b"[]", b"null", b'"claim"', b"{not json", b"\xff", b"[" * 100_000):
+        with pytest.raises(InvalidClaim) as caught:
+            read_submission(payload, TENANT)
+        assert caught.value.name is None
+    with pytest.raises(InvalidClaim, match="metadata"):
+        read_submission(json.dumps(with_("metadata", "text")).encode(), TENANT)
