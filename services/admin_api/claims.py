@@ -1,4 +1,4 @@
-"""Reads of what the services wrote: claims (with history and explain), alerts, and the audit log.
+"""Reads of what the services wrote: claims (with history and explain), alerts, dead letters and the audit log.
 
 A claim's namespace is its tenant, so a scoped viewer's filter is on namespace.
 """
@@ -7,11 +7,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import Field
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.admin_api.common import PROBLEMS, Caller, Model, Name, Principal, Session, Stamp, admin, visible
-from shared.ledger.schema import AlertRecord, AuditEntry, Claim, ClaimEvent
+from shared.ledger.schema import AlertRecord, AuditEntry, Claim, ClaimEvent, DeadLetter
 
 router = APIRouter(responses=PROBLEMS)
 Limit = Annotated[int, Query(ge=1, le=1000)]
@@ -146,6 +146,33 @@ async def list_alerts(s: Session, token: Caller, kind: str | None = None, resolv
     if resolved is not None:
         query = query.where(AlertRecord.resolved == resolved)
     return [AlertOut.model_validate(a) for a in await s.scalars(query)]
+
+
+class DeadLetterOut(Model):
+    """A message the allocator could not commit even on its own, kept with its error."""
+
+    id: int
+    consumer: str
+    message_id: str
+    subject: str
+    payload_size: int = Field(description="bytes received")
+    payload_preview: str = Field(description="the first 2,000 characters, undecodable bytes replaced")
+    error: str
+    deliveries: int
+    created_at: Stamp
+
+
+@router.get("/v1/dead-letters", response_model=list[DeadLetterOut], tags=["dead letters"])
+async def list_dead_letters(s: Session, token: Caller, limit: Limit = 100) -> list[DeadLetterOut]:
+    """Newest first; admins only, since a message may be any tenant's."""
+    admin(token)
+    head = func.substr(DeadLetter.payload, 1, 8000).label("head")  # a payload may be a megabyte: read its head
+    rows = await s.execute(select(DeadLetter.id, DeadLetter.consumer, DeadLetter.message_id, DeadLetter.subject,
+                                  DeadLetter.payload_size, head, DeadLetter.error, DeadLetter.deliveries,
+                                  DeadLetter.created_at).order_by(DeadLetter.id.desc()).limit(limit))
+    return [DeadLetterOut(id=r.id, consumer=r.consumer, message_id=r.message_id, subject=r.subject,
+                          payload_size=r.payload_size, payload_preview=bytes(r.head).decode("utf-8", "replace")[:2000],
+                          error=r.error, deliveries=r.deliveries, created_at=r.created_at) for r in rows]
 
 
 @router.get("/v1/audit", response_model=list[AuditOut], tags=["audit"])
