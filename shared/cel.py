@@ -3,26 +3,36 @@
 Programs are compiled once per expression text and cached. A selector's result depends only on the
 device fields its expression names, so results are memoised per distinct tuple of those values:
 a fleet of 1,000 identical H100s costs one evaluation, not 1,000 (cel-python needs 0.25-0.8 ms each).
+
+A selector is the claim's own text and must never crash or stall the allocator, so everything is bounded
+before and while it runs, and every failure is a SelectorError (the allocator makes the claim Rejected):
+- before parsing: 10 KiB of text (Kubernetes' limit) and at most MAX_NESTING nested brackets;
+- after parsing: a syntax tree at most MAX_TREE_DEPTH deep (cel-python evaluates recursively, about five
+  Python frames per level), and an estimated worst-case cost of at most MAX_COST that accounts for
+  comprehensions, `cel.bind` and the sizes of strings and lists they build;
+- while running: a deterministic step limit per evaluation (Kubernetes' runtime cost limit), a limit on
+  the CPU time of one evaluation checked between steps (any thread, no signals), and a per-selector budget
+  of steps so a selector that is slow on every device is refused after a bounded total, not per device.
 """
 
 from __future__ import annotations
 
-import contextlib
+import gc
 import re
-import signal
-import threading
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import celpy
 import celpy.celtypes as ct
-from celpy.evaluation import CELEvalError
-from lark import Token, Tree
+from celpy.evaluation import CELEvalError, Context, Evaluator
+from lark import Tree
 
 from shared.cel_rewrite import rewrite
-from shared.quantity import Quantity
+from shared.dra import MAX_CEL_LENGTH
+from shared.quantity import Quantity, parse_quantity
 
 GUARD_HINT = (
     "consider using CEL optional chaining (.? followed by orValue()) or guarding the check with has() "
@@ -81,16 +91,30 @@ def _cmp(a: Any, b: Any) -> int:
     return (left > right) - (left < right)
 
 
+_INT64 = range(-(2**63), 2**63)
+
+
+def _parse_quantity(text: Any) -> Quantity:
+    return parse_quantity(str(text))  # bounded: a huge exponent is refused, not computed
+
+
 def _quantity(text: Any) -> CelQuantity:
-    return CelQuantity(Quantity(str(text)))
+    return CelQuantity(_parse_quantity(text))
 
 
 def _is_quantity(text: Any) -> ct.BoolType:
     try:
-        Quantity(str(text))
+        _parse_quantity(text)
     except ValueError:
         return ct.BoolType(False)
     return ct.BoolType(True)
+
+
+def _as_integer(a: Any) -> ct.IntType:
+    value = a.q.value
+    if value.denominator != 1 or value.numerator not in _INT64:
+        raise ValueError(f"quantity {a.q.text} cannot be converted to an int64")
+    return ct.IntType(value.numerator)
 
 
 def _semver(text: Any) -> SemVer:
@@ -113,8 +137,10 @@ FUNCTIONS: dict[str, Any] = {
     "compareTo": lambda a, b: ct.IntType(_cmp(a, b)),
     "isGreaterThan": lambda a, b: ct.BoolType(_cmp(a, b) > 0),
     "isLessThan": lambda a, b: ct.BoolType(_cmp(a, b) < 0),
-    "asInteger": lambda a: ct.IntType(int(a.q.value)),
+    "asInteger": _as_integer,
+    "isInteger": lambda a: ct.BoolType(a.q.value.denominator == 1 and a.q.value.numerator in _INT64),
     "asApproximateFloat": lambda a: ct.DoubleType(float(a.q.value)),
+    "sign": lambda a: ct.IntType((a.q.value > 0) - (a.q.value < 0)),
     "add": lambda a, b: CelQuantity(Quantity.of(a.q.value + (b.q.value if isinstance(b, CelQuantity) else b))),
     "sub": lambda a, b: CelQuantity(Quantity.of(a.q.value - (b.q.value if isinstance(b, CelQuantity) else b))),
     "major": lambda v: ct.IntType(v.major),
@@ -122,68 +148,410 @@ FUNCTIONS: dict[str, Any] = {
     "patch": lambda v: ct.IntType(v.patch),
 }
 
-_ENV = celpy.Environment()
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 # Expressions that iterate over maps can read any attribute: they get the whole device as their key.
 _ITERATES = re.compile(r"\.(exists|exists_one|all|map|filter)\s*\(|\bin\s+device\b|\bsize\s*\(")
 
-
-# Kubernetes refuses selectors whose estimated cost exceeds 1,000,000 and stops a runaway at run time.
-# cel-python has neither, so: a static estimate over the parse tree (each comprehension multiplies its
-# body by the size of what it iterates), and a wall-clock guard per evaluation.
+# Limits. Kubernetes refuses selectors over 10 KiB (MAX_CEL_LENGTH) or with an estimated cost over
+# 1,000,000, and stops an evaluation at a runtime cost limit; cel-python has none of these. The estimate
+# here counts cel-python's syntax-tree nodes, several per cel-go cost unit: stricter for the same text.
 MAX_COST = 1_000_000
-EVALUATION_TIME_LIMIT_S = 1.0
+# Each nesting level is about 5 Python frames when cel-python evaluates (measured on 3.11: 4.5 for
+# brackets, 5.0 for chained operators and unary minus); celpy raises the recursion limit to 2,500, so
+# 250 levels use about 1,250 frames and leave as many to the caller. Each pair of brackets costs 9 to 11
+# levels, each chained operator (&&, ||, +) or unary operator one.
+MAX_TREE_DEPTH = 250
+# More nested brackets than this always make a tree deeper than MAX_TREE_DEPTH: refused before parsing
+# (lark needs 0.3 s for 5,000 nested parentheses).
+MAX_NESTING = 32
+# A step is one syntax-tree node evaluated, 5-6 us in cel-python (up to 15 in comprehensions). Normal
+# selectors take 16-120 steps; 5,000 steps are 25-80 ms, so this limit, which is deterministic, is the one
+# reached. Kubernetes allows 1,000,000 cost units at run time, but cel-go is about 100 times faster.
+MAX_STEPS_PER_EVALUATION = 5_000
+# The backstop for work between steps (a builtin on a large value). It counts the evaluating thread's CPU
+# time less the cyclic GC's, not wall time: a process descheduled or CPU-throttled for 0.1 s, or a full
+# collection (200 ms measured in the unit tests' process), must not reject a valid claim.
+EVALUATION_TIME_LIMIT_S = 0.1
+_CHECK_TIME_EVERY = 64  # steps between two clock reads (a clock read is 0.5 us, 64 steps some 400 us)
+# The per-selector budget: steps beyond FREE_STEPS_PER_EVALUATION in each evaluation are summed over all
+# of a selector's evaluations; past SELECTOR_BUDGET_STEPS (about 0.5 s at 6 us a step) the selector is
+# refused. Normal selectors never draw on it, however large the fleet.
+FREE_STEPS_PER_EVALUATION = 500
+SELECTOR_BUDGET_STEPS = 80_000
+
 _MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 _UNKNOWN_SIZE = 48  # DRA's most values in one list attribute; maps of attributes hold at most 32
+_UNKNOWN_LENGTH = 64  # DRA's longest string or version attribute value
+_CAP = 10**15  # estimates beyond any limit: keeps the arithmetic on small ints
+# Single-child nodes that only carry precedence: passed through without recursion.
+_WRAPPERS = frozenset({"expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication",
+                       "unary", "member", "primary", "paren_expr"})
+_SCALAR_METHODS = frozenset({"contains", "startsWith", "endsWith", "matches", "size", "compareTo",
+                             "isGreaterThan", "isLessThan", "asInteger", "isInteger", "asApproximateFloat",
+                             "sign", "add", "sub", "major", "minor", "patch"})
+_SIZED_FUNCTIONS = frozenset({"dyn", "string", "bytes", "list", "map"})  # results as large as their argument
 
 
-def _iterable_size(node: Any) -> int:
-    """How many elements a comprehension over `node` may visit: a list literal's length, a map() or
-    filter() result's source size, otherwise DRA's largest list."""
-    while isinstance(node, Tree) and len(node.children) == 1 and node.data != "list_lit":
+def _too_deep(what: str) -> str:
+    return (f"CEL expression nested too deeply: {what}; each pair of brackets adds about 10 levels, each "
+            "chained operator (&&, ||, +) one: flatten it or split it into several selectors")
+
+
+def _bracket_nesting(text: str) -> int:
+    """The deepest bracket nesting outside string literals, scanned as cel-python's lexer reads strings
+    (a backslash escapes the next character, also in raw strings)."""
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"' or ch == "'":
+            quote = ch * 3 if text.startswith(ch * 3, i) else ch
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                i += 2 if text[i] == "\\" else 1
+            i += len(quote)
+            continue
+        if ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth -= 1
+        i += 1
+    return deepest
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What the estimate knows of a value: its footprint (characters of a string, elements of a list or
+    map, nested ones included), how many elements a comprehension over it visits, and its elements'
+    shape (None: unknown, a device value)."""
+
+    size: int
+    count: int
+    item: _Shape | None = None
+
+
+_SCALAR = _Shape(1, 0)
+_UNKNOWN = _Shape(_UNKNOWN_LENGTH, _UNKNOWN_SIZE)
+_EMPTY = _Shape(0, 0, _SCALAR)
+
+
+def _shape(size: int, count: int, item: _Shape | None) -> _Shape:
+    return _Shape(min(size, _CAP), min(count, _CAP), item)
+
+
+def _item(shape: _Shape) -> _Shape:
+    return shape.item if shape.item is not None else _UNKNOWN
+
+
+def _join(a: _Shape, b: _Shape) -> _Shape:
+    """A shape that bounds both: an unknown part bounds like _UNKNOWN, never hides a known larger one."""
+    if a is b:
+        return a
+    item = None if a.item is None and b.item is None else _join(_item(a), _item(b))
+    return _Shape(max(a.size, b.size), max(a.count, b.count), item)
+
+
+def _chars(size: int) -> int:
+    """Kubernetes charges 0.1 per character a string operation traverses."""
+    return (size + 9) // 10
+
+
+def _bare_identifier(node: Any) -> str | None:
+    """The name when `node` is a plain identifier (a macro's or cel.bind's variable), else None."""
+    while isinstance(node, Tree) and len(node.children) == 1 and node.data in _WRAPPERS:
         node = node.children[0]
-    if isinstance(node, Tree) and node.data == "list_lit":
-        items = node.children[0] if node.children else None
-        return len(items.children) if isinstance(items, Tree) else 0
-    if isinstance(node, Tree) and node.data == "member_dot_arg" and str(node.children[1]) in ("map", "filter"):
-        return _iterable_size(node.children[0])
-    return _UNKNOWN_SIZE
+    if isinstance(node, Tree) and node.data == "ident":
+        return str(node.children[0])
+    return None
+
+
+def _is_bind(tree: Tree[Any]) -> bool:
+    return len(tree.children) == 3 and tree.children[1] == "bind" and _bare_identifier(tree.children[0]) == "cel"
+
+
+class _Estimator:
+    """Worst-case cost of an expression in syntax-tree nodes visited, Kubernetes-style: comprehensions
+    multiply their body by the size of what they iterate, string and list operations add 0.1 per element
+    they traverse, and a variable (comprehension or cel.bind) carries the shape of its value, so doubling a
+    string through nested binds is estimated as exponential, as it is. Recursion is bounded: a subtree
+    deeper than MAX_TREE_DEPTH is refused before its children are visited."""
+
+    def __init__(self) -> None:
+        self.variables: dict[str, _Shape] = {}
+
+    def estimate(self, node: Any, depth: int = 1) -> tuple[int, _Shape]:
+        cost = 0
+        while isinstance(node, Tree) and len(node.children) == 1 and node.data in _WRAPPERS:
+            cost += 1
+            depth += 1
+            node = node.children[0]
+        if depth > MAX_TREE_DEPTH:
+            raise SelectorError(_too_deep(f"its syntax tree is over {MAX_TREE_DEPTH} levels deep"))
+        if not isinstance(node, Tree):
+            return cost + 1, _SCALAR
+        handler = getattr(self, f"_{node.data}", None)
+        own, shape = handler(node, depth) if handler is not None else self._generic(node, depth)
+        return min(cost + own, _CAP), shape
+
+    def _sum(self, nodes: list[Any], depth: int) -> tuple[int, list[_Shape]]:
+        total, shapes = 0, []
+        for child in nodes:
+            cost, shape = self.estimate(child, depth + 1)
+            total += cost
+            shapes.append(shape)
+        return total, shapes
+
+    def _generic(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        """Anything else (a message literal): its value may hold all its parts."""
+        cost, shapes = self._sum(node.children, depth)
+        size = sum(s.size for s in shapes)
+        return 1 + cost, _shape(max(size, _UNKNOWN_LENGTH), max([_UNKNOWN_SIZE, *(s.count for s in shapes)]), None)
+
+    def _literal(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        text = str(node.children[0])
+        return 2, _Shape(len(text), 0) if text[-1:] in "\"'" else _SCALAR
+
+    def _ident(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        name = str(node.children[0])
+        found = self.variables.get(name)
+        return 2, found if found is not None else _UNKNOWN if name == "device" else _SCALAR
+
+    def _dot_ident(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        return 2, _UNKNOWN
+
+    def _list_lit(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        if not node.children:
+            return 1, _EMPTY
+        items = node.children[0].children
+        cost, shapes = self._sum(items, depth + 1)
+        item = shapes[0]
+        for shape in shapes[1:]:
+            item = _join(item, shape)
+        return 2 + cost, _shape(len(items) + sum(s.size for s in shapes), len(items), item)
+
+    def _map_lit(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        if not node.children:
+            return 1, _EMPTY
+        entries = node.children[0].children
+        cost, shapes = self._sum(entries, depth + 1)
+        item = shapes[0]
+        for shape in shapes[1:]:
+            item = _join(item, shape)
+        return 2 + cost, _shape(len(entries) + sum(s.size for s in shapes), len(entries) // 2, item)
+
+    def _expr(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:  # c ? a : b
+        cost, shapes = self._sum(node.children, depth)
+        return 1 + cost, _join(shapes[1], shapes[-1])
+
+    def _conditionalor(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        cost, _ = self._sum(node.children, depth)
+        return 1 + cost, _SCALAR
+
+    _conditionaland = _conditionalor
+    _multiplication = _conditionalor
+    _unary = _conditionalor
+
+    def _relation(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        operator, right_node = node.children
+        left_cost, left = self.estimate(operator.children[0], depth + 2)
+        right_cost, right = self.estimate(right_node, depth + 1)
+        if operator.data == "relation_in":
+            compare = right.count + _chars(right.size)
+        else:
+            compare = _chars(min(left.size, right.size))
+        return 2 + left_cost + right_cost + compare, _SCALAR
+
+    def _addition(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        operator, right_node = node.children
+        left_cost, left = self.estimate(operator.children[0], depth + 2)
+        right_cost, right = self.estimate(right_node, depth + 1)
+        cost = 2 + left_cost + right_cost
+        if operator.data != "addition_add":
+            return cost, _SCALAR
+        size = left.size + right.size
+        item = None if left.item is None and right.item is None else _join(_item(left), _item(right))
+        return cost + _chars(size), _shape(size, left.count + right.count, item)
+
+    def _member_dot(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        cost, shape = self.estimate(node.children[0], depth + 1)
+        return 2 + cost, _item(shape)
+
+    def _member_index(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        cost, shapes = self._sum(node.children, depth)
+        return 1 + cost, _item(shapes[0])
+
+    def _member_dot_arg(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        target, name = node.children[0], str(node.children[1])
+        arguments = node.children[2].children if len(node.children) == 3 else []
+        if name == "bind" and _bare_identifier(target) == "cel":
+            return self._bind(arguments, depth + 2)
+        if name == "reduce":
+            raise SelectorError("CEL compile error: reduce() is not part of Kubernetes CEL")
+        if name in _MACROS and len(arguments) >= 2:
+            return self._comprehension(name, target, arguments, depth)
+        target_cost, receiver = self.estimate(target, depth + 1)
+        cost, shapes = self._sum(arguments, depth + 1)
+        size = receiver.size + sum(s.size for s in shapes)
+        cost += 2 + target_cost + _chars(size)
+        if name == "min":
+            return cost + receiver.count, _item(receiver)
+        return cost, _SCALAR if name in _SCALAR_METHODS else _shape(size, 0, None)
+
+    def _comprehension(self, name: str, target: Any, arguments: list[Any], depth: int) -> tuple[int, _Shape]:
+        variable = _bare_identifier(arguments[0])
+        if variable is None:
+            raise SelectorError(f"CEL compile error: the first argument of {name}() must be a variable name")
+        target_cost, iterated = self.estimate(target, depth + 1)
+        saved = self.variables.get(variable)
+        self.variables[variable] = _item(iterated)
+        try:
+            body_cost, shapes = self._sum(arguments[1:], depth + 2)
+        finally:
+            self._restore(variable, saved)
+        visits = iterated.count
+        cost = 2 + target_cost + visits * (1 + body_cost)
+        if name == "map":
+            body = shapes[-1]
+            return cost, _shape(visits * (1 + body.size), visits, body)
+        return cost, iterated if name == "filter" else _SCALAR
+
+    def _bind(self, arguments: list[Any], depth: int) -> tuple[int, _Shape]:
+        variable = _bare_identifier(arguments[0]) if len(arguments) == 3 else None
+        if variable is None:
+            raise SelectorError("CEL compile error: cel.bind takes a variable name, a value and an expression")
+        init_cost, value = self.estimate(arguments[1], depth + 1)
+        saved = self.variables.get(variable)
+        self.variables[variable] = value
+        try:
+            body_cost, body = self.estimate(arguments[2], depth + 1)
+        finally:
+            self._restore(variable, saved)
+        return 3 + init_cost + body_cost, body
+
+    def _ident_arg(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        name = str(node.children[0])
+        arguments = node.children[1].children if len(node.children) == 2 else []
+        cost, shapes = self._sum(arguments, depth + 1)
+        if name == "has" or not shapes:
+            return 2 + cost, _SCALAR
+        size = sum(s.size for s in shapes)
+        return 2 + cost + _chars(size), shapes[0] if name in _SIZED_FUNCTIONS else _SCALAR
+
+    _dot_ident_arg = _ident_arg
+
+    def _restore(self, variable: str, saved: _Shape | None) -> None:
+        if saved is None:
+            del self.variables[variable]
+        else:
+            self.variables[variable] = saved
 
 
 def estimate_cost(node: Any) -> int:
-    """Tree nodes visited in the worst case; comprehensions multiply their body by the target's size."""
-    if isinstance(node, Token) or not isinstance(node, Tree):
-        return 1
-    if node.data == "member_dot_arg" and len(node.children) == 3 and str(node.children[1]) in _MACROS:
-        target, _, arguments = node.children
-        body = arguments.children[-1] if isinstance(arguments, Tree) and arguments.children else arguments
-        return 1 + estimate_cost(target) + _iterable_size(target) * (1 + estimate_cost(body))
-    return 1 + sum(estimate_cost(child) for child in node.children)
+    """Worst-case cost of a parsed expression (see _Estimator); raises SelectorError for a tree deeper
+    than MAX_TREE_DEPTH or a construct Kubernetes does not have."""
+    return _Estimator().estimate(node)[0]
 
 
-class _Expired(BaseException):
+class _Stopped(BaseException):
     """BaseException, so no `except Exception` inside cel-python turns it into an evaluation error."""
 
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
-@contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """SIGALRM interrupts a runaway evaluation; only the main thread can take signals, elsewhere the
-    static cost estimate is the guard. The alarm repeats every 50 ms until the evaluation ends: a raise
-    that lands where Python swallows it (a garbage-collector callback) is followed by another."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
-    def expire(_signum: int, _frame: Any) -> None:
-        raise _Expired
+_gc_seconds = 0.0  # time spent in the cyclic GC since import, kept by _time_gc
+_gc_started = 0.0
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+
+def _time_gc(phase: str, info: dict[str, Any]) -> None:
+    global _gc_seconds, _gc_started
+    if phase == "start":
+        _gc_started = time.perf_counter()
+    else:
+        _gc_seconds += time.perf_counter() - _gc_started
+
+
+gc.callbacks.append(_time_gc)
+
+
+class _Meter:
+    """Steps of one evaluation, against its step limit and deadline: the limits are checked between
+    steps, so they work in any thread and leave nothing behind (no signal handler, no timer)."""
+
+    __slots__ = ("checkpoint", "deadline", "gc_before", "limit", "steps")
+
+    def __init__(self, limit: int, seconds: float) -> None:
+        self.steps = 0
+        self.limit = limit
+        self.deadline = time.thread_time() + seconds
+        self.gc_before = _gc_seconds
+        self.checkpoint = min(limit, _CHECK_TIME_EVERY)
+
+    def check(self) -> None:
+        if self.steps > self.limit:
+            raise _Stopped("steps")
+        if time.thread_time() - (_gc_seconds - self.gc_before) > self.deadline:
+            raise _Stopped("time")
+        self.checkpoint = min(self.limit, self.steps + _CHECK_TIME_EVERY)
+
+
+class _Evaluator(Evaluator):
+    """cel-python's evaluator, metered per node, with `cel.bind` evaluated natively: the variable holds
+    init's value (or its error, which `||` and `&&` absorb as usual), evaluated once, in its own scope."""
+
+    def __init__(self, ast: Tree[Any], activation: Any, meter: _Meter) -> None:
+        super().__init__(ast, activation)
+        self.meter = meter
+
+    def sub_evaluator(self, ast: Tree[Any]) -> _Evaluator:
+        return _Evaluator(ast, self.activation, self.meter)
+
+    def visit_children(self, tree: Tree[Any]) -> list[Any]:
+        meter = self.meter
+        meter.steps += 1
+        if meter.steps >= meter.checkpoint:
+            meter.check()
+        visit = self.visit
+        return [visit(child) if isinstance(child, Tree) else child for child in tree.children]
+
+    def member_dot_arg(self, tree: Tree[Any]) -> Any:
+        if not _is_bind(tree):
+            return super().member_dot_arg(tree)
+        variable, init, body = tree.children[2].children
+        try:
+            value = self.visit(init)
+        except CELEvalError as error:
+            value = error
+        nested = self.sub_evaluator(body)
+        nested.set_activation({str(_bare_identifier(variable)): value})
+        return nested.visit(body)
+
+
+class _Runner(celpy.InterpretedRunner):
+    def evaluate(self, activation: Context, meter: _Meter | None = None) -> ct.Value:
+        if meter is None:
+            meter = _Meter(MAX_STEPS_PER_EVALUATION, EVALUATION_TIME_LIMIT_S)
+        return _Evaluator(self.ast, self.new_activation(), meter).evaluate(activation)
+
+
+_ENV = celpy.Environment(runner_class=_Runner)
+
+
+@dataclass
+class EvaluationBudget:
+    """Steps a selector may spend beyond FREE_STEPS_PER_EVALUATION per evaluation, summed over its
+    evaluations: bounds what one selector can cost a fleet (0.5 s, not 0.1 s per device)."""
+
+    limit: int = SELECTOR_BUDGET_STEPS
+    spent: int = 0
+    evaluations: int = 0
+
+    def exceeded(self) -> str:
+        return (f"CEL evaluation budget exceeded: this selector spent {self.spent:,} steps beyond "
+                f"{FREE_STEPS_PER_EVALUATION} per device over {self.evaluations} evaluations, the limit is "
+                f"{self.limit:,} (about 0.5 s); it is too expensive to evaluate on every device")
 
 
 @dataclass(frozen=True)
@@ -191,22 +559,47 @@ class CompiledSelector:
     expression: str
     program: Any
     names: frozenset[str] | None  # identifiers the expression reads; None means "the whole device"
+    budget: EvaluationBudget = field(default_factory=EvaluationBudget, compare=False, repr=False)
+
+
+def compile_selector(expression: str) -> CompiledSelector:
+    """Compile once per text; any problem raises SelectorError with a message for the claim's author."""
+    if not isinstance(expression, str):
+        raise SelectorError(f"CEL expression must be a string, got {type(expression).__name__}")
+    found = _compile(expression)
+    if isinstance(found, str):
+        raise SelectorError(found)
+    return found
 
 
 @lru_cache(maxsize=4096)
-def compile_selector(expression: str) -> CompiledSelector:
-    """Compile once per text; a syntax error raises SelectorError with CEL's message."""
+def _compile(expression: str) -> CompiledSelector | str:
+    """The selector, or why it is refused: refusals are cached too (parsing 10 KiB can take 0.4 s)."""
+    size = len(expression.encode("utf-8", "surrogatepass"))
+    if size > MAX_CEL_LENGTH:
+        return f"CEL expression is {size} bytes, over the limit of {MAX_CEL_LENGTH}"
+    nesting = _bracket_nesting(expression)
+    if nesting > MAX_NESTING:
+        return _too_deep(f"{nesting} nested brackets, over the limit of {MAX_NESTING}")
     try:
         ast = _ENV.compile(rewrite(expression))
-    except ValueError as error:
-        raise SelectorError(f"CEL compile error: {error}") from None
+        cost = estimate_cost(ast)
+        if cost > MAX_COST:
+            return (f"CEL expression is too complex: estimated cost {cost:,} exceeds the limit of {MAX_COST:,}; "
+                    "iterate over fewer elements, nest fewer comprehensions or build smaller strings")
+        program = _ENV.program(ast, functions=FUNCTIONS)
+    except SelectorError as error:
+        return str(error)
     except celpy.CELParseError as error:
-        raise SelectorError(f"CEL compile error: {str(error).strip()}") from None
-    cost = estimate_cost(ast)
-    if cost > MAX_COST:
-        raise SelectorError(f"CEL expression is too complex: estimated cost {cost:,} exceeds the limit of "
-                            f"{MAX_COST:,}; iterate over fewer elements or nest fewer comprehensions")
-    program = _ENV.program(ast, functions=FUNCTIONS)
+        return f"CEL compile error: {str(error).strip()}"
+    except RecursionError:  # raised, not returned: the caller's stack may be to blame, do not cache it
+        raise SelectorError(_too_deep("it ran out of stack while being compiled")) from None
+    except MemoryError:
+        raise
+    except ValueError as error:
+        return f"CEL compile error: {error}"
+    except Exception as error:  # noqa: BLE001 - a claim's text must never crash the allocator
+        return f"CEL compile error: {type(error).__name__}: {error}"
     names = None if _ITERATES.search(expression) else frozenset(_IDENTIFIER.findall(expression))
     return CompiledSelector(expression, program, names)
 
@@ -247,21 +640,76 @@ def device_activation(
     )
 
 
-def evaluate(selector: CompiledSelector, activation: ct.MapType) -> bool:
-    """True or False; a runtime error or a non-bool result raises SelectorError with a hint."""
+_CLASS = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
+_RULE = re.compile(r"Token\('RULE', '(\w+)'\)")
+_CEL_NAMES = {
+    "relation_eq": "_==_", "relation_ne": "_!=_", "relation_lt": "_<_", "relation_le": "_<=_",
+    "relation_gt": "_>_", "relation_ge": "_>=_", "relation_in": "_in_", "addition_add": "_+_",
+    "addition_sub": "_-_", "multiplication_mul": "_*_", "multiplication_div": "_/_",
+    "multiplication_mod": "_%_", "unary_not": "!_", "unary_neg": "-_",
+    "StringType": "string", "IntType": "int", "UintType": "uint", "DoubleType": "double", "BoolType": "bool",
+    "BytesType": "bytes", "ListType": "list", "MapType": "map", "NoneType": "null", "CelQuantity": "Quantity",
+    "SemVer": "Semver", "TimestampType": "timestamp", "DurationType": "duration", "_DefaultingMap": "map",
+}
+_VAGUE = frozenset({"return error for overflow", "no such overload", "invalid_argument", "match error"})
+
+
+def _readable(text: str) -> str:
+    """cel-python's messages with CEL's names for operators and types, and without the activation dump
+    ("undeclared reference to 'x' (in activation ...)" carries the whole device)."""
+    text = text.split(" (in activation", 1)[0]
+    text = _RULE.sub(lambda m: _CEL_NAMES.get(m[1], m[1]), text)
+    return _CLASS.sub(lambda m: _CEL_NAMES.get(m[1], m[1]), text)
+
+
+def _runtime_error(error: CELEvalError) -> str:
+    """CEL's message; where it is vague ("return error for overflow" for an invalid quantity), the Python
+    error behind it; Kubernetes' hint where a missing key is the cause."""
+    message = _readable(str(error.args[0]) if error.args else str(error))
+    cause = error.args[2] if len(error.args) > 2 else ()
+    detail = _readable(str(cause[0]))[:300] if isinstance(cause, tuple) and cause else ""
+    if message == "no such key" and detail:
+        message = f"no such key: '{detail}'"
+    elif message in _VAGUE and detail and detail != "overflow" and "CELEvalError" not in detail:
+        message = detail if message == "return error for overflow" else f"{message}: {detail}"
+    if "no such key" in message or "no such member" in message:
+        message = f"{message}; {GUARD_HINT}"
+    return f"CEL runtime error: {message[:1000]}"
+
+
+def evaluate(selector: CompiledSelector, activation: ct.MapType, budget: EvaluationBudget | None = None) -> bool:
+    """True or False; anything else (a runtime error, a non-bool result, a limit reached) raises
+    SelectorError. `budget` defaults to the selector's own, kept for as long as the selector is cached."""
+    budget = selector.budget if budget is None else budget
+    remaining = budget.limit - budget.spent
+    if remaining <= 0:
+        raise SelectorError(budget.exceeded())
+    step_limit = min(MAX_STEPS_PER_EVALUATION, FREE_STEPS_PER_EVALUATION + remaining)
+    meter = _Meter(step_limit, EVALUATION_TIME_LIMIT_S)
     try:
-        with _time_limit(EVALUATION_TIME_LIMIT_S):
-            result = selector.program.evaluate({"device": activation})
-    except _Expired:
-        raise SelectorError(f"CEL evaluation stopped after {EVALUATION_TIME_LIMIT_S:g}s: the expression is too "
-                            "expensive to evaluate") from None
+        try:
+            result = selector.program.evaluate({"device": activation}, meter)
+        finally:
+            budget.spent += max(0, meter.steps - FREE_STEPS_PER_EVALUATION)
+            budget.evaluations += 1
+    except _Stopped as stop:
+        if stop.reason == "time":
+            raise SelectorError(f"CEL evaluation stopped after {EVALUATION_TIME_LIMIT_S:g}s of CPU time: the "
+                                "expression is too expensive to evaluate") from None
+        if step_limit < MAX_STEPS_PER_EVALUATION:
+            raise SelectorError(budget.exceeded()) from None
+        raise SelectorError(f"CEL evaluation stopped after {step_limit:,} steps, the limit for one device: the "
+                            "expression is too expensive to evaluate; iterate over fewer elements") from None
     except CELEvalError as error:
-        message = error.args[0] if error.args else str(error)
-        raise SelectorError(f"CEL runtime error: {message}; {GUARD_HINT}") from None
-    except (TypeError, ValueError, AttributeError) as error:
-        raise SelectorError(f"CEL runtime error: {error}") from None
+        raise SelectorError(_runtime_error(error)) from None
+    except RecursionError:
+        raise SelectorError(_too_deep("it ran out of stack while being evaluated")) from None
+    except MemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a claim's text must never crash the allocator
+        raise SelectorError(f"CEL runtime error: {type(error).__name__}: {error}") from None
     if isinstance(result, CELEvalError):
-        raise SelectorError(f"CEL runtime error: {result.args[0]}; {GUARD_HINT}")
+        raise SelectorError(_runtime_error(result))
     if not isinstance(result, bool | ct.BoolType):
         raise SelectorError(f"CEL expression must evaluate to bool, got {type(result).__name__}")
     return bool(result)

@@ -2,7 +2,10 @@
 
 - `X.?f.orValue(d)` becomes `(has(X.f) ? X.f : d)` and `X.?f.hasValue()` becomes `has(X.f)`, for X a
   `device.attributes[...]` or `device.capacity[...]` lookup: the optional-chaining idiom DRA documents.
-- `cel.bind(v, init, body)` becomes body with `v` replaced by `(init)`: same value, no new scope rules.
+  X is a fixed-form lookup, so the text grows by a bounded amount per use, never exponentially.
+
+`cel.bind(v, init, body)` parses as it is and is evaluated natively by shared.cel (v holds the value of
+init once): substituting init's text for v made the text grow exponentially with nested binds.
 """
 
 from __future__ import annotations
@@ -47,42 +50,12 @@ def _split_call(text: str, start: int) -> tuple[list[str], int]:
     raise ValueError("unbalanced parentheses")
 
 
-def _replace_identifier(body: str, name: str, value: str) -> str:
-    out, i, quote = [], 0, ""
-    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)")
-    while i < len(body):
-        ch = body[i]
-        if quote:
-            out.append(ch)
-            if ch == quote:
-                quote = ""
-            i += 1
-            continue
-        if ch in "\"'":
-            quote = ch
-            out.append(ch)
-            i += 1
-            continue
-        match = pattern.match(body, i)
-        if match:
-            out.append(f"({value})")
-            i = match.end()
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
 def rewrite(expression: str) -> str:
-    text = expression
-    while (index := text.find("cel.bind(")) != -1:
-        args, end = _split_call(text, index + len("cel.bind("))
-        if len(args) != 3 or not re.fullmatch(r"[A-Za-z_]\w*", args[0]):
-            raise ValueError("cel.bind takes a variable name, a value and an expression")
-        text = text[:index] + "(" + _replace_identifier(args[2], args[0], args[1]) + ")" + text[end:]
-    text = _HAS_VALUE.sub(r"has(\1.\2)", text)
-    while match := _OR_VALUE.search(text):
+    text = _HAS_VALUE.sub(r"has(\1.\2)", expression)
+    position = 0
+    while match := _OR_VALUE.search(text, position):
         [default], end = _split_call(text, match.end())
         lookup, field = match.group(1), match.group(2)
         text = text[: match.start()] + f"(has({lookup}.{field}) ? {lookup}.{field} : {default})" + text[end:]
+        position = match.start()  # the default may hold another `.?`: search on from here, not from 0
     return text

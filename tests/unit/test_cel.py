@@ -35,6 +35,13 @@ C = 'device.capacity["gpu.nvidia.com"]'
     (f'{A}.?type.orValue("none") == "gpu"', True),
     (f'{A}.?profile.hasValue()', False),
     (f'cel.bind(p, {A}.productName, p.startsWith("NVIDIA") && p.endsWith("HBM3"))', True),
+    (f'cel.bind(a, {A}, has(a.productName) && !has(a.profile))', True),
+    ('cel.bind(a, 1, cel.bind(a, a + 1, a)) == 2', True),  # an inner bind shadows an outer one
+    ('cel.bind(x, 2, [1].all(y, cel.bind(z, x, z == y + 1)))', True),  # no capture of the macro's y
+    ('cel.bind(y, 2, [1].all(y, y == 1))', True),
+    (f'{C}.memory.isInteger() && {C}.memory.sign() == 1', True),
+    ('quantity("500m").isInteger()', False),
+    ('quantity("-1").sign() == -1 && quantity("0").sign() == 0', True),
     (f'device.driver == "other" && {A}.missing == 1', False),  # && absorbs the error, as in Kubernetes
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 60 else None)
 def test_kubernetes_cel(expression: str, expected: bool) -> None:
@@ -46,6 +53,9 @@ def test_kubernetes_cel(expression: str, expected: bool) -> None:
     (f"{A}.productName", "must evaluate to bool"),
     ("device.attributes[", "CEL compile error"),
     ("cel.bind(1, 2, 3)", "cel.bind takes a variable name"),
+    ("cel.bind(x, 2) == 2", "cel.bind takes a variable name"),
+    ('quantity("500m").asInteger() == 0', "cannot be converted to an int64"),
+    ("[1, 2].exists(1, true)", "must be a variable name"),
 ])
 def test_errors_are_selector_errors(expression: str, message: str) -> None:
     with pytest.raises(SelectorError, match=message):
