@@ -10,6 +10,10 @@ admissions_per_s is claims admitted over the time spent in cycles; cycle_*_ms ar
 the Pending answers the cycles gave (a claim is answered once, then keeps its answer while it waits behind
 its kind), and decisions_per_s is admissions and answers over that time: a deeper queue admits as many
 claims a cycle but answers more of the new ones, which wait instead of being admitted at once.
+After every cycle (outside the timing) the quota invariants are checked on what runs
+(shared/quota_invariant.py): `quota_violations` counts the cycles that broke one, of those checked, with the
+first messages (`--no-check` skips it); `decisions` is a digest of what the cycles admitted (claim, node,
+devices) and preempted, to compare two versions of the decision core on one workload.
 The workload is drawn from one seed (`--seed`, default 11): the gap between the depths depends on it (other
 seeds give other quotas and claims), so compare depths over several seeds, not one.
 Run: `make bench-quota` (or `python bench/bench_quota.py --depth 1000 --cycles 20 --seed 2`).
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import random
 import statistics
@@ -32,11 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.runtime import CollectorPacing, tune_gc  # noqa: E402
 from shared import dra  # noqa: E402
-from shared.admission import Running, Snapshot, Waiting, run_cycle  # noqa: E402
+from shared.admission import Flavors, Running, Snapshot, Waiting, run_cycle  # noqa: E402
 from shared.allocation import SelectorMemo, State  # noqa: E402
 from shared.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.inventory import Fleet  # noqa: E402
 from shared.quota import QuotaConfig, parse_quotas  # noqa: E402
+from shared.quota_invariant import violations  # noqa: E402
 from shared.sources import documents_from  # noqa: E402
 from shared.waiting_queue import WaitingQueue  # noqa: E402
 
@@ -93,7 +99,7 @@ def _keyed(w: Waiting) -> tuple[tuple[str, str], Waiting]:
     return w.key, w
 
 
-def run(nodes: int, depth: int, cycles: int, seed: int = SEED) -> dict[str, Any]:
+def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = True) -> dict[str, Any]:
     rng = random.Random(seed)
     fleet = build_fleet(nodes)
     quotas = build_quotas(nodes, rng)
@@ -109,6 +115,10 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED) -> dict[str, Any]
     memo = SelectorMemo()
     collector = CollectorPacing()  # as the allocator runs: what a cycle keeps is frozen after it
     times, admitted, preempted, answered = [], 0, 0, 0
+    checker = Flavors(quotas.flavors, SelectorMemo())  # its own memo: the cycles' stays as theirs
+    broken: list[str] = []  # quota invariants broken after a cycle (shared/quota_invariant.py), outside the timing
+    broken_cycles = checked = 0
+    digest = hashlib.sha256()  # what was decided: admissions (claim, node, devices) and preemptions, per cycle
     warming, index = True, 0
     while index < cycles:
         if not warming:
@@ -124,6 +134,9 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED) -> dict[str, Any]
         result = run_cycle(snapshot, memo)
         elapsed = time.perf_counter() - started
         collector.after_cycle()
+        digest.update(repr(sorted((d.tenant, d.name, d.decision.allocation.node, d.decision.allocation.keys)
+                                  for d in result.decisions if d.decision.allocation is not None)).encode())
+        digest.update(repr([(p.victim, p.by, p.rule) for p in result.preemptions]).encode())
         for p in result.preemptions:  # back to the queue with their first arrival
             running.pop(p.victim)
             waiting.put(submitted[p.victim])
@@ -139,6 +152,10 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED) -> dict[str, Any]
                 count += 1
             elif not w.answered:
                 waiting.put(replace(w, answered=True))
+        found = violations(fleet, quotas, running.values(), checker) if check else []
+        checked += check
+        broken_cycles += bool(found)
+        broken += found[:max(0, 3 - len(broken))]
         if warming:  # fill the fleet first (no claim finishes) until a cycle admits nothing more: the
             warming = count > 0  # steady state of a full fleet is what is measured, at every depth
             continue
@@ -152,7 +169,9 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED) -> dict[str, Any]
             "preempted": preempted, "answered": answered, "admissions_per_s": round(admitted / sum(times), 1),
             "decisions_per_s": round((admitted + answered) / sum(times), 1),
             "cycle_p50_ms": round(statistics.median(times) * 1000, 1),
-            "cycle_p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1)}
+            "cycle_p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1),
+            "quota_violations": {"cycles": broken_cycles, "checked": checked, "first": broken},
+            "decisions": digest.hexdigest()[:16]}
 
 
 def main() -> None:
@@ -161,10 +180,11 @@ def main() -> None:
     parser.add_argument("--depth", type=int, action="append", help="queue depth (repeatable)")
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--seed", type=int, default=SEED, help="workload seed: quotas, claims, which claims finish")
+    parser.add_argument("--no-check", action="store_true", help="skip the quota invariants after each cycle")
     args = parser.parse_args()
     tune_gc()  # as `claimbroker up` and `serve` run
     for depth in args.depth or (1000, 10_000):
-        print(json.dumps(run(args.nodes, depth, args.cycles, args.seed)), flush=True)
+        print(json.dumps(run(args.nodes, depth, args.cycles, args.seed, not args.no_check)), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@ A pure function over an immutable snapshot (the fleet, the quotas, what runs, wh
 allocator service and `claimbroker simulate --quotas` run the same code.
 
 - Flavors: every device counts against the first flavor whose selector accepts it (shared/quota.py).
-- Quotas (Kueue's arithmetic, flat cohorts): a tenant may use its nominal quota of a flavor; beyond it
-  it borrows what its cohort lends (each member lends its unused nominal up to its lendingLimit) and
-  the flavor's free capacity (devices no tenant's nominal covers), within its borrowingLimit. With no
-  quota anywhere the fleet is open.
+- Quotas (Kueue's arithmetic, flat cohorts): a tenant may use its nominal quota of a flavor, less what
+  cohort-mates borrow of what it lends (it takes that back by reclaim, not by being admitted beside
+  them: the cohort would then hold more than its members' nominal); beyond it it borrows what its cohort
+  lends (each member lends its unused nominal up to its lendingLimit) and the flavor's free capacity
+  (devices no tenant's nominal covers), within its borrowingLimit. With no quota anywhere the fleet is
+  open. `shared.quota_invariant` checks what users rely on.
 - Order: tenants by share (GPU units in use over weight, lowest first), then priority, then arrival.
   Claims of one tenant and spec form a group tried from its head (see `_admission_pass`), so a deep
   queue never stalls admission and costs a cycle O(groups + admissions), not O(claims).
@@ -284,19 +286,18 @@ class QuotaBook:
 
     def room(self, tenant: str, flavor: str, *, lent_only: bool = True) -> int:
         """Devices of the flavor the tenant may still take: check()'s arithmetic solved for the most that
-        passes, its nominal headroom then what it may borrow (within its borrowingLimit and what its
-        cohort and the free capacity lend; with `lent_only=False`, as if they lent without end)."""
+        passes, what is available to it (`_available`) within its nominal headroom plus its borrowingLimit
+        (with `lent_only=False`, as if its cohort and the free capacity lent without end)."""
         fixed = self._fixed.get((tenant, flavor)) or self._fixed_of(tenant, flavor)
         nominal, cap = fixed[0], fixed[1]
         used = self.used[(tenant, flavor)]
         headroom = nominal - used if nominal > used else 0
         cap_left = cap - (used - nominal if used > nominal else 0)
-        if cap_left <= 0:
-            return headroom
+        most = headroom + cap_left if cap_left > 0 else headroom
         if not lent_only:
-            return headroom + cap_left
-        borrowable = self._borrowable(fixed, flavor, used)
-        return headroom + (cap_left if cap_left < borrowable else borrowable)
+            return most
+        available = self._available(fixed, flavor, used)
+        return available if available < most else most
 
     def _fixed_of(self, tenant: str, flavor: str) -> tuple[int, int, tuple[str, str], int, int]:
         """What the quotas fix for a tenant and flavor: nominal, borrowing cap, cohort key, the flavor's
@@ -322,19 +323,28 @@ class QuotaBook:
         return max(0, self.capacity.get(flavor, 0) - self.covered[flavor])
 
     def borrowable(self, tenant: str, flavor: str) -> int:
-        """How many more devices of the flavor the tenant could take beyond its nominal quota from what
-        its cohort lends and nobody uses and the free capacity no cohort has spilled into. That pool
-        holds the tenant's own lent, unused quota, which its nominal headroom already counts: it is
-        taken out, so a tenant never borrows its own quota (nor, through it, past another's
-        lendingLimit)."""
-        return self._borrowable(self._fixed_of(tenant, flavor), flavor, self.used[(tenant, flavor)])
-
-    def _borrowable(self, fixed: tuple[int, int, tuple[str, str], int, int], flavor: str, used: int) -> int:
-        nominal, _, cohort, free, keep = fixed
-        lent, spare = self.lends[cohort] - self.spill[cohort], free - self.over[flavor]
-        left = ((lent if lent > 0 else 0) + (spare if spare > 0 else 0) + (keep - used if keep > used else 0)
-                - (nominal - used if nominal > used else 0))
+        """How many more devices of the flavor the tenant could take beyond its nominal quota: what is
+        available to it (`_available`) less its nominal headroom. The cohort's pool holds the tenant's own
+        lent, unused quota, which its headroom already counts: it is taken out, so a tenant never borrows
+        its own quota (nor, through it, past another's lendingLimit)."""
+        fixed = self._fixed_of(tenant, flavor)
+        used = self.used[(tenant, flavor)]
+        nominal = fixed[0]
+        left = self._available(fixed, flavor, used) - (nominal - used if nominal > used else 0)
         return left if left > 0 else 0
+
+    def _available(self, fixed: tuple[int, int, tuple[str, str], int, int], flavor: str, used: int) -> int:
+        """Devices of the flavor the tenant may take now, its borrowingLimit aside (Kueue's `available`):
+        the part of its nominal it keeps (never lends) and does not use, what its cohort lends that nobody
+        uses, and the free capacity no cohort has spilled into.
+
+        Its nominal headroom is not all of it: what it lends sits in the cohort's pool, and while
+        cohort-mates borrow it, it is theirs. The tenant takes it back by reclaim (preemption of the
+        borrowers), never by being admitted beside them: then its cohort would hold more than its
+        members' nominal quota, on devices of the free capacity or of another cohort's idle quota."""
+        _, _, cohort, free, keep = fixed
+        lent, spare = self.lends[cohort] - self.spill[cohort], free - self.over[flavor]
+        return (lent if lent > 0 else 0) + (spare if spare > 0 else 0) + (keep - used if keep > used else 0)
 
     def check(self, tenant: str, deltas: Mapping[str, int]) -> list[Block]:
         """Blocking quotas if the tenant took `deltas` more devices per flavor; [] when it may."""
@@ -345,20 +355,29 @@ class QuotaBook:
             if delta <= 0:
                 continue
             used = self.used[(tenant, flavor)]
-            nominal, cap, _, _, _ = self._fixed_of(tenant, flavor)
-            if used + delta <= nominal:
-                continue
+            fixed = self._fixed_of(tenant, flavor)
+            nominal, cap = fixed[0], fixed[1]
             borrow = used + delta - nominal
-            room = self.borrowable(tenant, flavor)
-            already = max(0, used - nominal)
             if borrow > cap:
                 why = (f"{tenant} would borrow {borrow} {flavor} beyond its nominal {nominal}, over its "
                        f"borrowingLimit of {cap}")
-            elif borrow - already > room:
-                why = (f"{tenant} needs to borrow {borrow - already} more {flavor} (nominal {nominal}, in use "
-                       f"{used}), but its cohort and the free capacity lend only {room} more")
             else:
-                continue
+                # within its nominal quota too: what it lends may be borrowed (see _available)
+                available = self._available(fixed, flavor, used)
+                if delta <= available:
+                    continue
+                headroom = nominal - used if nominal > used else 0
+                lent_out = headroom - available if headroom > available else 0
+                if borrow <= 0:
+                    why = (f"{tenant} is within its nominal {nominal} {flavor} (in use {used}), but its cohort "
+                           f"borrows {lent_out} of the quota it lends: only {available} more are free to it "
+                           f"until they are given back")
+                else:
+                    why = (f"{tenant} needs to borrow {borrow - max(0, used - nominal)} more {flavor} (nominal "
+                           f"{nominal}, in use {used}), but its cohort and the free capacity lend only "
+                           f"{available - headroom if available > headroom else 0} more"
+                           + (f", and its cohort borrows {lent_out} of the quota it lends" if lent_out else ""))
+            room = self.borrowable(tenant, flavor)
             limit = self.config.tenant(tenant).limit(flavor)
             borrowed_by = {m: b for m in self.members[self.cohort_of(tenant)]
                            if m != tenant and (b := self.borrowing(m, flavor))}
@@ -1034,8 +1053,10 @@ class _Cycle:
     def prefilter(self) -> tuple[Callable[[Waiting], bool], Callable[[str], bool], Mapping[str, int]]:
         """A cheap test, built once per pass, of whether a waiting claim has any victim candidate: a
         lower-priority preemptible claim of its own tenant, or a preemptible claim of another tenant
-        that borrows (any other tenant in an open fleet) with a larger share than its own. Also its two
-        halves: whether a tenant could preempt by share, and each tenant's lowest preemptible priority."""
+        that borrows (any other tenant in an open fleet) with a larger share than its own, or, whatever
+        the shares, of a cohort-mate that borrows while the claim's tenant has nominal headroom (reclaim).
+        Also its two halves: whether a tenant could preempt another tenant's claims (by share or
+        reclaim), and each tenant's lowest preemptible priority."""
         lowest: dict[str, int] = {}
         shares: dict[str, float] = {}
         enforced = self.snapshot.quotas.enforced
@@ -1052,11 +1073,31 @@ class _Cycle:
                 shares[tenant] = self.book.share(tenant)
         top = max(shares.values(), default=None)
 
-        def by_share(tenant: str) -> bool:
+        # per cohort, its members that borrow and run preemptible claims: reclaim takes from them whatever
+        # the shares (a tenant within its nominal quota gets back what it lent; see QuotaBook._available)
+        borrowers: dict[str, set[str]] = defaultdict(set)
+        if enforced:
+            for tenant in lowest:
+                if self.book.borrowed_count[tenant] > 0:
+                    borrowers[self.book.cohort_of(tenant)].add(tenant)
+
+        def by_reclaim(tenant: str, flavors: frozenset[str] | None = None) -> bool:
+            """A cohort-mate borrows and the tenant has nominal headroom (in one of `flavors`)."""
+            mates = borrowers.get(self.book.cohort_of(tenant)) if borrowers else None
+            if not mates or (len(mates) == 1 and tenant in mates):
+                return False
+            headroom = self.book.headroom_flavors(tenant)
+            return bool(headroom if flavors is None else headroom & flavors)
+
+        def by_fair_share(tenant: str) -> bool:
             mine = self.book.share(tenant)
             if top is None or top < mine:
                 return False
             return any(t != tenant and s >= mine for t, s in shares.items())
+
+        def by_share(tenant: str) -> bool:
+            """It could preempt another tenant's claims: by fair share or by reclaim."""
+            return by_fair_share(tenant) or by_reclaim(tenant)
 
         stuck: dict[Any, bool] = {}  # per group: its tenant's quota and its spec decide it alike
 
@@ -1064,7 +1105,7 @@ class _Cycle:
             """A claim its quota keeps out may only preempt lower-priority claims of its own tenant."""
             if lowest.get(waiting.tenant, waiting.priority) < waiting.priority:
                 return True
-            if not by_share(waiting.tenant):
+            if not (by_fair_share(waiting.tenant) or by_reclaim(waiting.tenant, self._facts(waiting).flavors)):
                 return False
             gid = self.group_of.get(waiting.key)
             found = stuck.get(gid)

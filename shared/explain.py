@@ -65,13 +65,16 @@ def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: 
     out = []
     for b in blocks:
         need = b.used + b.requested - b.nominal
-        if b.borrowing_limit is not None and need > b.borrowing_limit:
+        borrowers = ', '.join(f'{t} ({n})' for t, n in sorted(b.borrowed_by.items())) or 'others'
+        if need <= 0:  # within its nominal: cohort-mates borrow what it lends, and it takes it back by reclaim
+            out.append(f"wait for {borrowers} to return borrowed {b.flavor}: reclaim preempts their preemptible "
+                       f"claims that borrow it, or set {tenant}'s {b.flavor} lendingLimit to keep it from lending")
+        elif b.borrowing_limit is not None and need > b.borrowing_limit:
             out.append(f"raise {tenant}'s {b.flavor} borrowingLimit from {b.borrowing_limit} to {need}, or its "
                        f"nominal from {b.nominal} to {b.used + b.requested}")
         else:
             out.append(f"raise {tenant}'s {b.flavor} nominal from {b.nominal} to {b.used + b.requested}, or wait "
-                       f"for {', '.join(f'{t} ({n})' for t, n in sorted(b.borrowed_by.items())) or 'others'} to "
-                       f"return borrowed {b.flavor}")
+                       f"for {borrowers} to return borrowed {b.flavor}")
     for c in capacity:
         requested = c["requested"]
         if isinstance(requested, int) and c["mostOnOneNode"] < requested:
