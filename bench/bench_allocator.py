@@ -7,7 +7,9 @@ that keep the depth (about as many as the last transaction admitted); it reads t
 runs the decision cycle and writes every decision with its status events and history, then commits. The
 fleet is filled first (on PostgreSQL, then vacuumed and analysed, as autovacuum keeps a running ledger).
 Prints one JSON line per depth: admissions per second of transaction time, and the transaction's p50 and
-p99.
+p99. After every measured transaction (outside the timing) the quota invariants are checked on what the
+ledger holds allocated (shared/quota_invariant.py): `quota_violations` counts the transactions that left one
+broken, with the first messages.
 
 Run: `make bench-allocator` (SQLite in a temporary directory), or
 `python bench/bench_allocator.py --url postgresql+asyncpg://postgres@127.0.0.1:5432/DB --depth 1000` on an
@@ -35,11 +37,13 @@ from sqlalchemy import func, select  # noqa: E402
 from services.allocator import service  # noqa: E402
 from services.allocator.service import Allocator  # noqa: E402
 from shared import subjects  # noqa: E402
-from shared.allocation import State  # noqa: E402
+from shared.admission import Flavors, Running  # noqa: E402
+from shared.allocation import Allocation, SelectorMemo, State  # noqa: E402
 from shared.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.ledger.engine import create_engine, migrate  # noqa: E402
 from shared.ledger.quota_store import apply_quota_config  # noqa: E402
 from shared.ledger.schema import Claim  # noqa: E402
+from shared.quota_invariant import violations  # noqa: E402
 
 MEASURED = 30
 RELEASES = 32  # half of the allocator's default batch
@@ -61,6 +65,8 @@ async def run(url: str, depth: int) -> dict[str, Any]:
     allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
     allocator.fleet = fleet
     admitted: list[int] = []
+    flavors = Flavors(quotas.flavors, SelectorMemo())
+    broken, first = 0, list[str]()
     decide = service.run_cycle
 
     def counted(snapshot: Any, memo: Any = None) -> Any:
@@ -98,12 +104,20 @@ async def run(url: str, depth: int) -> dict[str, Any]:
                     await maintain(engine)
                 continue
             times.append(elapsed)
+            async with allocator.sessions() as session:  # what the ledger holds allocated, as committed
+                held = [Running(t, n, Allocation.from_json(a)) for t, n, a in await session.execute(
+                    select(Claim.namespace, Claim.name, Claim.allocation)
+                    .where(Claim.state == State.ALLOCATED.value))]
+            found = violations(fleet, quotas, held, flavors)
+            broken += bool(found)
+            first = first or found[:3]
         count = sum(admitted[-MEASURED:])
         times.sort()
         return {"nodes": NODES, "queue_depth": depth, "transactions": MEASURED, "admitted": count,
                 "admissions_per_s": round(count / sum(times), 1),
                 "transaction_p50_ms": round(statistics.median(times) * 1000, 1),
-                "transaction_p99_ms": round(times[-1] * 1000, 1), "database": url.split(":")[0]}
+                "transaction_p99_ms": round(times[-1] * 1000, 1), "database": url.split(":")[0],
+                "quota_violations": {"transactions": broken, "checked": MEASURED, "first": first}}
     finally:
         service.run_cycle = decide
         await engine.dispose()
