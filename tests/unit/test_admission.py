@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import CycleResult, Flavors, QuotaBook, Running, Snapshot, Waiting, _Cycle, run_cycle
+from shared.admission import Flavors, QuotaBook, Running, Snapshot, Waiting, _Cycle, run_cycle
 from shared.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.classes import BUILTIN_CLASSES
 from shared.inventory import Fleet
 from shared.quota import QuotaConfig, parse_quotas
 from shared.simulate import run_waves
-from shared.waiting_queue import WaitingQueue
 from tests.builders import ClaimBuilder, a_claim, fleet, node
+from tests.waves import Waves
 
 H100 = 'device.attributes["gpu.nvidia.com"].productName == "H100"'
 B200 = 'device.attributes["gpu.nvidia.com"].productName == "B200"'
@@ -258,7 +257,7 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
     that snapshot alone, and what the cycles admit never holds a device twice."""
     f, config, waves = scenario
     kept = SelectorMemo()
-    shell = Waves(waves, rng)
+    shell = Waves([[arriving(c, 0) for c in wave] for wave in waves], rng)
     for _ in shell.cycles():
         snapshot = Snapshot(f, BUILTIN_CLASSES, config, tuple(shell.running.values()), tuple(shell.queue.values()))
         result = run_cycle(snapshot, kept)
@@ -287,58 +286,10 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
         assert not [k for k, n in held.items() if n > 1], "a device was allocated twice"
 
 
-@dataclass
-class Waves:
-    """A scenario's waves driven through cycles as a shell would: each wave's claims join the queue, some
-    running claims finish, three cycles run, and each cycle's result is settled."""
-
-    waves: list[list[Any]]
-    rng: Any
-    running: dict[tuple[str, str], Running] = field(default_factory=dict)
-    queue: WaitingQueue = field(default_factory=WaitingQueue)
-    arrival: int = 0
-    order: int = 0
-
-    def cycles(self) -> Iterator[None]:
-        """Yields once per cycle to run (the caller settles its result)."""
-        for wave in self.waves:
-            for claim in wave:
-                self.arrival += 1
-                w = arriving(claim, self.arrival)
-                if w.key not in self.running and w.key not in self.queue:
-                    self.queue.put(w)
-            for key in [k for k in sorted(self.running) if self.rng.random() < 0.3]:  # some claims finish
-                del self.running[key]
-            for _ in range(3):
-                yield
-
-    def settle(self, result: CycleResult) -> None:
-        """Victims queue again with who displaced them, admitted claims run, Pending ones are answered."""
-        for p in result.preemptions:
-            victim = self.running.pop(p.victim)
-            self.queue.put(Waiting(victim.tenant, victim.name, _claim_of(self.waves, p.victim), victim.priority,
-                                   True, victim.arrival, displaced_by=frozenset({p.by})))
-        for d in result.decisions:
-            w = self.queue.get((d.tenant, d.name))
-            if w is None:
-                continue
-            if d.decision.allocation is not None:
-                self.order += 1
-                self.running[w.key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, True, w.arrival,
-                                              self.order)
-                self.queue.pop(w.key)
-            elif d.decision.state is State.PENDING and not w.answered:
-                self.queue.put(replace(w, answered=True))
-
-
 def arriving(claim: Any, arrival: int) -> Waiting:
     """A scenario's claim as it joins the queue, with the priority its annotation gives."""
     return Waiting(claim.metadata.namespace, claim.metadata.name, claim,
                    int(claim.metadata.annotations.get("claimbroker.io/priority", "0")), True, arrival)
-
-
-def _claim_of(waves: list[list[Any]], key: tuple[str, str]) -> Any:
-    return next(c for wave in waves for c in wave if (c.metadata.namespace, c.metadata.name) == key)
 
 
 def test_claims_of_one_spec_in_many_tenants_are_each_explained_with_their_own_tenant_and_priority() -> None:

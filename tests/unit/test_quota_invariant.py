@@ -5,7 +5,6 @@ cohort over its members' nominal quota, as table rows."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import CycleResult, Flavors, Running, Snapshot, Waiting, run_cycle
+from shared.admission import Flavors, Running, Snapshot, Waiting, run_cycle
 from shared.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.classes import BUILTIN_CLASSES
 from shared.inventory import Fleet
 from shared.quota import QuotaConfig, parse_quotas
 from shared.quota_invariant import held_per_flavor, violations
 from shared.sources import documents_from
-from shared.waiting_queue import WaitingQueue
 from tests.builders import a_claim, fleet, node
+from tests.waves import Waves
 
 MODELS = ("H100", "A100")
 LAYOUTS = ("all-1g.10gb", "all-balanced", "all-3g.40gb", ["2g.20gb", "3g.40gb"], "dynamic")
@@ -155,54 +154,6 @@ def scenarios(draw: Any) -> Scenario:
     return Scenario(nodes, draw(quota_configs(capacity)), waves, f)
 
 
-@dataclass
-class Shell:
-    """Waves driven through cycles as the allocator's shell does (tests/unit/test_admission.py's Waves, for
-    claims preemptible or not): each wave's claims join the queue, some running claims finish, three
-    cycles run, and each cycle's result is settled (victims queue again, Rejected claims leave)."""
-
-    waves: list[list[Waiting]]
-    rng: Any
-    running: dict[tuple[str, str], Running] = field(default_factory=dict)
-    queue: WaitingQueue = field(default_factory=WaitingQueue)
-    arrival: int = 0
-    order: int = 0
-    pairs: set[tuple[tuple[str, str], tuple[str, str]]] = field(default_factory=set)  # (victim, by)
-
-    def cycles(self) -> Iterator[None]:
-        for wave in self.waves:
-            for w in wave:
-                self.arrival += 1
-                if w.key not in self.running and w.key not in self.queue:
-                    self.queue.put(replace(w, arrival=self.arrival))
-            for key in [k for k in sorted(self.running) if self.rng.random() < 0.3]:  # some claims finish
-                del self.running[key]
-            for _ in range(3):
-                yield
-
-    def settle(self, result: CycleResult, originals: dict[tuple[str, str], Waiting]) -> None:
-        for p in result.preemptions:  # back to the queue, never to take back what displaced it
-            assert (p.by, p.victim) not in self.pairs, f"{p.victim} and {p.by} preempted each other"
-            self.pairs.add((p.victim, p.by))
-            victim = self.running.pop(p.victim)
-            first = originals[p.victim]
-            self.queue.put(Waiting(victim.tenant, victim.name, first.claim, victim.priority, victim.preemptible,
-                                   victim.arrival, displaced_by=frozenset({p.by})))
-        for d in result.decisions:
-            w = self.queue.get((d.tenant, d.name))
-            if w is None:
-                continue
-            if d.decision.allocation is not None:
-                self.order += 1
-                self.running[w.key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, w.preemptible,
-                                              w.arrival, self.order)
-                self.queue.pop(w.key)
-            elif d.decision.state is State.REJECTED:
-                self.queue.pop(w.key)
-            elif d.decision.state is State.PENDING and not w.answered:
-                self.queue.put(replace(w, answered=True))
-
-
 @pytest.mark.timeout(900)  # a failure shrinks for up to five minutes (many cycles an example) before it is shown
 @settings(max_examples=400, deadline=None)
 @given(scenarios(), st.randoms(use_true_random=False))
@@ -211,11 +162,10 @@ def test_no_cycle_breaks_a_quota_invariant(scenario: Scenario, rng: Any) -> None
     borrowingLimit, no cohort over its members' nominal plus the free capacity, no kept quota lent."""
     f, config, waves = scenario.fleet, scenario.quotas, scenario.waves
     kept, flavors = memo(), Flavors(config.flavors, SHARED)
-    originals = {w.key: w for wave in waves for w in wave}
-    shell = Shell(waves, rng)
+    shell = Waves(waves, rng)
     for cycle, _ in enumerate(shell.cycles()):
         snapshot = Snapshot(f, BUILTIN_CLASSES, config, tuple(shell.running.values()), tuple(shell.queue.values()))
-        shell.settle(run_cycle(snapshot, kept), originals)
+        shell.settle(run_cycle(snapshot, kept))
         found = violations(f, config, shell.running.values(), flavors)
         assert not found, (f"cycle {cycle + 1}: {found}; held {held_per_flavor(f, shell.running.values(), flavors)}"
                            f"\n{scenario!r}")

@@ -16,7 +16,8 @@ from shared.inventory import Fleet
 from shared.quota import QuotaConfig
 from shared.waiting_queue import WaitingQueue
 from tests.builders import a_claim
-from tests.unit.test_admission import Waves, scenarios
+from tests.unit.test_admission import arriving, scenarios
+from tests.waves import Waves
 
 
 def claim(name: str, tenant: str = "t", arrival: int = 0) -> Waiting:
@@ -74,7 +75,7 @@ def test_a_cycle_handed_the_changes_decides_as_one_that_compares_the_queue(
     queue. Their decisions and preemptions are the same, cycle after cycle."""
     f, config, waves = scenario
     with_changes, without = SelectorMemo(), SelectorMemo()
-    shell = Waves(waves, rng)
+    shell = Waves([[arriving(c, 0) for c in wave] for wave in waves], rng)
     for _ in shell.cycles():
         queued, changes = shell.queue.snapshot()
         roll = rng.random()
