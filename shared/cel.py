@@ -321,24 +321,22 @@ class _Estimator:
         return 2, _UNKNOWN
 
     def _list_lit(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
-        if not node.children:
-            return 1, _EMPTY
-        items = node.children[0].children
-        cost, shapes = self._sum(items, depth + 1)
-        item = shapes[0]
-        for shape in shapes[1:]:
-            item = _join(item, shape)
-        return 2 + cost, _shape(len(items) + sum(s.size for s in shapes), len(items), item)
+        return self._collection(node, depth, 1)
 
     def _map_lit(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:
+        return self._collection(node, depth, 2)  # keys and values alternate
+
+    def _collection(self, node: Tree[Any], depth: int, per_element: int) -> tuple[int, _Shape]:
+        """A list or map literal: its parts' cost, and as many elements as it lists (each part's shape
+        joined into one for what a comprehension over it may visit)."""
         if not node.children:
             return 1, _EMPTY
-        entries = node.children[0].children
-        cost, shapes = self._sum(entries, depth + 1)
+        parts = node.children[0].children
+        cost, shapes = self._sum(parts, depth + 1)
         item = shapes[0]
         for shape in shapes[1:]:
             item = _join(item, shape)
-        return 2 + cost, _shape(len(entries) + sum(s.size for s in shapes), len(entries) // 2, item)
+        return 2 + cost, _shape(len(parts) + sum(s.size for s in shapes), len(parts) // per_element, item)
 
     def _expr(self, node: Tree[Any], depth: int) -> tuple[int, _Shape]:  # c ? a : b
         cost, shapes = self._sum(node.children, depth)
