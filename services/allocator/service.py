@@ -86,6 +86,7 @@ class Allocator:
         self.clock = clock
         self.lost_nodes: set[str] = set()
         self._set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
+        self._cycle_failure_reported = -math.inf  # when a failing cycle was last logged with its trace and alerted
         self._fleet_changed = asyncio.Event()
         self._inventory_seen = asyncio.Event()
         self._publish_lock = asyncio.Lock()
@@ -193,9 +194,14 @@ class Allocator:
                     await self.publish_outbox()
                     return
         failure = cycle_fails or error
-        log.error("decision cycle failed: %s: %s", type(failure).__name__, printable(str(failure), 500),
-                  exc_info=failure)
-        await self._alert_internal_error(failure)
+        now = time.monotonic()
+        if now >= self._cycle_failure_reported + 60:  # a cycle retried every second: its trace once a minute
+            self._cycle_failure_reported = now
+            log.error("decision cycle failed: %s: %s", type(failure).__name__, printable(str(failure), 500),
+                      exc_info=failure)
+            await self._alert_internal_error(failure)
+        else:
+            log.warning("decision cycle failed again: %s", type(failure).__name__)
         if message is not None:
             await message.nak(delay=min(5.0, 0.5 * max(deliveries, 1)))
 
