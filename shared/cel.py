@@ -175,9 +175,12 @@ EVALUATION_TIME_LIMIT_S = 0.1
 _CHECK_TIME_EVERY = 64  # steps between two clock reads (a clock read is 0.5 us, 64 steps some 400 us)
 # The per-selector budget: steps beyond FREE_STEPS_PER_EVALUATION in each evaluation are summed over all
 # of a selector's evaluations; past SELECTOR_BUDGET_STEPS (about 0.5 s at 6 us a step) the selector is
-# refused. Normal selectors never draw on it, however large the fleet.
+# refused. Normal selectors never draw on it, however large the fleet. The budget refills every
+# SELECTOR_BUDGET_WINDOW_S: it bounds how long one selector can hold up the allocator at a time, and a
+# selector the fleet's slow growth (new devices, new shapes) keeps evaluating is not refused for good.
 FREE_STEPS_PER_EVALUATION = 500
 SELECTOR_BUDGET_STEPS = 80_000
+SELECTOR_BUDGET_WINDOW_S = 60.0
 
 _MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 _UNKNOWN_SIZE = 48  # DRA's most values in one list attribute; maps of attributes hold at most 32
@@ -545,11 +548,16 @@ class EvaluationBudget:
     limit: int = SELECTOR_BUDGET_STEPS
     spent: int = 0
     evaluations: int = 0
+    since: float = field(default_factory=time.monotonic)  # when this window began
+
+    def refill(self, now: float) -> None:
+        if now - self.since >= SELECTOR_BUDGET_WINDOW_S:
+            self.spent, self.evaluations, self.since = 0, 0, now
 
     def exceeded(self) -> str:
         return (f"CEL evaluation budget exceeded: this selector spent {self.spent:,} steps beyond "
                 f"{FREE_STEPS_PER_EVALUATION} per device over {self.evaluations} evaluations, the limit is "
-                f"{self.limit:,} (about 0.5 s); it is too expensive to evaluate on every device")
+                f"{self.limit:,} (about 0.5 s) a minute; it is too expensive to evaluate on every device")
 
 
 @dataclass(frozen=True)
@@ -679,6 +687,7 @@ def evaluate(selector: CompiledSelector, activation: ct.MapType, budget: Evaluat
     """True or False; anything else (a runtime error, a non-bool result, a limit reached) raises
     SelectorError. `budget` defaults to the selector's own, kept for as long as the selector is cached."""
     budget = selector.budget if budget is None else budget
+    budget.refill(time.monotonic())
     remaining = budget.limit - budget.spent
     if remaining <= 0:
         raise SelectorError(budget.exceeded())

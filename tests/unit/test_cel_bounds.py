@@ -426,3 +426,17 @@ def test_no_signal_handler_or_timer_is_left_behind() -> None:
 def test_a_selector_that_is_not_text_is_a_selector_error() -> None:
     with pytest.raises(SelectorError, match="must be a string"):
         compile_selector(None)  # type: ignore[arg-type]
+
+
+def test_a_spent_budget_refills_after_its_window() -> None:
+    """A selector refused for its cost now is tried again a window later: a fleet that slowly grows does
+    not refuse it for good."""
+    budget = EvaluationBudget(limit=1_000)
+    with pytest.raises(SelectorError, match="budget exceeded"):
+        evaluate(_slow_selector("refill"), DEVICE, budget)
+    with pytest.raises(SelectorError, match="budget exceeded"):
+        evaluate(_slow_selector("refill"), DEVICE, budget)  # within the window: still spent
+    budget.refill(budget.since + cel.SELECTOR_BUDGET_WINDOW_S - 1)
+    assert budget.spent >= budget.limit
+    budget.refill(budget.since + cel.SELECTOR_BUDGET_WINDOW_S)
+    assert (budget.spent, budget.evaluations) == (0, 0)
