@@ -97,11 +97,27 @@ def nats_server_binary() -> str:
 
 @dataclass
 class EmbeddedNats:
-    """A nats-server with JetStream in its own store folder, on a port it picks itself (no race)."""
+    """A nats-server with JetStream in its own store folder, on a port it picks itself (no race).
+
+    `sync`: how often JetStream syncs its files to disk. "always" (the default) fsyncs every write before
+    it is acknowledged, so an acknowledged claim survives a power failure; nats-server's own default
+    ("default", every 2 minutes) lost acknowledged writes after one in Jepsen's analysis of 2.12.1. It
+    costs a publish about 0.25 ms more on this project's VMs (a publisher awaiting each ack: 4,000 to
+    1,700 a second; see README, Reliability). A duration ("10s") syncs that often."""
 
     store: Path
+    sync: str = "always"
     process: subprocess.Popen[bytes] | None = None
     url: str = ""
+
+    def _config(self) -> Path:
+        """JetStream's settings as a config file: `sync_interval` has no command-line flag."""
+        jetstream = {"store_dir": str(self.store / "js")}
+        if self.sync != "default":
+            jetstream["sync_interval"] = self.sync
+        path = self.store / "nats-server.conf"
+        path.write_text("jetstream " + json.dumps(jetstream) + "\n")
+        return path
 
     def start(self, timeout: float = 10.0) -> str:
         self.store.mkdir(parents=True, exist_ok=True)
@@ -111,7 +127,7 @@ class EmbeddedNats:
             stale.unlink()
         log = open(self.store / "nats-server.log", "ab")  # noqa: SIM115 - owned by the process
         self.process = subprocess.Popen(
-            [nats_server_binary(), "-a", "127.0.0.1", "-p", "-1", "-js", "-sd", str(self.store / "js"),
+            [nats_server_binary(), "-c", str(self._config()), "-a", "127.0.0.1", "-p", "-1",
              "--ports_file_dir", str(ports_dir)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

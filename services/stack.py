@@ -108,7 +108,7 @@ async def running_stack(
     embedded = None
     nats_url = settings.nats_url
     if not nats_url:
-        embedded = EmbeddedNats(Path(settings.data_dir) / "nats")
+        embedded = EmbeddedNats(Path(settings.data_dir) / "nats", sync=settings.nats_sync)
         nats_url = await asyncio.to_thread(embedded.start)
     db_url = settings.database_url()
     await migrate(db_url)
