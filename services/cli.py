@@ -60,13 +60,70 @@ def _settings(**overrides: Any) -> BrokerSettings:
     return BrokerSettings(**values)
 
 
+class Unreachable(Exception):
+    """A server the command needs cannot be reached or does not hold the broker: one line, exit 3."""
+
+
+NATS_TIMEOUT_S = 5.0  # a command gives up on NATS after this long, never hangs
+
+
 def _nats_url(settings: BrokerSettings) -> str:
+    """--nats (or CLAIMBROKER_NATS), else the URL `up` wrote in the data folder; never a guess."""
     if settings.nats_url:
         return settings.nats_url
     url_file = settings.data_dir / "nats.url"
     if url_file.exists():
         return url_file.read_text().strip()
-    return "nats://127.0.0.1:4222"
+    err.print(f"no NATS URL: pass --nats URL (or CLAIMBROKER_NATS), or run where `claimbroker up` keeps its data "
+              f"({url_file} does not exist)")
+    raise typer.Exit(2)
+
+
+async def _connect(url: str) -> Any:
+    """The CLI's connection: bounded and quiet. nats-py retries a refused first connection for good,
+    whatever its reconnect options, reporting each try to `error_cb`: the first report ends it here, with
+    one line instead of a hang."""
+    import nats
+
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[BaseException] = loop.create_future()
+
+    async def first_failure(error: Exception) -> None:
+        if not failed.done():
+            failed.set_result(error)
+
+    connecting: asyncio.Future[Any] = asyncio.ensure_future(
+        nats.connect(url, name="claimbroker-cli", connect_timeout=2, allow_reconnect=False, error_cb=first_failure))
+    futures: set[asyncio.Future[Any]] = {connecting, failed}
+    await asyncio.wait(futures, timeout=NATS_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+    if connecting.done() and connecting.exception() is None:
+        return connecting.result()
+    connecting.cancel()
+    await asyncio.wait({connecting})
+    error = failed.result() if failed.done() else None
+    if error is None and not connecting.cancelled():
+        error = connecting.exception()
+    why = _why(error) if error is not None else f"no answer within {NATS_TIMEOUT_S:g}s"
+    raise Unreachable(f"cannot reach NATS at {url}: {why}")
+
+
+def _why(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text if "no servers" not in text.lower() else "nothing answered there"
+
+
+async def _publish(js: Any, url: str, subject: str, payload: Any, message_id: str) -> None:
+    """Publish to the broker's stream; only `up`, `serve` and `migrate` create what the broker needs."""
+    from nats.js.errors import NoStreamResponseError
+
+    from services.natsio import publish_json
+
+    try:
+        await asyncio.wait_for(publish_json(js, subject, payload, msg_id=message_id), NATS_TIMEOUT_S)
+    except NoStreamResponseError:
+        raise Unreachable(f"NATS at {url} has no claim-broker streams: is the broker running against it?") from None
+    except TimeoutError:
+        raise Unreachable(f"NATS at {url} did not acknowledge within {NATS_TIMEOUT_S:g}s") from None
 
 
 def _logging(verbose: bool) -> None:
@@ -215,12 +272,9 @@ def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
 
 
 async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int | None) -> list[tuple[str, str]]:
-    from services.natsio import connect, ensure_streams, publish_json
-
-    nc = await connect(url, name="claimbroker-cli")
+    nc = await _connect(url)
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
         sent = []
         for document in claims:
             if priority is not None:
@@ -229,7 +283,7 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
                                            "claimbroker.io/priority": str(priority)}
             tenant, name = document["metadata"]["namespace"], str(document["metadata"].get("name", ""))
             digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
-            await publish_json(js, subjects.submit(tenant), document, msg_id=f"submit:{tenant}:{name}:{digest}")
+            await _publish(js, url, subjects.submit(tenant), document, f"submit:{tenant}:{name}:{digest}")
             sent.append((tenant, name))
         return sent
     finally:
@@ -239,18 +293,20 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
 async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[dict[str, Any]]:
     """The newest status of every matching claim, from the status stream."""
     from nats.js.api import DeliverPolicy
+    from nats.js.errors import NotFoundError
 
-    from services.natsio import connect
-
-    nc = await connect(url, name="claimbroker-cli")
+    nc = await _connect(url)
     try:
         js = nc.jetstream()
         subject = f"{subjects.PREFIX}.claims.status.{tenant}.{name}"
         latest: dict[str, dict[str, Any]] = {}
         try:
-            info = await js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject)
-        except Exception:
-            return []
+            info = await asyncio.wait_for(js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject),
+                                          NATS_TIMEOUT_S)
+        except NotFoundError:
+            raise Unreachable(f"NATS at {url} has no claim-broker streams: is the broker running against it?") from None
+        except TimeoutError:
+            raise Unreachable(f"NATS at {url} did not answer within {NATS_TIMEOUT_S:g}s") from None
         if not info.state.subjects:
             return []
         done = asyncio.Event()
@@ -356,17 +412,15 @@ def release(
     tenant: Annotated[str, typer.Option(help="the claim's tenant")] = "default",
 ) -> None:
     """Release an allocated or pending claim."""
-    from services.natsio import connect, ensure_streams, publish_json
-
     url = _nats_url(_settings())
 
     async def main() -> None:
-        nc = await connect(url, name="claimbroker-cli")
-        js = nc.jetstream()
-        await ensure_streams(js)
-        await publish_json(js, subjects.release(tenant), {"name": name},
-                           msg_id=f"release:{tenant}:{name}:{time.time_ns()}")
-        await nc.close()
+        nc = await _connect(url)
+        try:
+            await _publish(nc.jetstream(), url, subjects.release(tenant), {"name": name},
+                           f"release:{tenant}:{name}:{time.time_ns()}")
+        finally:
+            await nc.close()
 
     asyncio.run(main())
     console.print(f"release requested for {tenant}/{name}")
@@ -680,11 +734,22 @@ def top(
 
 
 def main() -> None:
+    """Errors are one line on stderr, never a traceback (CLAIMBROKER_DEBUG=1 shows it)."""
+    import os
+
     try:
         app()
     except dra.DocumentError as error:
         err.print(str(error))
         sys.exit(1)
+    except Unreachable as error:
+        err.print(f"claimbroker: {error}")
+        sys.exit(3)
+    except Exception as error:
+        if os.environ.get("CLAIMBROKER_DEBUG"):
+            raise
+        err.print(f"claimbroker: {type(error).__name__}: {error} (CLAIMBROKER_DEBUG=1 shows where)")
+        sys.exit(3)
 
 
 if __name__ == "__main__":

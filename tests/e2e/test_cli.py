@@ -53,3 +53,44 @@ async def test_submit_wait_status_release(nats_server: EmbeddedNats, tmp_path: P
             if json.loads(out)[0]["state"] == "Released":
                 break
         assert json.loads(out)[0]["state"] == "Released"
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:  # bound, then closed: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_without_a_nats_url_the_cli_says_so_instead_of_guessing(tmp_path: Path) -> None:
+    code, out, err = await run("--data-dir", str(tmp_path / "none"), "status")
+    assert code == 2 and out == ""
+    assert err.startswith("no NATS URL") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["submit", "CLAIMS"], ["status"], ["release", "one", "--tenant", "t"]])
+async def test_an_unreachable_nats_is_one_line_and_a_bounded_wait(tmp_path: Path, command: list[str]) -> None:
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump(a_claim("one", "t").request().document()))
+    url = f"nats://127.0.0.1:{_closed_port()}"
+    started = asyncio.get_running_loop().time()
+    code, _, err = await run("--nats", url, *[str(claims) if a == "CLAIMS" else a for a in command])
+    assert code == 3 and err.startswith(f"claimbroker: cannot reach NATS at {url}")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert asyncio.get_running_loop().time() - started < 10  # the interpreter's start included
+
+
+async def test_a_nats_without_the_broker_is_refused_and_left_as_it_was(nats_server: EmbeddedNats,
+                                                                      tmp_path: Path) -> None:
+    from services.natsio import connect
+
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump(a_claim("one", "t").request().document()))
+    code, _, err = await run("--nats", nats_server.url, "submit", str(claims))
+    assert code == 3 and "has no claim-broker streams" in err and len(err.strip().splitlines()) == 1
+    nc = await connect(nats_server.url, name="test")
+    try:
+        assert await nc.jetstream().streams_info() == []  # no streams created
+    finally:
+        await nc.close()
