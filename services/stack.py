@@ -60,7 +60,7 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
     elif name == "allocator":
         classes = merge_classes(load_inventory(settings.inventory).classes)
         stack.allocator = Allocator(nc, stack.engine, classes, batch=settings.allocator_batch,
-                                    ack_wait=settings.ack_wait, max_deliver=settings.max_deliver,
+                                    ack_wait=settings.allocator_ack_wait, max_deliver=settings.max_deliver,
                                     inventory_ttl=settings.inventory_ttl, reason_refresh=settings.reason_refresh)
         runner = stack.allocator.run()
     elif name == "notifier":

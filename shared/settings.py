@@ -54,7 +54,10 @@ class BrokerSettings(BaseSettings):
     pending_alert_after: float = 600.0
     inventory_poll_interval: float = 2.0
     allocator_batch: int = 64
-    ack_wait: float = 30.0
+    ack_wait: float = 30.0  # the notifier's consumer
+    # The allocator's: what a killed allocator held is redelivered after it, and a live one marks what it
+    # holds in progress every third of it, so a kill costs seconds.
+    allocator_ack_wait: float = 5.0
     max_deliver: int = 10
     # A Pending claim's reason is worked out again this often (its numbers drift as the fleet changes);
     # in between it keeps its answer, so a deep queue costs a cycle nothing.

@@ -15,6 +15,7 @@ Quota changes from the admin API are read at the next cycle; a cycle also runs e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -57,7 +58,7 @@ class Allocator:
         classes: Mapping[str, dra.DeviceClass],
         *,
         batch: int = 64,
-        ack_wait: float = 30.0,
+        ack_wait: float = 5.0,
         max_deliver: int = 10,
         inventory_ttl: float = 90.0,
         cycle_interval: float = 1.0,
@@ -105,13 +106,7 @@ class Allocator:
             subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
         )
-        claims = await self.js.pull_subscribe(
-            subjects.PREFIX + ".claims.>", durable=CONSUMER, stream=subjects.CLAIMS_STREAM,
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait, max_deliver=self.max_deliver,
-                filter_subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL],
-            ),
-        )
+        claims = await self._claims_consumer()
         log.info("allocator ready")
         next_cycle = 0.0
         try:
@@ -130,9 +125,38 @@ class Allocator:
                 if messages or due:
                     self._fleet_changed.clear()
                     next_cycle = now + self.cycle_interval
-                    await self._handle(messages)
+                    keeper = asyncio.create_task(self._in_progress(messages)) if messages else None
+                    try:
+                        await self._handle(messages)
+                    finally:
+                        if keeper is not None:
+                            keeper.cancel()
         finally:
             await inventory.unsubscribe()
+
+    async def _claims_consumer(self) -> Any:
+        """The durable pull consumer of submits and releases, created or brought to this allocator's
+        settings (pull_subscribe alone keeps an existing consumer's: a 30 s ack_wait stayed after an
+        upgrade). A short ack_wait is what makes a kill cost seconds: what the dead process held comes
+        back after it, while a live one marks what it holds in progress (`_in_progress`)."""
+        config = ConsumerConfig(
+            durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver, filter_subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL])
+        try:
+            await self.js.add_consumer(subjects.CLAIMS_STREAM, config)
+        except Exception as error:  # noqa: BLE001 - an existing consumer it cannot change still serves
+            log.warning("could not bring the %s consumer to this allocator's settings: %s", CONSUMER, error)
+        return await self.js.pull_subscribe(subjects.PREFIX + ".claims.>", durable=CONSUMER,
+                                            stream=subjects.CLAIMS_STREAM, config=config)
+
+    async def _in_progress(self, messages: Sequence[Msg]) -> None:
+        """While a batch is decided, tell JetStream every third of ack_wait that its messages are in hand,
+        so a slow transaction is not redelivered to another replica while it runs."""
+        while True:
+            await asyncio.sleep(self.ack_wait / 3)
+            for message in messages:
+                with contextlib.suppress(Exception):  # acked meanwhile, or the connection is down
+                    await message.in_progress()
 
     async def _on_inventory(self, message: Msg) -> None:
         try:

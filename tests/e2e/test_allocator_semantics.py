@@ -231,3 +231,61 @@ async def test_namespace_must_match_the_subject_tenant(
         assert await b.count(DeviceAllocation) == 0
         assert await b.count(Claim, Claim.namespace == "other") == 0
         await nc.close()
+
+
+class DiesHoldingItsBatch(Allocator):
+    """Fetches a batch and dies before deciding it, as a process killed with SIGKILL would."""
+
+    holding = asyncio.Event()
+
+    async def _handle(self, messages: Any) -> None:
+        if messages:
+            type(self).holding.set()
+            await asyncio.Event().wait()  # never decides; its task is cancelled like a killed process
+
+
+async def test_what_a_killed_allocator_held_is_decided_within_seconds(
+    nats_server: EmbeddedNats, db_url: str, tmp_path: Path
+) -> None:
+    """A restarted or standby allocator gets the dead one's batch after ack_wait (the allocator's own: the
+    durable consumer, made with 30 s by an older allocator, is brought to it), not after 30 s."""
+    async with broker(nats_server, db_url, tmp_path) as b:
+        older = await b.start_allocator(ack_wait=30.0)
+        await b.stop(older)
+        DiesHoldingItsBatch.holding = asyncio.Event()
+        doomed = await b.start_allocator(DiesHoldingItsBatch, ack_wait=2.0)
+        nc = await connect(b.url, name="tenant")
+        info = await nc.jetstream().consumer_info(subjects.CLAIMS_STREAM, "allocator")
+        assert info.config.ack_wait == 2.0
+        seen = await statuses(nc)
+        await submit(nc, claim("a"), "id-a")
+        await asyncio.wait_for(DiesHoldingItsBatch.holding.wait(), 20)
+        killed_at = asyncio.get_running_loop().time()
+        b.tasks.pop(doomed).cancel()
+        await doomed.nc.close()
+
+        await b.start_allocator(ack_wait=2.0)
+        await seen.wait_for(lambda: ("team", "a") in seen.latest(), timeout=15)
+        assert asyncio.get_running_loop().time() - killed_at < 2.0 + 3.0  # ack_wait, and a start
+        assert [s["state"] for s in seen.for_claim("team", "a")] == ["Allocated"]
+
+
+class SlowCommit(Allocator):
+    """Takes three ack_waits to decide its first batch: marking it in progress keeps it its own."""
+
+    async def _decide_messages(self, messages: Any) -> None:
+        if messages:
+            await asyncio.sleep(3 * self.ack_wait)
+        await super()._decide_messages(messages)
+
+
+async def test_a_slow_batch_is_not_redelivered_while_it_is_decided(
+    nats_server: EmbeddedNats, db_url: str, tmp_path: Path
+) -> None:
+    async with broker(nats_server, db_url, tmp_path) as b:
+        await b.start_allocator(SlowCommit, ack_wait=1.0)
+        nc = await connect(b.url, name="tenant")
+        await submit(nc, claim("a"), "id-a")
+        await until_acked(nc)
+        info = await nc.jetstream().consumer_info(subjects.CLAIMS_STREAM, "allocator")
+        assert info.num_redelivered == 0
