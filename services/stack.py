@@ -87,7 +87,15 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
     config = uvicorn.Config(create_app(stack.engine), host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        except SystemExit as stop:  # uvicorn exits the process when it cannot listen: fail this service instead
+            raise RuntimeError(f"the admin API cannot listen on {settings.api_host}:{settings.api_port} (is the port "
+                               f"in use? uvicorn exited with {stop.code})") from None
+
+    serving = asyncio.create_task(serve())
     try:
         await asyncio.shield(serving)
     except asyncio.CancelledError:

@@ -94,3 +94,18 @@ async def test_a_nats_without_the_broker_is_refused_and_left_as_it_was(nats_serv
         assert await nc.jetstream().streams_info() == []  # no streams created
     finally:
         await nc.close()
+
+
+async def test_up_on_a_busy_api_port_stops_what_it_started_and_fails(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = await run("--data-dir", str(tmp_path / "data"), "up", "--api-port", str(port))
+    assert code == 1, err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+    ports = list((tmp_path / "data" / "nats" / "ports").glob("*.ports"))  # the embedded server's, while it ran
+    alive = [p for p in ports if Path(f"/proc/{p.stem.rsplit('_', 1)[1]}").exists()]
+    assert not alive, "the embedded nats-server was left running"
