@@ -107,6 +107,7 @@ class EmbeddedNats:
 
     store: Path
     sync: str = "always"
+    port: int = -1  # -1: one the server picks; a fixed one lets clients reconnect after a restart
     process: subprocess.Popen[bytes] | None = None
     url: str = ""
 
@@ -127,7 +128,7 @@ class EmbeddedNats:
             stale.unlink()
         log = open(self.store / "nats-server.log", "ab")  # noqa: SIM115 - owned by the process
         self.process = subprocess.Popen(
-            [nats_server_binary(), "-c", str(self._config()), "-a", "127.0.0.1", "-p", "-1",
+            [nats_server_binary(), "-c", str(self._config()), "-a", "127.0.0.1", "-p", str(self.port),
              "--ports_file_dir", str(ports_dir)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

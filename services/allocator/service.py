@@ -37,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from services.allocator import ledger_ops as ops
 from services.allocator.batch import apply_messages, inbox_id, printable, read_message
 from services.natsio import ensure_streams, publish_json, raise_lost_cancel
+from services.outage import Outage
 from services.runtime import CollectorPacing
 from shared import dra, events, subjects
 from shared.admission import Snapshot, Waiting, run_cycle
@@ -87,6 +88,8 @@ class Allocator:
         self.clock = clock
         self.lost_nodes: set[str] = set()
         self._set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
+        self.nats_outage = Outage("NATS", log)
+        self._outbox_behind = False  # committed events wait in the outbox: publish them as soon as NATS takes them
         self._cycle_failure_reported = -math.inf  # when a failing cycle was last logged with its trace and alerted
         self._fleet_changed = asyncio.Event()
         self._inventory_seen = asyncio.Event()
@@ -115,10 +118,17 @@ class Allocator:
                     messages = await claims.fetch(self.batch, timeout=min(0.5, self.cycle_interval))
                 except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived in time
                     messages = []
+                except Exception as error:  # noqa: BLE001 - NATS restarting or gone: wait, never exit
+                    await self.nats_outage.failed(error)
+                    continue
+                else:
+                    self.nats_outage.ok()
                 raise_lost_cancel()  # fetched but unacked messages come back after ack_wait
+                if self._outbox_behind and not messages:  # events committed while NATS was away
+                    await self._publish_outbox_when_possible()
                 if self._stopping.is_set():
                     for message in messages:
-                        await message.nak()
+                        await _nak(message, None)
                     break
                 now = time.monotonic()
                 due = self._fleet_changed.is_set() or (self._waiting and now >= next_cycle)
@@ -191,9 +201,26 @@ class Allocator:
                 return
             await self._handle_failure(messages[0] if messages else None, error)
             return
-        for message in messages:
-            await message.ack_sync()
-        await self.publish_outbox()
+        try:
+            for message in messages:
+                await message.ack_sync()
+        except Exception as error:  # noqa: BLE001 - committed: a redelivery finds them in the inbox
+            log.warning("acks of %d committed message(s) failed (%s); their redelivery changes nothing",
+                        len(messages), type(error).__name__)
+        await self._publish_outbox_when_possible()
+
+    async def _publish_outbox_when_possible(self) -> None:
+        """Publish what committed; while NATS or the ledger is down the events wait in the outbox for the
+        next cycle (nothing is lost, and the allocator goes on)."""
+        try:
+            await self.publish_outbox()
+        except Exception as error:  # noqa: BLE001
+            if not self._outbox_behind:
+                log.warning("outbox not published yet (%s: %s); trying again until it is", type(error).__name__,
+                            printable(str(error), 200))
+            self._outbox_behind = True
+        else:
+            self._outbox_behind = False
 
     async def _handle_failure(self, message: Msg | None, error: Exception) -> None:
         """One message's transaction failed, or a cycle with none. A passing fault (a busy database,
@@ -204,7 +231,7 @@ class Allocator:
         deliveries = message.metadata.num_delivered if message is not None else 0
         if message is not None and transient and deliveries < self.max_deliver - 1:
             log.warning("ledger refused a message (%s); redelivering it", type(error).__name__)
-            await message.nak(delay=0.2 * deliveries)
+            await _nak(message, 0.2 * deliveries)
             return
         cycle_fails = None
         if message is not None:
@@ -214,8 +241,9 @@ class Allocator:
                 cycle_fails = cycle_error
             else:
                 if await self._dead_letter(message, error):
-                    await message.ack_sync()
-                    await self.publish_outbox()
+                    with contextlib.suppress(Exception):  # handled in the inbox: a redelivery changes nothing
+                        await message.ack_sync()
+                    await self._publish_outbox_when_possible()
                     return
         failure = cycle_fails or error
         now = time.monotonic()
@@ -227,7 +255,7 @@ class Allocator:
         else:
             log.warning("decision cycle failed again: %s", type(failure).__name__)
         if message is not None:
-            await message.nak(delay=min(5.0, 0.5 * max(deliveries, 1)))
+            await _nak(message, min(5.0, 0.5 * max(deliveries, 1)))
 
     async def _dead_letter(self, message: Msg, error: Exception) -> bool:
         """Keep the message and its error, mark it handled and alert, in one transaction; False when even
@@ -424,6 +452,12 @@ class Allocator:
         except TimeoutError:
             return False
         return True
+
+
+async def _nak(message: Msg, delay: float | None) -> None:
+    """Ask for a redelivery; with NATS down it comes anyway, after ack_wait."""
+    with contextlib.suppress(Exception):
+        await message.nak(delay=delay)
 
 
 def _message_id(message: Msg) -> str:

@@ -17,6 +17,7 @@ that still holds is not a new observation, so only its start and its end are pub
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json, ra
 from services.notifier import history
 from services.notifier.usage import FleetFlavors, read_figures
 from services.notifier.webhooks import WebhookDispatcher
+from services.outage import Outage
 from shared import subjects
 from shared.alert_rules import (
     IDLE_LARGER_FLAVOR,
@@ -82,6 +84,7 @@ class Notifier:
         self.usage_interval = parse_duration(settings.usage_check_interval)
         self._usage_due = float("-inf")
         self.usage_checks = 0  # completed check_usage passes; tests wait on it
+        self.nats_outage = Outage("NATS", log)
         self.webhooks = WebhookDispatcher(settings.webhooks, self.sessions, attempts=settings.webhook_attempts,
                                           base_delay=settings.webhook_base_delay, client=http)
         shortest = min(pending_after, ttl, fold or 60.0)
@@ -116,13 +119,22 @@ class Notifier:
                     messages = await statuses.fetch(64, timeout=min(0.5, self.check_interval))
                 except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived
                     messages = []
+                except Exception as error:  # noqa: BLE001 - NATS restarting or gone: wait, never exit
+                    await self.nats_outage.failed(error)
+                    continue
+                else:
+                    self.nats_outage.ok()
                 raise_lost_cancel()  # fetched but unacked messages come back after ack_wait
                 for message in messages:
                     await self._on_status(message)
                 if time.monotonic() >= next_check:
-                    await self.tick()
                     next_check = time.monotonic() + self.check_interval
-                    await self._usage_if_due()
+                    try:
+                        await self.tick()
+                        await self._usage_if_due()
+                    except Exception as error:  # noqa: BLE001 - the ledger or NATS down: next check
+                        log.warning("alert checks failed (%s: %s); they run again in %.0fs", type(error).__name__,
+                                    error, self.check_interval)
         finally:
             await inventory.unsubscribe()
             await self.webhooks.close()
@@ -146,9 +158,11 @@ class Notifier:
                 await self._publish(sent)
         except Exception:
             log.exception("status %s not processed; it will be redelivered", message_id)
-            await message.nak(delay=1.0)
+            with contextlib.suppress(Exception):  # with NATS down it is redelivered after ack_wait anyway
+                await message.nak(delay=1.0)
             return
-        await message.ack()
+        with contextlib.suppress(Exception):  # recorded as processed: a redelivery changes nothing
+            await message.ack()
         await self._handled()
 
     def _status_actions(self, message: Msg) -> list[Action]:

@@ -1,0 +1,69 @@
+"""Services stay up through outages: NATS restarted under a running allocator and notifier, and
+publishes that fail for a while; nothing exits, and what was decided reaches its subscribers after."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.allocator import service
+from services.natsio import EmbeddedNats, connect
+from tests.e2e.helpers import statuses
+from tests.e2e.test_allocator_semantics import broker, claim, submit
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_the_allocator_stays_up_through_a_nats_restart(db_url: str, tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "nats", port=_free_port())
+    server.start()
+    try:
+        async with broker(server, db_url, tmp_path) as b:
+            allocator = await b.start_allocator()
+            nc = await connect(b.url, name="tenant")
+            seen = await statuses(nc)
+            await submit(nc, claim("before"), "id-before")
+            await seen.wait_for(lambda: ("team", "before") in seen.latest())
+
+            server.stop()
+            await asyncio.sleep(3)  # an outage of several fetches: each fails while the server is gone
+            server.start()
+
+            await submit(nc, claim("after"), "id-after")
+            await seen.wait_for(lambda: ("team", "after") in seen.latest(), timeout=30)
+            assert seen.latest()[("team", "after")]["state"] == "Allocated"
+            assert not b.tasks[allocator].done()
+            await nc.close()
+    finally:
+        server.stop()
+
+
+async def test_statuses_that_could_not_be_published_are_published_later(
+        nats_server: EmbeddedNats, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real, failures = service.publish_json, [3]
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise ConnectionError("NATS is restarting")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(service, "publish_json", failing)
+    async with broker(nats_server, db_url, tmp_path) as b:
+        allocator = await b.start_allocator()
+        nc = await connect(b.url, name="tenant")
+        seen = await statuses(nc)
+        await submit(nc, claim("a"), "id-a")
+        await seen.wait_for(lambda: ("team", "a") in seen.latest(), timeout=20)
+        assert failures == [0] and not b.tasks[allocator].done()
+        await nc.close()
