@@ -528,19 +528,20 @@ def token_create(
     tenant: Annotated[str | None, typer.Option(help="limit a viewer to one tenant")] = None,
     db: Annotated[str | None, typer.Option()] = None,
 ) -> None:
-    """Create an API token in the ledger and print it once."""
-    from shared.ledger.engine import create_engine, sessions
-    from shared.ledger.engine import migrate as run_migrations
+    """Create an API token in the ledger and print it once (the ledger must exist: `up` or `migrate`)."""
+    from shared.ledger.engine import LedgerNotReady, create_engine, require_current, sessions
     from shared.ledger.tokens import create_token
 
     if role not in ("admin", "viewer"):
         err.print("--role must be admin or viewer")
         raise typer.Exit(2)
     settings = _settings(db=db)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
 
     async def main() -> str:
-        await run_migrations(settings.database_url())
+        try:
+            await require_current(settings.database_url())
+        except LedgerNotReady as error:
+            raise Unreachable(str(error)) from None
         engine = create_engine(settings.database_url())
         try:
             return await create_token(sessions(engine), role, tenant)

@@ -67,3 +67,49 @@ async def migrate(url: str, revision: str = "head") -> None:
 
 async def downgrade(url: str, revision: str = "base") -> None:
     await asyncio.to_thread(_alembic, url, "downgrade", revision)
+
+
+class LedgerNotReady(RuntimeError):
+    """The ledger a command needs is missing or behind the code's schema: only up, serve and migrate
+    create or migrate one."""
+
+
+def head_revision() -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
+async def require_current(url: str) -> None:
+    """Raise LedgerNotReady, naming what to run, unless the ledger exists at the newest schema. A
+    missing SQLite file is not created, as connecting to it would."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:" and not Path(path).exists():
+            raise LedgerNotReady(f"no ledger at {path}: run `claimbroker up` or `claimbroker migrate` first, or "
+                                 "pass the --data-dir or --db of an existing one")
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            try:
+                current = (await connection.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+            except DBAPIError:
+                current = None
+    except (OSError, DBAPIError) as error:
+        raise LedgerNotReady(f"cannot reach the ledger at {engine.url.render_as_string(hide_password=True)}: "
+                             f"{error}") from None
+    finally:
+        await engine.dispose()
+    if current != head_revision():
+        raise LedgerNotReady(f"the ledger at {engine.url.render_as_string(hide_password=True)} is at schema "
+                             f"{current or 'none'}, not {head_revision()}: run `claimbroker migrate` first")
+

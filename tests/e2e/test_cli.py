@@ -109,3 +109,14 @@ async def test_up_on_a_busy_api_port_stops_what_it_started_and_fails(tmp_path: P
     ports = list((tmp_path / "data" / "nats" / "ports").glob("*.ports"))  # the embedded server's, while it ran
     alive = [p for p in ports if Path(f"/proc/{p.stem.rsplit('_', 1)[1]}").exists()]
     assert not alive, "the embedded nats-server was left running"
+
+
+async def test_token_create_needs_an_existing_ledger_and_creates_none(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    code, out, err = await run("--data-dir", str(data), "token", "create", "--role", "viewer")
+    assert code == 3 and out == "" and "no ledger at" in err and "claimbroker migrate" in err
+    assert not data.exists()
+    code, _, err = await run("--data-dir", str(data), "migrate")
+    assert code == 0, err
+    code, out, err = await run("--data-dir", str(data), "token", "create", "--role", "viewer")
+    assert code == 0 and out.startswith("cb_"), err
