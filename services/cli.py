@@ -157,8 +157,8 @@ def up(
 
 
 async def _up(settings: BrokerSettings) -> bool:
-    """Whether it stopped because it was told to (False: a service ended on its own)."""
-    from services.stack import running_stack
+    """Whether it stopped because it was told to (False: a service failed for good; see supervise)."""
+    from services.stack import running_stack, supervise
     from shared.ledger.engine import sessions
     from shared.ledger.tokens import create_token
 
@@ -177,16 +177,9 @@ async def _up(settings: BrokerSettings) -> bool:
         console.print(f"NATS      {stack.nats_url}")
         console.print(f"admin API {stack.api_url}")
         console.print(f"ledger    {stack.db_url}")
-        waiter = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([waiter, *stack.tasks.values()], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is not waiter:
-                failure = task.exception() if not task.cancelled() else None
-                err.print(f"service {task.get_name()} {'failed: ' + repr(failure) if failure else 'ended'}; "
-                          "stopping the broker")
-        waiter.cancel()
+        told = await supervise(stack, settings, stop)
     console.print("stopped")
-    return waiter in done
+    return told
 
 
 @app.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from shared.settings import BrokerSettings
 from shared.sources import load_inventory
 
 log = logging.getLogger("claimbroker")
+closing: set[asyncio.Future[Any]] = set()  # connections of services cancelled before they ran, closing
 
 
 @dataclass
@@ -33,6 +35,54 @@ class Stack:
     allocator: Allocator | None = None
     tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     embedded: EmbeddedNats | None = None
+
+
+class FatalServiceError(RuntimeError):
+    """A service cannot run with these settings (its port is taken): restarting it would fail again."""
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How `supervise` restarts a service that ended on its own: after a wait that doubles from `first_wait`
+    to `most_wait`, at most `most_restarts` times within `window` seconds (more is a fault no restart
+    mends: the broker stops)."""
+
+    first_wait: float = 1.0
+    most_wait: float = 30.0
+    most_restarts: int = 5
+    window: float = 300.0
+
+
+async def supervise(stack: Stack, settings: BrokerSettings, stop: asyncio.Event,
+                    policy: RestartPolicy = RestartPolicy()) -> bool:
+    """Run until `stop` is set (True) or a service fails for good (False): a service that ends on its own is
+    started again per `policy`, with its failure logged; a FatalServiceError ends the broker at once."""
+    loop = asyncio.get_running_loop()
+    restarts: dict[str, list[float]] = {}
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait([waiter, *stack.tasks.values()], return_when=asyncio.FIRST_COMPLETED)
+            if waiter in done:
+                return True
+            for task in done:
+                name = task.get_name()
+                failure = task.exception() if not task.cancelled() else None
+                what = f"failed: {failure!r}" if failure else "ended"
+                recent = [t for t in restarts.get(name, []) if loop.time() - t < policy.window]
+                if isinstance(failure, FatalServiceError) or len(recent) >= policy.most_restarts:
+                    log.error("service %s %s; stopping the broker", name, what)
+                    return False
+                wait = min(policy.most_wait, policy.first_wait * 2 ** len(recent))
+                log.error("service %s %s; restarting it in %.0fs", name, what, wait, exc_info=failure)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(waiter), wait)
+                if waiter.done():
+                    return True
+                restarts[name] = [*recent, loop.time()]
+                await start_service(stack, name, settings)
+    finally:
+        waiter.cancel()
 
 
 async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> None:
@@ -76,7 +126,16 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
         finally:
             await nc.close()
 
-    stack.tasks[name] = asyncio.create_task(guarded(), name=name)
+    def never_ran(_: asyncio.Task[Any]) -> None:
+        """Cancelled before its first step: guarded's `finally` never ran."""
+        if inspect.getcoroutinestate(runner) == inspect.CORO_CREATED:
+            runner.close()
+            closed = asyncio.ensure_future(nc.close())
+            closing.add(closed)
+            closed.add_done_callback(closing.discard)
+
+    task = stack.tasks[name] = asyncio.create_task(guarded(), name=name)
+    task.add_done_callback(never_ran)
 
 
 async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
@@ -92,8 +151,8 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
         try:
             await server.serve()
         except SystemExit as stop:  # uvicorn exits the process when it cannot listen: fail this service instead
-            raise RuntimeError(f"the admin API cannot listen on {settings.api_host}:{settings.api_port} (is the port "
-                               f"in use? uvicorn exited with {stop.code})") from None
+            raise FatalServiceError(f"the admin API cannot listen on {settings.api_host}:{settings.api_port} "
+                                    f"(is the port in use? uvicorn exited with {stop.code})") from None
 
     serving = asyncio.create_task(serve())
     try:
@@ -132,10 +191,11 @@ async def running_stack(
             stack.api_url = f"http://{settings.api_host}:{settings.api_port}"
         yield stack
     finally:
-        if stack.allocator is not None and "allocator" in stack.tasks:
+        allocating = stack.tasks.get("allocator")
+        if stack.allocator is not None and allocating is not None and not allocating.done():
             stack.allocator.stop()  # let it finish its transaction rather than cut it
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(stack.tasks["allocator"]), 5)
+                await asyncio.wait_for(asyncio.shield(allocating), 5)
         for task in list(stack.tasks.values())[::-1]:
             await wait_closed(task)
         await engine.dispose()
