@@ -67,3 +67,33 @@ async def test_statuses_that_could_not_be_published_are_published_later(
         await seen.wait_for(lambda: ("team", "a") in seen.latest(), timeout=20)
         assert failures == [0] and not b.tasks[allocator].done()
         await nc.close()
+
+
+async def test_the_allocator_stays_up_when_postgresql_drops_its_connections(
+        nats_server: EmbeddedNats, postgres_url: str, tmp_path: Path) -> None:
+    """Every backend of the ledger's database terminated under a running allocator (what a PostgreSQL
+    restart does to its connections): it goes on, and the next claim is Allocated."""
+    import asyncpg
+
+    async with broker(nats_server, postgres_url, tmp_path) as b:
+        allocator = await b.start_allocator()
+        nc = await connect(b.url, name="tenant")
+        seen = await statuses(nc)
+        await submit(nc, claim("before"), "id-before")
+        await seen.wait_for(lambda: ("team", "before") in seen.latest())
+
+        database = postgres_url.rsplit("/", 1)[1]
+        admin = await asyncpg.connect(postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgres://")
+                                      + "/postgres")
+        try:
+            killed = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1", database)
+        finally:
+            await admin.close()
+        assert killed >= 1
+
+        await submit(nc, claim("after"), "id-after")
+        await seen.wait_for(lambda: ("team", "after") in seen.latest(), timeout=30)
+        assert seen.latest()[("team", "after")]["state"] == "Allocated"
+        assert not b.tasks[allocator].done()
+        await nc.close()
