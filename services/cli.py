@@ -216,6 +216,12 @@ def serve(
         engine = create_engine(settings.database_url())
         stack = Stack(nats_url=settings.nats_url or "", db_url=settings.database_url(), engine=engine)
         await start_service(stack, service, settings)
+        health = None
+        if settings.health_port is not None:
+            from services.health import serve_health
+
+            health = asyncio.create_task(serve_health(settings.health_host, settings.health_port,
+                                                      lambda: stack.not_ready(service)))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -229,6 +235,8 @@ def serve(
             logging.getLogger("claimbroker").error("service %s %s", service,
                                                    f"failed: {failure!r}" if failure else "ended", exc_info=failure)
         await wait_closed(task)
+        if health is not None:
+            await wait_closed(health)
         await engine.dispose()
         return told
 

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,14 @@ class Stack:
     allocator: Allocator | None = None
     tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     embedded: EmbeddedNats | None = None
+    readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)  # per service: why not ready
+
+    def not_ready(self, name: str) -> str | None:
+        task = self.tasks.get(name)
+        if task is None or task.done():
+            return f"{name} is not running"
+        check = self.readiness.get(name)
+        return check() if check is not None else None
 
 
 class FatalServiceError(RuntimeError):
@@ -112,9 +120,12 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
         stack.allocator = Allocator(nc, stack.engine, classes, batch=settings.allocator_batch,
                                     ack_wait=settings.allocator_ack_wait, max_deliver=settings.max_deliver,
                                     inventory_ttl=settings.inventory_ttl, reason_refresh=settings.reason_refresh)
+        stack.readiness[name] = stack.allocator.not_ready
         runner = stack.allocator.run()
     elif name == "notifier":
-        runner = Notifier(nc, stack.engine, settings).run()
+        notifier = Notifier(nc, stack.engine, settings)
+        stack.readiness[name] = notifier.not_ready
+        runner = notifier.run()
     elif name == "admin-api":
         runner = _serve_api(stack, settings)
     else:

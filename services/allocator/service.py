@@ -91,11 +91,22 @@ class Allocator:
         self.nats_outage = Outage("NATS", log)
         self._outbox_behind = False  # committed events wait in the outbox: publish them as soon as NATS takes them
         self._cycle_failure_reported = -math.inf  # when a failing cycle was last logged with its trace and alerted
+        self._cycle_failing = False  # the last decision cycle failed (readiness)
         self._fleet_changed = asyncio.Event()
         self._inventory_seen = asyncio.Event()
         self._publish_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._waiting = True  # whether the last cycle left claims waiting: then cycles keep running
+
+    def not_ready(self) -> str | None:
+        """Why it cannot decide now (for /readyz), or None."""
+        if self.nats_outage.since is not None:
+            return f"NATS unreachable for {time.monotonic() - self.nats_outage.since:.0f}s"
+        if not self._inventory_seen.is_set():
+            return "no inventory read yet"
+        if self._cycle_failing:
+            return "decision cycles are failing (see the log)"
+        return None
 
     def stop(self) -> None:
         """Finish the batch in hand, then return from run(); no transaction is cut in half."""
@@ -201,6 +212,7 @@ class Allocator:
                 return
             await self._handle_failure(messages[0] if messages else None, error)
             return
+        self._cycle_failing = False
         try:
             for message in messages:
                 await message.ack_sync()
@@ -246,6 +258,7 @@ class Allocator:
                     await self._publish_outbox_when_possible()
                     return
         failure = cycle_fails or error
+        self._cycle_failing = True
         now = time.monotonic()
         if now >= self._cycle_failure_reported + 60:  # a cycle retried every second: its trace once a minute
             self._cycle_failure_reported = now

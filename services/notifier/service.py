@@ -139,6 +139,12 @@ class Notifier:
             await inventory.unsubscribe()
             await self.webhooks.close()
 
+    def not_ready(self) -> str | None:
+        """Why it cannot turn statuses into alerts now (for /readyz), or None."""
+        if self.nats_outage.since is not None:
+            return f"NATS unreachable for {time.monotonic() - self.nats_outage.since:.0f}s"
+        return None
+
     # --- inputs -----------------------------------------------------------------------------------
 
     async def _on_status(self, message: Msg) -> None:

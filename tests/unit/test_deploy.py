@@ -41,3 +41,19 @@ def test_watcher_rbac_is_read_only_on_nodes_and_resource_slices() -> None:
                                   "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
                                     "namespace": "claim-broker"}]
+
+
+def test_each_service_is_probed_where_serve_answers() -> None:
+    """The probes ask the port CLAIMBROKER_HEALTH_PORT gives `serve`, on the paths services.health serves."""
+    from services.health import answer
+
+    config = documents(ROOT / "deploy" / "k8s" / "config.yaml")[0]["data"]
+    port = int(config["CLAIMBROKER_HEALTH_PORT"])
+    for component in ("allocator", "notifier", "watcher"):
+        deployment = next(d for d in documents(ROOT / "deploy" / "k8s" / f"{component}.yaml")
+                          if d["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": port}
+        for probe in ("readinessProbe", "livenessProbe"):
+            get = container[probe]["httpGet"]
+            assert get["port"] == "health" and answer(get["path"], lambda: None)[0] == 200, (component, probe)

@@ -1,0 +1,46 @@
+"""Liveness and readiness over HTTP for a service run on its own (`serve X`, with CLAIMBROKER_HEALTH_PORT):
+what Kubernetes probes and compose healthchecks ask. /healthz answers while the process's event loop runs;
+/readyz answers 200 when the service says it is ready, else 503 with why (NATS away, no inventory yet,
+decision cycles failing). Plain text, GET only, nothing else served."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+_REASONS = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
+
+
+def answer(path: str, not_ready: Callable[[], str | None]) -> tuple[int, str]:
+    if path == "/healthz":
+        return 200, "ok"
+    if path == "/readyz":
+        why = not_ready()
+        return (200, "ready") if why is None else (503, why)
+    return 404, "not found"
+
+
+async def serve_health(host: str, port: int, not_ready: Callable[[], str | None]) -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            while await asyncio.wait_for(reader.readline(), 5) not in (b"\r\n", b"\n", b""):
+                pass  # headers: nothing in them matters here
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?", 1)[0] if len(parts) > 1 else "/"
+            status, body = answer(path, not_ready)
+            data = body.encode()
+            writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                         f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, host, port)
+    async with server:
+        await server.serve_forever()

@@ -1,0 +1,83 @@
+"""`serve X` with CLAIMBROKER_HEALTH_PORT answers /healthz and /readyz: ready once the allocator has read
+the inventory, 503 with why before."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.health import answer
+from services.natsio import EmbeddedNats, connect, ensure_streams
+from services.watcher.files import FileWatcher
+from tests.e2e.test_allocator_semantics import SLICE
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize(("path", "why", "expected"), [
+    ("/healthz", "NATS unreachable for 3s", (200, "ok")),
+    ("/readyz", None, (200, "ready")),
+    ("/readyz", "no inventory read yet", (503, "no inventory read yet")),
+    ("/metrics", None, (404, "not found")),
+])
+def test_answers(path: str, why: str | None, expected: tuple[int, str]) -> None:
+    assert answer(path, lambda: why) == expected
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _get(url: str) -> httpx.Response | None:
+    try:
+        async with httpx.AsyncClient(timeout=2) as client:
+            return await client.get(url)
+    except httpx.TransportError:
+        return None
+
+
+async def test_serve_allocator_is_ready_once_it_has_the_inventory(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "CLAIMBROKER_HEALTH_PORT": str(port), "CLAIMBROKER_DATA_DIR": str(tmp_path / "data")}
+    (tmp_path / "data").mkdir()
+    migrate = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", "migrate", env=env,
+                                                   stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    assert await migrate.wait() == 0
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "serve", "allocator", "--nats", nats_server.url, env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        ready = None
+        for _ in range(200):  # until the process listens
+            ready = await _get(base + "/readyz")
+            if ready is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert ready is not None and (ready.status_code, ready.text) == (503, "no inventory read yet")
+        live = await _get(base + "/healthz")
+        assert live is not None and live.status_code == 200
+
+        inventory = tmp_path / "slices.yaml"
+        inventory.write_text(SLICE)
+        nc = await connect(nats_server.url, name="watcher")
+        await ensure_streams(nc.jetstream())
+        await FileWatcher(nc.jetstream(), [inventory]).publish_once()
+        await nc.close()
+        for _ in range(200):
+            ready = await _get(base + "/readyz")
+            if ready is not None and ready.status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert ready is not None and (ready.status_code, ready.text) == (200, "ready")
+    finally:
+        process.terminate()
+        await process.wait()
