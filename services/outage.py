@@ -27,9 +27,12 @@ class Outage:
         await asyncio.sleep(self.wait)
         self.wait = min(self.most_wait, self.wait * 2)
 
-    def ok(self) -> None:
-        """A try succeeded: the outage, if any, is over."""
-        if self.since is not None:
-            self.log.info("%s reachable again after %.1fs", self.what, time.monotonic() - self.since)
-            self.since = None
+    def ok(self) -> float | None:
+        """A try succeeded: the outage, if any, is over; returns how long it lasted (None: there was none)."""
         self.wait = self.first_wait
+        if self.since is None:
+            return None
+        lasted = time.monotonic() - self.since
+        self.log.info("%s reachable again after %.1fs", self.what, lasted)
+        self.since = None
+        return lasted

@@ -133,7 +133,8 @@ class Allocator:
                     await self.nats_outage.failed(error)
                     continue
                 else:
-                    self.nats_outage.ok()
+                    if (lasted := self.nats_outage.ok()) is not None:
+                        await self._degraded(f"NATS was unreachable for {lasted:.0f}s", resolved=True)
                 raise_lost_cancel()  # fetched but unacked messages come back after ack_wait
                 if self._outbox_behind and not messages:  # events committed while NATS was away
                     await self._publish_outbox_when_possible()
@@ -212,7 +213,9 @@ class Allocator:
                 return
             await self._handle_failure(messages[0] if messages else None, error)
             return
-        self._cycle_failing = False
+        if self._cycle_failing:
+            self._cycle_failing = False
+            await self._degraded("decision cycles commit again", resolved=True)
         try:
             for message in messages:
                 await message.ack_sync()
@@ -258,13 +261,14 @@ class Allocator:
                     await self._publish_outbox_when_possible()
                     return
         failure = cycle_fails or error
-        self._cycle_failing = True
+        if not self._cycle_failing:
+            self._cycle_failing = True
+            await self._degraded(f"decision cycles fail: {type(failure).__name__}: {printable(str(failure), 300)}")
         now = time.monotonic()
         if now >= self._cycle_failure_reported + 60:  # a cycle retried every second: its trace once a minute
             self._cycle_failure_reported = now
             log.error("decision cycle failed: %s: %s", type(failure).__name__, printable(str(failure), 500),
                       exc_info=failure)
-            await self._alert_internal_error(failure)
         else:
             log.warning("decision cycle failed again: %s", type(failure).__name__)
         if message is not None:
@@ -296,15 +300,16 @@ class Allocator:
             return False
         return True
 
-    async def _alert_internal_error(self, error: BaseException) -> None:
-        """Publish an internal-error alert straight away (best effort: the ledger may be what fails)."""
-        text = printable(f"{type(error).__name__}: {error}", 2000)
-        subject, _, payload = _alert("internal-error", "cycle", "", f"internal error in the decision cycle: "
-                                     f"{text[:300]}", {"error": text})
+    async def _degraded(self, why: str, *, resolved: bool = False) -> None:
+        """The allocator's service-degraded alert, straight to NATS (the ledger may be what fails): raised
+        when decision cycles start failing or NATS comes back after an outage, resolved when it is over.
+        Best effort: with NATS away it cannot go out, and the log says it."""
+        subject, _, payload = _alert("service-degraded", "allocator", "", f"allocator: {why}", {"why": why})
+        payload["resolved"] = resolved
         try:
             await publish_json(self.js, subject, payload)
-        except Exception as publish_error:  # noqa: BLE001
-            log.error("could not publish internal-error alert: %s", publish_error)
+        except Exception as error:  # noqa: BLE001
+            log.error("could not publish the service-degraded alert (%s): %s", why, error)
 
     def _unusable_nodes(self) -> dict[str, str]:
         """Nodes whose inventory is older than the TTL get no new allocation. The reason names when the

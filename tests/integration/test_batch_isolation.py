@@ -5,6 +5,7 @@ is blamed: each is redelivered."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -47,10 +48,18 @@ async def allocator(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     async def nothing(*_: Any) -> None:
         return None
 
+    async def degraded(why: str, *, resolved: bool = False) -> None:
+        allocator.alerts.append((why, resolved))
+
+    allocator.alerts = []
     monkeypatch.setattr(allocator, "publish_outbox", nothing)
-    monkeypatch.setattr(allocator, "_alert_internal_error", nothing)
+    monkeypatch.setattr(allocator, "_degraded", degraded)
     yield allocator
     await engine.dispose()
+
+
+async def _record(allocator: Any, why: str, resolved: bool) -> None:
+    allocator.alerts.append((why, resolved))
 
 
 def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,3 +120,13 @@ async def test_when_the_cycle_itself_fails_no_message_is_blamed(
     async with allocator.sessions() as session:
         assert list(await session.scalars(select(DeadLetter))) == []
         assert list(await session.scalars(select(Claim))) == []
+    assert [(why.split(":")[0], resolved) for why, resolved in allocator.alerts] == [("decision cycles fail", False)]
+    assert allocator.not_ready() is not None
+
+    monkeypatch.undo()  # the cycle works again; the alert is resolved once
+    monkeypatch.setattr(allocator, "publish_outbox", lambda: asyncio.sleep(0))
+    monkeypatch.setattr(allocator, "_degraded", lambda why, resolved=False: _record(allocator, why, resolved))
+    allocator._inventory_seen.set()
+    await allocator._handle([Message("c", 3)])
+    await allocator._handle([Message("d", 4)])
+    assert allocator.alerts[1:] == [("decision cycles commit again", True)] and allocator.not_ready() is None
