@@ -209,12 +209,17 @@ def serve(
         raise typer.Exit(2)
 
     async def main() -> bool:
-        from services.natsio import wait_closed
+        from services.natsio import connect, ensure_streams, wait_closed
         from services.stack import Stack, start_service
         from shared.ledger.engine import create_engine
 
         engine = create_engine(settings.database_url())
         stack = Stack(nats_url=settings.nats_url or "", db_url=settings.database_url(), engine=engine)
+        setup = await connect(stack.nats_url, name=f"claimbroker-{service}-setup")
+        try:
+            await ensure_streams(setup.jetstream(), settings.stream_replicas)  # as many replicas as configured
+        finally:
+            await setup.close()
         await start_service(stack, service, settings)
         health = None
         if settings.health_port is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -50,13 +51,16 @@ async def connect(url: str, *, name: str) -> Client:
     return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Create the contract's streams, or bring their config to ours (every limit lives here)."""
+async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+    """Create the contract's streams, or bring their config to ours (every limit lives here). `replicas`:
+    how many servers of a NATS cluster keep each stream (3 survives the loss of one); None keeps what an
+    existing stream has (1 for a new one), so a service never shrinks what the operator set."""
     for config in STREAMS:
         try:
-            await js.add_stream(config)
+            await js.add_stream(dataclasses.replace(config, num_replicas=replicas or 1))
         except BadRequestError:
-            await js.update_stream(config)
+            kept = replicas or (await js.stream_info(str(config.name))).config.num_replicas
+            await js.update_stream(dataclasses.replace(config, num_replicas=kept))
 
 
 def raise_lost_cancel() -> None:

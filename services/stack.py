@@ -193,7 +193,7 @@ async def running_stack(
     engine = create_engine(db_url)
     stack = Stack(nats_url=nats_url, db_url=db_url, engine=engine, embedded=embedded)
     nc = await connect(nats_url, name="claimbroker-setup")
-    await ensure_streams(nc.jetstream())
+    await ensure_streams(nc.jetstream(), settings.stream_replicas)
     await nc.close()
     try:
         for name in services:

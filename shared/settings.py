@@ -48,6 +48,8 @@ class BrokerSettings(BaseSettings):
     # The embedded nats-server's JetStream sync: "always" (every write fsynced before its ack), "default"
     # (nats-server's, every 2 minutes) or a duration; see services.natsio.EmbeddedNats.
     nats_sync: str = "always"
+    # How many servers of a NATS cluster keep each stream: 3 on a three-node cluster (deploy/k8s), 1 on one server.
+    stream_replicas: int = 1
     db: str | None = None
     data_dir: Path = Path(".claimbroker")
     api_host: str = "127.0.0.1"

@@ -57,3 +57,13 @@ def test_each_service_is_probed_where_serve_answers() -> None:
         for probe in ("readinessProbe", "livenessProbe"):
             get = container[probe]["httpGet"]
             assert get["port"] == "health" and answer(get["path"], lambda: None)[0] == 200, (component, probe)
+
+
+def test_nats_runs_three_servers_that_keep_three_replicas_and_sync_every_write() -> None:
+    docs = {d["kind"] + "/" + d["metadata"]["name"]: d for d in documents(ROOT / "deploy" / "k8s" / "nats.yaml")}
+    servers = docs["StatefulSet/nats"]["spec"]
+    routes = docs["ConfigMap/nats-config"]["data"]["nats.conf"]
+    assert servers["replicas"] == 3 and servers["serviceName"] == "nats-cluster"
+    assert all(f"nats://nats-{i}.nats-cluster:6222" in routes for i in range(3)) and "sync_interval: always" in routes
+    config = documents(ROOT / "deploy" / "k8s" / "config.yaml")[0]["data"]
+    assert config["CLAIMBROKER_STREAM_REPLICAS"] == str(servers["replicas"])
