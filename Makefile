@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator chaos clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -45,6 +45,10 @@ bench-queue: $(STAMP) ## allocator's queue read from the ledger (SQLite): depth 
 
 bench-allocator: $(STAMP) ## allocator's whole decision transaction (SQLite): depth 1,000 and 10,000, 64 messages each
 	$(BIN)/python bench/bench_allocator.py
+
+chaos: $(STAMP) ## one process per service on PostgreSQL, replicas killed, NATS restarted; invariant counts as JSON
+	@scripts/ensure-postgres.sh
+	$(BIN)/python bench/chaos.py
 
 clean: ## remove the venv and local data
 	rm -rf $(VENV) .claimbroker .pytest_cache

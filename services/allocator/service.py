@@ -244,7 +244,9 @@ class Allocator:
         message waits for it, and an internal-error alert says so."""
         transient = isinstance(error, IntegrityError | OperationalError) or _is_transient(error)
         deliveries = message.metadata.num_delivered if message is not None else 0
-        if message is not None and transient and deliveries < self.max_deliver - 1:
+        # A message is blamed only once it has failed alone on a second delivery: a fault that passes (and
+        # is not recognised as passing) must not dead-letter a good claim.
+        if message is not None and (transient or deliveries < 2) and deliveries < self.max_deliver - 1:
             log.warning("ledger refused a message (%s); redelivering it", type(error).__name__)
             await _nak(message, 0.2 * deliveries)
             return
@@ -483,10 +485,14 @@ def _message_id(message: Msg) -> str:
 
 
 def _is_transient(error: BaseException) -> bool:
-    """PostgreSQL's serialization failures, deadlocks and lock timeouts: deciding again succeeds."""
+    """A lost connection (PostgreSQL restarted, a backend terminated), a serialization failure, a deadlock
+    or a lock timeout: deciding again succeeds."""
+    if getattr(error, "connection_invalidated", False):  # SQLAlchemy's mark of a disconnect
+        return True
     driver_error = getattr(error, "orig", None)
     code = getattr(driver_error, "sqlstate", None) or getattr(driver_error, "pgcode", None)
-    return code in ("40001", "40P01", "55P03") or isinstance(error, ConnectionError | TimeoutError)
+    return code in ("40001", "40P01", "55P03", "57P01", "57P02", "57P03", "08006", "08003") or isinstance(
+        error, ConnectionError | TimeoutError)
 
 
 def _alert(kind: str, about: str, message_id: str, summary: str, details: dict[str, Any], *,
