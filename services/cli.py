@@ -142,6 +142,7 @@ def up(
     pending_alert_after: Annotated[str | None, typer.Option(help="alert after a claim waits this long")] = None,
     webhook: Annotated[list[str] | None, typer.Option(
         "--webhook", help="post alerts to this URL as JSON (repeatable); `slack:URL` posts Slack messages")] = None,
+    stream_replicas: Annotated[int | None, typer.Option(help="servers of a NATS cluster keeping each stream")] = None,
 ) -> None:
     """Run watcher, allocator, notifier and admin API until Ctrl-C."""
     from shared.settings import Webhook
@@ -149,7 +150,7 @@ def up(
     _logging(True)
     tune_gc()
     settings = _settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
-                         nats_url=nats, api_port=api_port,
+                         nats_url=nats, api_port=api_port, stream_replicas=stream_replicas,
                          pending_alert_after=pending_alert_after,
                          webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
     if not asyncio.run(_up(settings)):
@@ -191,12 +192,13 @@ def serve(
     kube: Annotated[bool, typer.Option(help="watcher: the fleet from the Kubernetes cluster")] = False,
     kubeconfig: Annotated[Path | None, typer.Option(help="watcher: kubeconfig (default: in-cluster)")] = None,
     nvml: Annotated[bool, typer.Option(help="watcher: this host's GPUs, read with NVML")] = False,
+    stream_replicas: Annotated[int | None, typer.Option(help="servers of a NATS cluster keeping each stream")] = None,
 ) -> None:
     """Run one service against external NATS and database (compose, Kubernetes)."""
     _logging(True)
     tune_gc()
     settings = _settings(inventory=inventory or None, db=db, nats_url=nats, kube=kube or None,
-                         kubeconfig=kubeconfig, nvml=nvml or None)
+                         kubeconfig=kubeconfig, nvml=nvml or None, stream_replicas=stream_replicas)
     if not settings.nats_url:
         err.print("serve needs --nats or CLAIMBROKER_NATS_URL")
         raise typer.Exit(2)
