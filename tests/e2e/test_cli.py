@@ -14,6 +14,7 @@ from services.natsio import EmbeddedNats
 from services.stack import running_stack
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
+from tests.e2e.helpers import free_port
 
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "services.cli"]
@@ -55,14 +56,6 @@ async def test_submit_wait_status_release(nats_server: EmbeddedNats, tmp_path: P
         assert json.loads(out)[0]["state"] == "Released"
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as probe:  # bound, then closed: nothing listens there
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def test_without_a_nats_url_the_cli_says_so_instead_of_guessing(tmp_path: Path) -> None:
     code, out, err = await run("--data-dir", str(tmp_path / "none"), "status")
     assert code == 2 and out == ""
@@ -73,7 +66,7 @@ async def test_without_a_nats_url_the_cli_says_so_instead_of_guessing(tmp_path: 
 async def test_an_unreachable_nats_is_one_line_and_a_bounded_wait(tmp_path: Path, command: list[str]) -> None:
     claims = tmp_path / "claims.yaml"
     claims.write_text(yaml.safe_dump(a_claim("one", "t").request().document()))
-    url = f"nats://127.0.0.1:{_closed_port()}"
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
     started = asyncio.get_running_loop().time()
     code, _, err = await run("--nats", url, *[str(claims) if a == "CLAIMS" else a for a in command])
     assert code == 3 and err.startswith(f"claimbroker: cannot reach NATS at {url}")

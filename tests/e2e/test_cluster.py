@@ -5,7 +5,6 @@ still acknowledged and kept."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,19 +15,15 @@ import pytest
 from services.natsio import ensure_streams, nats_server_binary, publish_json
 from shared import subjects
 from tests.builders import a_claim
+from tests.e2e.helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[list[str], dict[str, subprocess.Popen[bytes]]]]:
-    ports, routes = [_free_port() for _ in range(3)], [_free_port() for _ in range(3)]
+    ports, routes = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
     joined = ",".join(f"nats://127.0.0.1:{p}" for p in routes)
     servers = {
         f"n{i}": subprocess.Popen(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from services.health import answer
 from services.natsio import EmbeddedNats, connect, ensure_streams
 from services.watcher.files import FileWatcher
+from tests.e2e.helpers import free_port
 from tests.e2e.test_allocator_semantics import SLICE
 
 pytestmark = pytest.mark.e2e
@@ -30,11 +30,6 @@ def test_answers(path: str, why: str | None, expected: tuple[int, str]) -> None:
     assert answer(path, lambda: why) == expected
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 async def _get(url: str) -> httpx.Response | None:
     try:
@@ -45,7 +40,7 @@ async def _get(url: str) -> httpx.Response | None:
 
 
 async def test_serve_allocator_is_ready_once_it_has_the_inventory(nats_server: EmbeddedNats, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "CLAIMBROKER_HEALTH_PORT": str(port), "CLAIMBROKER_DATA_DIR": str(tmp_path / "data")}
     (tmp_path / "data").mkdir()
     migrate = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", "migrate", env=env,

@@ -4,7 +4,6 @@ publishes that fail for a while; nothing exits, and what was decided reaches its
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,20 +11,15 @@ import pytest
 
 from services.allocator import service
 from services.natsio import EmbeddedNats, connect
-from tests.e2e.helpers import statuses
+from tests.e2e.helpers import free_port, statuses
 from tests.e2e.test_allocator_semantics import broker, claim, submit
 
 pytestmark = pytest.mark.e2e
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 async def test_the_allocator_stays_up_through_a_nats_restart(db_url: str, tmp_path: Path) -> None:
-    server = EmbeddedNats(tmp_path / "nats", port=_free_port())
+    server = EmbeddedNats(tmp_path / "nats", port=free_port())
     server.start()
     try:
         async with broker(server, db_url, tmp_path) as b:
