@@ -274,6 +274,10 @@ def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
             err.print(f"{path}: skipping a document that is not a ResourceClaim")
             continue
         metadata = dict(document.get("metadata") or {})
+        if tenant and metadata.get("namespace") and metadata["namespace"] != tenant:
+            err.print(f"{path}: claim {metadata.get('name')!r} is in namespace {metadata['namespace']!r}, not --tenant "
+                      f"{tenant!r}: nothing was submitted (drop --tenant, or the claim's namespace)")
+            raise typer.Exit(2)  # as kubectl -n refuses an object of another namespace
         metadata["namespace"] = metadata.get("namespace") or tenant or "default"
         out.append({**document, "metadata": metadata})
     return out

@@ -113,3 +113,12 @@ async def test_token_create_needs_an_existing_ledger_and_creates_none(tmp_path: 
     assert code == 0, err
     code, out, err = await run("--data-dir", str(data), "token", "create", "--role", "viewer")
     assert code == 0 and out.startswith("cb_"), err
+
+
+async def test_submit_refuses_a_claim_of_another_namespace_than_tenant(tmp_path: Path) -> None:
+    """As kubectl -n refuses an object of another namespace: nothing is published, so no NATS is needed."""
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump_all([a_claim("ok", "vision").request().document(),
+                                          a_claim("other", "research").request().document()]))
+    code, _, err = await run("--nats", f"nats://127.0.0.1:{free_port()}", "submit", str(claims), "--tenant", "vision")
+    assert code == 2 and "'research', not --tenant 'vision'" in err and "nothing was submitted" in err
