@@ -168,7 +168,9 @@ async def _up(settings: BrokerSettings) -> bool:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with running_stack(settings) as stack:
-        (settings.data_dir / "nats.url").write_text(stack.nats_url)
+        (settings.data_dir / "nats.url").write_text(stack.nats_url)  # where the other commands find it
+        if stack.api_url:
+            (settings.data_dir / "api.url").write_text(stack.api_url)
         token_file = settings.data_dir / "admin.token"
         if not token_file.exists():
             token = await create_token(sessions(stack.engine), "admin", None)
@@ -209,6 +211,14 @@ def serve(
         err.print("serve watcher needs --kube, --nvml or --inventory FILE "
                   "(a deployed watcher never publishes the demo fleet)")
         raise typer.Exit(2)
+
+    from shared.ledger.engine import LedgerNotReady, require_sqlite_file
+
+    try:
+        require_sqlite_file(settings.database_url())
+    except LedgerNotReady as error:
+        err.print(f"claimbroker: {error}")
+        raise typer.Exit(3) from None
 
     async def main() -> bool:
         from services.natsio import connect, ensure_streams, wait_closed
@@ -571,14 +581,26 @@ app.add_typer(quota_app, name="quota")
 Output = Annotated[str, typer.Option(help="table | json")]
 
 
+API_TIMEOUT = 10.0  # seconds a command waits for the admin API, never longer
+
+
 def _admin_api() -> tuple[str, dict[str, str]]:
-    """--api, else the default; --token, else the admin token `up` kept in the data folder."""
-    url = (G.api or "http://127.0.0.1:8080").rstrip("/")
+    """--api (or CLAIMBROKER_API), else the URL `up` wrote in the data folder, never a guess; --token,
+    else the admin token `up` kept there."""
+    data_dir = _settings().data_dir
+    url = G.api
+    if not url:
+        url_file = data_dir / "api.url"
+        if not url_file.exists():
+            err.print(f"claimbroker: no admin API URL: pass --api URL (or CLAIMBROKER_API), or run where "
+                      f"`claimbroker up` keeps its data ({url_file} does not exist)")
+            raise typer.Exit(2)
+        url = url_file.read_text().strip()
     token = G.token
     if not token:
-        kept = _settings().data_dir / "admin.token"
+        kept = data_dir / "admin.token"
         token = kept.read_text().strip() if kept.exists() else None
-    return url, ({"Authorization": f"Bearer {token}"} if token else {})
+    return url.rstrip("/"), ({"Authorization": f"Bearer {token}"} if token else {})
 
 
 def _request(method: str, path: str, *, allow: tuple[int, ...] = (), **kwargs: Any) -> Any:
@@ -589,10 +611,11 @@ def _request(method: str, path: str, *, allow: tuple[int, ...] = (), **kwargs: A
     url, headers = _admin_api()
     headers.update(kwargs.pop("headers", {}))
     try:
-        response = httpx.request(method, url + path, headers=headers, timeout=30, **kwargs)
+        response = httpx.request(method, url + path, headers=headers, timeout=API_TIMEOUT, **kwargs)
+    except httpx.TimeoutException:
+        raise Unreachable(f"cannot reach the admin API at {url}: no answer within {API_TIMEOUT:g}s") from None
     except httpx.HTTPError as error:
-        err.print(f"cannot reach the admin API at {url}: {error}")
-        raise typer.Exit(1) from None
+        raise Unreachable(f"cannot reach the admin API at {url}: {_why(error)}") from None
     if response.status_code >= 400 and response.status_code not in allow:
         try:
             body = response.json()

@@ -85,6 +85,17 @@ def head_revision() -> str:
     return head
 
 
+def require_sqlite_file(url: str) -> None:
+    """Raise LedgerNotReady for a SQLite ledger whose file does not exist: no wait brings it, unlike a
+    PostgreSQL that is restarting."""
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:" and not Path(path).exists():
+            raise LedgerNotReady(f"no ledger at {path}: run `claimbroker up` or `claimbroker migrate` first, or "
+                                 "pass the --data-dir or --db of an existing one")
+
+
 async def require_current(url: str) -> None:
     """Raise LedgerNotReady, naming what to run, unless the ledger exists at the newest schema. A
     missing SQLite file is not created, as connecting to it would."""
@@ -92,11 +103,7 @@ async def require_current(url: str) -> None:
     from sqlalchemy.exc import DBAPIError
 
     url = normalise_url(url)
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:" and not Path(path).exists():
-            raise LedgerNotReady(f"no ledger at {path}: run `claimbroker up` or `claimbroker migrate` first, or "
-                                 "pass the --data-dir or --db of an existing one")
+    require_sqlite_file(url)
     engine = create_async_engine(url)
     try:
         async with engine.connect() as connection:

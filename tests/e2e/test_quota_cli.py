@@ -135,4 +135,21 @@ async def test_explain_and_errors(running: Running) -> None:
                                                    "list", stdout=asyncio.subprocess.PIPE,
                                                    stderr=asyncio.subprocess.PIPE)
     _, err_bytes = await process.communicate()
-    assert process.returncode == 1 and "cannot reach the admin API" in err_bytes.decode()
+    assert process.returncode == 3 and err_bytes.decode().startswith(
+        "claimbroker: cannot reach the admin API at http://127.0.0.1:9")
+    assert len(err_bytes.decode().strip().splitlines()) == 1
+
+
+async def test_the_api_url_is_the_one_up_wrote_never_a_guess(running: Running, tmp_path: Path) -> None:
+    """Without --api the CLI takes the URL `up` wrote in the data folder (so `up --api-port 9000` and
+    `quota list` with the same --data-dir meet); with neither it says so instead of trying port 8080."""
+    bare = [*CLI, "--data-dir", str(running.data_dir), "--token", running.token, "quota", "list"]
+    process = await asyncio.create_subprocess_exec(*bare, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    assert process.returncode == 2 and out == b"" and b"no admin API URL" in err and b"api.url" in err
+    (running.data_dir / "api.url").write_text(running.url)
+    process = await asyncio.create_subprocess_exec(*bare, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    assert process.returncode == 0, err
