@@ -5,15 +5,18 @@ Real parts: a nats-server on a fixed port (so it can be restarted under its clie
 database of its own, `serve watcher`, `serve notifier` and two `serve allocator` replicas as separate
 processes. Tenants with quotas in cohorts publish claims at a steady rate and release some of their
 allocated claims. Meanwhile an allocator replica is killed with SIGKILL every `--kill-every` seconds and
-started again, nats-server is restarted `--nats-restarts` times, and every PostgreSQL backend of the
-database is terminated `--pg-terminations` times (what a PostgreSQL restart does to its clients; this
-machine's PostgreSQL is shared, so it is not itself restarted: the output says so).
+started again, nats-server is restarted `--nats-restarts` times, every PostgreSQL backend of the
+database is terminated `--pg-terminations` times, and PostgreSQL itself is stopped and started
+`--pg-restarts` times. The database lives in a PostgreSQL cluster the run starts itself on a free port
+(`tests.private_postgres`), so that it can be restarted; where the machine cannot run one, the run uses
+the shared server at CLAIMBROKER_TEST_PG, terminates backends only, and the output says so.
 
 Checked: devices allocated twice, quota and cohort breaches (sampled every second during the run, and at
 the end), claims lost (published but no row, or a last status that disagrees with the ledger), releases
 lost (a release published for a claim that is still queued at the end), claims without any status,
-service processes that exited without being killed; and submit-to-first-status latency and, per fault,
-the time to the next status. Goal: every count 0.
+claims stuck (Pending at the end although the decision core, run once on the final ledger, would admit
+them: a decision the allocator missed), service processes that exited without being killed; and
+submit-to-first-status latency and, per fault, the time to the next status. Goal: every count 0.
 
 Run: `make chaos`, or `python bench/chaos.py --claims 2000 --tenants 5 --duration 30` for a short one.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -44,10 +48,12 @@ import nats  # noqa: E402
 import yaml  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
+from services.allocator.ledger_ops import load_queue  # noqa: E402
 from services.natsio import EmbeddedNats, ensure_streams  # noqa: E402
 from shared import subjects  # noqa: E402
-from shared.admission import Running  # noqa: E402
-from shared.allocation import Allocation  # noqa: E402
+from shared.admission import Running, Snapshot, run_cycle  # noqa: E402
+from shared.allocation import Allocation, State  # noqa: E402
+from shared.classes import merge_classes  # noqa: E402
 from shared.inventory import Fleet  # noqa: E402
 from shared.ledger.engine import create_engine, migrate, sessions  # noqa: E402
 from shared.ledger.quota_store import apply_quota_config  # noqa: E402
@@ -55,8 +61,9 @@ from shared.ledger.schema import Claim, DeadLetter, InboxMessage  # noqa: E402
 from shared.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.quota_invariant import violations  # noqa: E402
 from shared.sources import load_inventory  # noqa: E402
+from tests.private_postgres import PrivatePostgres  # noqa: E402
 
-PG_ADMIN = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+SHARED_PG = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 MODELS = ("A100", "H100", "H200")
 QUEUED = ("Pending", "Allocated")
 
@@ -134,8 +141,8 @@ class Services:
                 await process.wait()
 
 
-async def terminate_backends(database: str) -> int:
-    admin = await asyncpg.connect(PG_ADMIN.replace("postgresql://", "postgres://", 1))
+async def terminate_backends(admin_url: str, database: str) -> int:
+    admin = await asyncpg.connect(admin_url.replace("postgresql://", "postgres://", 1))
     try:
         return int(await admin.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1", database))
@@ -144,14 +151,21 @@ async def terminate_backends(database: str) -> int:
 
 
 async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every: float, nats_restarts: int,
-              pg_terminations: int, seed: int) -> dict[str, Any]:
+              pg_terminations: int, pg_restarts: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="claimbroker-chaos-"))
     database = f"cb_chaos_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(PG_ADMIN.replace("postgresql://", "postgres://", 1))
+    cannot = PrivatePostgres.unavailable()
+    cluster = None if cannot else PrivatePostgres()
+    if cluster is not None:
+        await asyncio.to_thread(cluster.start)
+    else:
+        pg_restarts = 0
+    pg_admin = cluster.url if cluster is not None else SHARED_PG
+    admin = await asyncpg.connect(pg_admin.replace("postgresql://", "postgres://", 1))
     await admin.execute(f'CREATE DATABASE "{database}"')
     await admin.close()
-    db_url = PG_ADMIN.rsplit("/", 1)[0] + "/" + database
+    db_url = pg_admin.rsplit("/", 1)[0] + "/" + database
     inventory = work / "fleet.yaml"
     inventory.write_text(yaml.safe_dump(topology(nodes)))
     documents = load_inventory([inventory])
@@ -246,6 +260,7 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
             t += kill_every
         plan += [(duration * (i + 1) / (nats_restarts + 1) + 0.3, "nats") for i in range(nats_restarts)]
         plan += [(duration * (i + 1) / (pg_terminations + 1) + 0.6, "pg") for i in range(pg_terminations)]
+        plan += [(duration * (2 * i + 1) / (2 * pg_restarts + 2) + 0.9, "pg-restart") for i in range(pg_restarts)]
         victims = ["allocator-a", "allocator-b"]
         for at, what in sorted(plan):
             await asyncio.sleep(max(0.0, started + at - time.monotonic()))
@@ -259,17 +274,24 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
                 server.stop()
                 await asyncio.sleep(1.5)
                 server.start()
+            elif what == "pg-restart" and cluster is not None:
+                await asyncio.to_thread(cluster.stop)
+                await asyncio.sleep(1.5)
+                await asyncio.to_thread(cluster.start)
             else:
-                await terminate_backends(database)
+                await terminate_backends(pg_admin, database)
 
     async def sample() -> None:
         nonlocal samples
         while True:
             await asyncio.sleep(1.0)
-            found = await ledger_violations()
+            services.check()
+            try:
+                found = await ledger_violations()
+            except Exception:  # noqa: BLE001 - PostgreSQL restarting: the next sample reads it
+                continue
             samples += 1
             breaches.extend(found[:3])
-            services.check()
 
     async def ledger_violations() -> list[str]:
         async with sessions(engine)() as session:
@@ -309,18 +331,23 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
                              f"redelivered {info.num_redelivered}")
         except Exception as error:  # noqa: BLE001
             diagnosis.append(f"{key}: {error!r}")
+    await services.stop()  # stopped first: the stuck check reads a ledger that no longer changes
     async with sessions(engine)() as session:
         rows = {(r.namespace, r.name): r.state for r in await session.scalars(select(Claim))}
         allocations = list(await session.scalars(select(Claim.allocation).where(Claim.state == "Allocated")))
-    await services.stop()
+        stuck = await missed_admissions(session, fleet, documents.classes, config)
     await nc.close()
     await engine.dispose()
     server.stop()
-    await terminate_backends(database)
-    admin = await asyncpg.connect(PG_ADMIN.replace("postgresql://", "postgres://", 1))
-    await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    await admin.close()
-    shutil.rmtree(work, ignore_errors=True)
+    if cluster is not None:
+        await asyncio.to_thread(cluster.destroy)
+    else:
+        await terminate_backends(pg_admin, database)
+        admin = await asyncpg.connect(pg_admin.replace("postgresql://", "postgres://", 1))
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.close()
+    if not services.unexpected_exits:  # else the services' logs stay, named in the output
+        shutil.rmtree(work, ignore_errors=True)
 
     keys = [(r["driver"], r["pool"], r["device"]) for a in allocations for r in (a or {}).get("devices", {})
             .get("results", []) if not r.get("adminAccess")]
@@ -336,20 +363,32 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
         "claims": len(published), "tenants": tenants, "nodes": nodes, "duration_s": round(duration, 1),
         "faults": {"allocator_kills": sum(w == "kill" for w, _ in faults), "nats_restarts": nats_restarts,
                    "pg_backend_terminations": pg_terminations,
-                   "pg_restart": "not done: this machine's PostgreSQL is shared; backends terminated instead"},
+                   "pg_restarts": pg_restarts if cluster is not None
+                   else f"not done: no private PostgreSQL cluster here ({cannot}); backends terminated instead"},
         "devices_allocated_twice": len(keys) - len(set(keys)),
         "quota_breaches": len(breaches) + len(final_breaches), "quota_samples": samples,
         "claims_lost": len(lost), "statuses_disagreeing": len(disagree),
         "releases": len(released), "releases_lost": sum(1 for k in released if rows.get(k) in QUEUED),
         "claims_without_status": sum(1 for k in published if k not in first_status),
+        "claims_stuck": len(stuck),
         "service_exits": services.unexpected_exits,
         "first_status_p50_s": round(statistics.median(latencies), 3) if latencies else None,
         "first_status_p99_s": round(latencies[int(len(latencies) * 0.99)], 3) if latencies else None,
         "first_status_max_s": round(latencies[-1], 3) if latencies else None,
         "recovery_max_s": round(max(recoveries), 2) if recoveries else None,
+        "logs": str(work) if services.unexpected_exits else None,
         "examples": {"lost": lost[:3], "disagreeing": disagree[:3], "breaches": (breaches + final_breaches)[:3],
-                     "without_status": diagnosis},
+                     "without_status": diagnosis, "stuck": stuck[:3]},
     }
+
+
+async def missed_admissions(session: Any, fleet: Fleet, classes: Any, config: QuotaConfig) -> list[str]:
+    """Claims Pending in the final ledger that one more cycle of the decision core would admit: the
+    allocator should have admitted them already (every release and submission has been decided)."""
+    queue = await load_queue(session)
+    waiting = tuple(dataclasses.replace(w, answered=False) for w in queue.waiting.values())
+    result = run_cycle(Snapshot(fleet, merge_classes(classes), config, tuple(queue.running.values()), waiting))
+    return [f"{d.tenant}/{d.name}" for d in result.decisions if d.decision.state is State.ALLOCATED]
 
 
 def main() -> None:
@@ -361,10 +400,11 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=8.0)
     parser.add_argument("--nats-restarts", type=int, default=2)
     parser.add_argument("--pg-terminations", type=int, default=2)
+    parser.add_argument("--pg-restarts", type=int, default=1, help="of the run's own PostgreSQL cluster")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     result = asyncio.run(run(args.claims, args.tenants, args.nodes, args.duration, args.kill_every,
-                             args.nats_restarts, args.pg_terminations, args.seed))
+                             args.nats_restarts, args.pg_terminations, args.pg_restarts, args.seed))
     print(json.dumps(result))
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -47,8 +47,33 @@ STREAMS = (
 )
 
 
+log = logging.getLogger("claimbroker.nats")
+
+
 async def connect(url: str, *, name: str) -> Client:
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    """A service's connection: it reconnects forever, and says so once per outage in the log (nats-py's
+    default logs a traceback for every failed try, twice a second)."""
+    client = Client()
+    lost = False
+
+    async def disconnected() -> None:  # nats-py calls it again after each failed try, and on close
+        nonlocal lost
+        if not lost and not client.is_closed:
+            log.warning("%s: connection to NATS at %s lost; reconnecting", name, url)
+        lost = True
+
+    async def reconnected() -> None:
+        nonlocal lost
+        lost = False
+        log.info("%s: reconnected to NATS at %s", name, url)
+
+    async def failed_try(error: Exception) -> None:
+        log.debug("%s: NATS at %s: %r", name, url, error)
+
+    await client.connect(url, name=name, max_reconnect_attempts=-1,
+                         reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as a sleep
+                         disconnected_cb=disconnected, reconnected_cb=reconnected, error_cb=failed_try)
+    return client
 
 
 async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:

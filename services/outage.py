@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Outage:
@@ -17,15 +21,23 @@ class Outage:
         self.most_wait = most_wait
         self.wait = first_wait
         self.since: float | None = None  # when the current outage began; None while all is well
+        self.error = ""  # the last failure, for readiness
 
     async def failed(self, error: BaseException) -> None:
         """A try failed: note it (logged once an outage) and wait before the next."""
+        self.error = f"{type(error).__name__}: {error}"[:300]
         if self.since is None:
             self.since = time.monotonic()
             self.log.warning("%s unreachable (%s: %s); retrying until it is back", self.what,
                              type(error).__name__, error)
         await asyncio.sleep(self.wait)
         self.wait = min(self.most_wait, self.wait * 2)
+
+    def why(self) -> str | None:
+        """For /readyz: how long this outage has lasted and its last error, or None while all is well."""
+        if self.since is None:
+            return None
+        return f"{self.what} unreachable for {time.monotonic() - self.since:.0f}s ({self.error})"
 
     def ok(self) -> float | None:
         """A try succeeded: the outage, if any, is over; returns how long it lasted (None: there was none)."""
@@ -36,3 +48,20 @@ class Outage:
         self.log.info("%s reachable again after %.1fs", self.what, lasted)
         self.since = None
         return lasted
+
+
+async def until_done(step: Callable[[], Awaitable[T]], outage: Outage,
+                     fatal: tuple[type[Exception], ...] = ()) -> T:
+    """A service's start-up step (create the streams, read the ledger, subscribe) tried until it works: a
+    service started while NATS or the database is down waits for them instead of exiting. `fatal` errors
+    (bad settings, an invalid file) are raised at once: no wait mends them."""
+    while True:
+        try:
+            result = await step()
+        except fatal:
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever the dependency raises while it is away
+            await outage.failed(error)
+        else:
+            outage.ok()
+            return result

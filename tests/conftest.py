@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.natsio import EmbeddedNats
+from tests.private_postgres import PrivatePostgres
 
 PG_ADMIN_URL = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -53,3 +54,18 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
     return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A cluster of the test's own that can be stopped and started: in CI a machine that cannot run one
+    fails, never skips."""
+    why = PrivatePostgres.unavailable()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"cannot start a private PostgreSQL cluster: {why}")
+        pytest.skip(why)
+    cluster = PrivatePostgres()
+    cluster.start()
+    yield cluster
+    cluster.destroy()

@@ -37,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from services.allocator import ledger_ops as ops
 from services.allocator.batch import apply_messages, inbox_id, printable, read_message
 from services.natsio import ensure_streams, publish_json, raise_lost_cancel
-from services.outage import Outage
+from services.outage import Outage, until_done
 from services.runtime import CollectorPacing
 from shared import dra, events, subjects
 from shared.admission import Snapshot, Waiting, run_cycle
@@ -89,6 +89,7 @@ class Allocator:
         self.lost_nodes: set[str] = set()
         self._set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
         self.nats_outage = Outage("NATS", log)
+        self.startup_outage = Outage("the ledger or NATS", log)  # reading what a crash left, at start
         self._outbox_behind = False  # committed events wait in the outbox: publish them as soon as NATS takes them
         self._cycle_failure_reported = -math.inf  # when a failing cycle was last logged with its trace and alerted
         self._cycle_failing = False  # the last decision cycle failed (readiness)
@@ -100,8 +101,9 @@ class Allocator:
 
     def not_ready(self) -> str | None:
         """Why it cannot decide now (for /readyz), or None."""
-        if self.nats_outage.since is not None:
-            return f"NATS unreachable for {time.monotonic() - self.nats_outage.since:.0f}s"
+        for outage in (self.nats_outage, self.startup_outage):
+            if (why := outage.why()) is not None:
+                return why
         if not self._inventory_seen.is_set():
             return "no inventory read yet"
         if self._cycle_failing:
@@ -114,13 +116,14 @@ class Allocator:
 
     async def run(self) -> None:
         """Rebuild from the ledger and the inventory stream, then serve until cancelled."""
-        await ensure_streams(self.js)
-        await self.publish_outbox()  # events committed before a crash but never published
-        inventory = await self.js.subscribe(
+        await until_done(lambda: ensure_streams(self.js), self.nats_outage)
+        # events committed before a crash but never published (needs the ledger and NATS)
+        await until_done(self.publish_outbox, self.startup_outage)
+        inventory = await until_done(lambda: self.js.subscribe(
             subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
-        )
-        claims = await self._claims_consumer()
+        ), self.nats_outage)
+        claims = await until_done(self._claims_consumer, self.nats_outage)
         log.info("allocator ready")
         next_cycle = 0.0
         try:

@@ -34,7 +34,7 @@ from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json, ra
 from services.notifier import history
 from services.notifier.usage import FleetFlavors, read_figures
 from services.notifier.webhooks import WebhookDispatcher
-from services.outage import Outage
+from services.outage import Outage, until_done
 from shared import subjects
 from shared.alert_rules import (
     IDLE_LARGER_FLAVOR,
@@ -85,6 +85,7 @@ class Notifier:
         self._usage_due = float("-inf")
         self.usage_checks = 0  # completed check_usage passes; tests wait on it
         self.nats_outage = Outage("NATS", log)
+        self.startup_outage = Outage("the ledger or NATS", log)  # restoring open alerts, at start
         self.webhooks = WebhookDispatcher(settings.webhooks, self.sessions, attempts=settings.webhook_attempts,
                                           base_delay=settings.webhook_base_delay, client=http)
         shortest = min(pending_after, ttl, fold or 60.0)
@@ -97,18 +98,18 @@ class Notifier:
         self.ready = asyncio.Event()
 
     async def run(self) -> None:
-        await ensure_streams(self.js)
-        await self._restore()
+        await until_done(lambda: ensure_streams(self.js), self.nats_outage)
+        await until_done(self._restore, self.startup_outage)
         self.webhooks.start()
-        inventory = await self.js.subscribe(
+        inventory = await until_done(lambda: self.js.subscribe(
             subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
-        )
-        statuses = await self.js.pull_subscribe(
+        ), self.nats_outage)
+        statuses = await until_done(lambda: self.js.pull_subscribe(
             subjects.STATUS_ALL, durable=CONSUMER, stream=subjects.STATUS_STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait,
                                   max_deliver=self.settings.max_deliver),
-        )
+        ), self.nats_outage)
         await self._usage_if_due()
         log.info("notifier ready")
         self.ready.set()
@@ -141,8 +142,9 @@ class Notifier:
 
     def not_ready(self) -> str | None:
         """Why it cannot turn statuses into alerts now (for /readyz), or None."""
-        if self.nats_outage.since is not None:
-            return f"NATS unreachable for {time.monotonic() - self.nats_outage.since:.0f}s"
+        for outage in (self.nats_outage, self.startup_outage):
+            if (why := outage.why()) is not None:
+                return why
         return None
 
     # --- inputs -----------------------------------------------------------------------------------

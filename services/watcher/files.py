@@ -13,6 +13,7 @@ from typing import Any
 from nats.js import JetStreamContext
 
 from services.natsio import ensure_streams
+from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher
 from shared import dra, events
 from shared.sources import InventoryDocuments, InventoryFileError, load_inventory
@@ -68,20 +69,32 @@ class FileWatcher:
         return published
 
     async def run(self) -> None:
-        await ensure_streams(self.js)
+        """Publish the files' fleet, then republish on each change and keep every node fresh. An invalid
+        file at start stops the watcher (there is no good fleet to keep); NATS away only pauses it."""
+        nats = Outage("NATS", log)
+        await until_done(lambda: ensure_streams(self.js), nats)
         self._stamps = self._stamp()
-        await self.publish_once()
+        await until_done(self.publish_once, nats, fatal=(InventoryFileError,))
         log.info("watcher published %d node(s)", len(self.published))
         while True:
-            await asyncio.sleep(min(self.poll_interval, self.publisher.due_in()))
-            stamps = self._stamp()
-            if stamps == self._stamps:
-                await self.publisher.heartbeat()
-                continue
-            self._stamps = stamps
+            await asyncio.sleep(nats.wait if nats.since is not None
+                                else min(self.poll_interval, self.publisher.due_in()))
             try:
-                count = await self.publish_once()
-                log.info("inventory changed: republished %d node(s)", count)
-            except InventoryFileError as error:
-                log.error("inventory file invalid, keeping the last good fleet: %s", error)
-                await self.publisher.heartbeat()  # the last good fleet is still the truth; keep it fresh
+                await self._publish_changes()
+            except Exception as error:  # noqa: BLE001 - NATS restarting or gone: the next pass tries again
+                await nats.failed(error)
+            else:
+                nats.ok()
+
+    async def _publish_changes(self) -> None:
+        stamps = self._stamp()
+        if stamps == self._stamps:
+            await self.publisher.heartbeat()
+            return
+        try:
+            count = await self.publish_once()
+            log.info("inventory changed: republished %d node(s)", count)
+        except InventoryFileError as error:
+            log.error("inventory file invalid, keeping the last good fleet: %s", error)
+            await self.publisher.heartbeat()  # the last good fleet is still the truth; keep it fresh
+        self._stamps = stamps  # only once published: a pass that failed on NATS publishes the change again

@@ -30,6 +30,7 @@ from kubernetes.aio import client, config, watch
 from kubernetes.aio.client.exceptions import ApiException
 
 from services.natsio import ensure_streams
+from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher, heartbeat_loop
 from shared import device_plugin, dra
 
@@ -101,7 +102,7 @@ class KubeWatcher:
         self._unknown_models: set[str] = set()
 
     async def run(self) -> None:
-        await ensure_streams(self.publisher.js)
+        await until_done(lambda: ensure_streams(self.publisher.js), Outage("NATS", log))
         async with asyncio.TaskGroup() as group:
             group.create_task(self._reflect(NODES, self.core.list_node, self._replace_nodes, self._node_event))
             group.create_task(self._reflect(SLICES, self.resource.list_resource_slice, self._replace_slices,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.natsio import ensure_streams
+from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher
 from shared import dra, telemetry, topology
 
@@ -255,17 +256,23 @@ class NvmlWatcher:
                                             telemetry=telemetry.to_json(reading.telemetry))
 
     async def run(self) -> None:
-        await ensure_streams(self.publisher.js)
+        nats = Outage("NATS", log)
+        await until_done(lambda: ensure_streams(self.publisher.js), nats)
         nvml = self.nvml if self.nvml is not None else load_nvml()
         await asyncio.to_thread(nvml.nvmlInit)
         reader = NvmlReader(nvml, self.node, self.sysfs)
         try:
             while True:
                 try:
-                    await self.publish_once(reader)
-                except nvml.NVMLError as error:  # the driver itself is in trouble: keep trying
-                    log.error("NVML read failed: %s", error)
-                await self.publisher.heartbeat()
+                    try:
+                        await self.publish_once(reader)
+                    except nvml.NVMLError as error:  # the driver itself is in trouble: keep trying
+                        log.error("NVML read failed: %s", error)
+                    await self.publisher.heartbeat()
+                except Exception as error:  # noqa: BLE001 - NATS restarting or gone: the next poll tries again
+                    await nats.failed(error)
+                    continue
+                nats.ok()
                 await asyncio.sleep(min(self.poll_interval, max(0.05, self.publisher.due_in())))
         finally:
             await asyncio.to_thread(nvml.nvmlShutdown)

@@ -14,6 +14,7 @@ the second A would leave B as the node's last message.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,10 @@ from typing import Any
 from nats.js import JetStreamContext
 
 from services.natsio import DUPLICATE_WINDOW_S, publish_json
+from services.outage import Outage
 from shared import dra, events, subjects
+
+log = logging.getLogger("claimbroker.watcher")
 
 VOLATILE = ("sequence", "observedAt", "observedAtUnix")
 
@@ -114,7 +118,14 @@ class InventoryPublisher:
 
 
 async def heartbeat_loop(publisher: InventoryPublisher, *, floor: float = 0.05) -> None:
-    """For sources that publish on events (Kubernetes, NVML polls): keep every node fresh in between."""
+    """For sources that publish on events (Kubernetes, NVML polls): keep every node fresh in between; while
+    NATS is away, try again with backoff."""
+    nats = Outage("NATS", log)
     while True:
-        await asyncio.sleep(max(floor, publisher.due_in()))
-        await publisher.heartbeat()
+        await asyncio.sleep(nats.wait if nats.since is not None else max(floor, publisher.due_in()))
+        try:
+            await publisher.heartbeat()
+        except Exception as error:  # noqa: BLE001 - NATS restarting or gone
+            await nats.failed(error)
+        else:
+            nats.ok()

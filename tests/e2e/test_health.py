@@ -16,6 +16,7 @@ from services.natsio import EmbeddedNats, connect, ensure_streams
 from services.watcher.files import FileWatcher
 from tests.e2e.helpers import free_port
 from tests.e2e.test_allocator_semantics import SLICE
+from tests.private_postgres import PrivatePostgres
 
 pytestmark = pytest.mark.e2e
 
@@ -76,3 +77,47 @@ async def test_serve_allocator_is_ready_once_it_has_the_inventory(nats_server: E
     finally:
         process.terminate()
         await process.wait()
+
+
+async def test_serve_allocator_started_while_postgresql_is_down_waits_for_it(
+        nats_server: EmbeddedNats, private_postgres: PrivatePostgres, tmp_path: Path) -> None:
+    """A deployed service often starts before its database (a node reboot, a rollout): it waits, says why
+    on /readyz, and is ready once PostgreSQL is back, instead of exiting."""
+    port = free_port()
+    env = {**os.environ, "CLAIMBROKER_HEALTH_PORT": str(port), "CLAIMBROKER_DB": private_postgres.url,
+           "CLAIMBROKER_DATA_DIR": str(tmp_path / "data")}
+    migrate = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", "migrate", env=env,
+                                                   stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    assert await migrate.wait() == 0
+    await asyncio.to_thread(private_postgres.stop)
+    inventory = tmp_path / "slices.yaml"
+    inventory.write_text(SLICE)
+    nc = await connect(nats_server.url, name="watcher")
+    await ensure_streams(nc.jetstream())
+    await FileWatcher(nc.jetstream(), [inventory]).publish_once()
+    await nc.close()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "serve", "allocator", "--nats", nats_server.url, env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        ready = None
+        for _ in range(300):  # until it has tried the ledger and failed
+            ready = await _get(base + "/readyz")
+            if ready is not None and "the ledger or NATS unreachable" in ready.text:
+                break
+            await asyncio.sleep(0.05)
+        assert ready is not None and ready.status_code == 503, ready and ready.text
+        assert "the ledger or NATS unreachable" in ready.text and process.returncode is None
+
+        await asyncio.to_thread(private_postgres.start)
+        for _ in range(300):
+            ready = await _get(base + "/readyz")
+            if ready is not None and ready.status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert ready is not None and (ready.status_code, ready.text) == (200, "ready")
+        assert process.returncode is None
+    finally:
+        process.terminate()
+        assert await process.wait() == 0

@@ -11,8 +11,11 @@ import pytest
 
 from services.allocator import service
 from services.natsio import EmbeddedNats, connect
-from tests.e2e.helpers import free_port, statuses
-from tests.e2e.test_allocator_semantics import broker, claim, submit
+from services.stack import running_stack
+from shared.settings import BrokerSettings
+from tests.e2e.helpers import alerts, free_port, statuses
+from tests.e2e.test_allocator_semantics import SLICE, broker, claim, submit
+from tests.private_postgres import PrivatePostgres
 
 pytestmark = pytest.mark.e2e
 
@@ -90,4 +93,34 @@ async def test_the_allocator_stays_up_when_postgresql_drops_its_connections(
         await seen.wait_for(lambda: ("team", "after") in seen.latest(), timeout=30)
         assert seen.latest()[("team", "after")]["state"] == "Allocated"
         assert not b.tasks[allocator].done()
+        await nc.close()
+
+
+async def test_the_stack_stays_up_through_a_postgresql_restart(
+        nats_server: EmbeddedNats, private_postgres: PrivatePostgres, tmp_path: Path) -> None:
+    """PostgreSQL itself stopped under the running watcher, allocator and notifier and started again: a
+    claim submitted while it is down is Allocated once it is back, the allocator says it was degraded and
+    that it recovered, and no service exits."""
+    inventory = tmp_path / "slices.yaml"
+    inventory.write_text(SLICE)
+    settings = BrokerSettings(nats_url=nats_server.url, db=private_postgres.url, data_dir=tmp_path / "data",
+                              inventory=[inventory])
+    async with running_stack(settings, services=("watcher", "allocator", "notifier")) as stack:
+        assert stack.allocator is not None and await stack.allocator.wait_for_inventory(20)
+        nc = await connect(stack.nats_url, name="tenant")
+        seen, alarms = await statuses(nc), await alerts(nc)
+        await submit(nc, claim("before"), "id-before")
+        await seen.wait_for(lambda: ("team", "before") in seen.latest())
+
+        await asyncio.to_thread(private_postgres.stop)
+        await submit(nc, claim("during"), "id-during")  # the allocator fails to commit it, and keeps trying
+        await alarms.wait_for(lambda: any(a["kind"] == "service-degraded" and not a["resolved"]
+                                          for _, a in alarms.messages), timeout=30)
+        await asyncio.to_thread(private_postgres.start)
+
+        await seen.wait_for(lambda: ("team", "during") in seen.latest(), timeout=30)
+        assert seen.latest()[("team", "during")]["state"] == "Allocated"
+        await alarms.wait_for(lambda: any(a["kind"] == "service-degraded" and a["resolved"]
+                                          for _, a in alarms.messages), timeout=30)
+        assert not [name for name, task in stack.tasks.items() if task.done()]
         await nc.close()
