@@ -8,7 +8,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from services.natsio import publish_json
+from shared import events, subjects
 
 T = TypeVar("T")
 
@@ -65,3 +68,18 @@ async def until_done(step: Callable[[], Awaitable[T]], outage: Outage,
         else:
             outage.ok()
             return result
+
+
+async def publish_degraded(js: Any, service: str, why: str, log: logging.Logger, *, resolved: bool = False) -> None:
+    """A service's `service-degraded` alert (critical), straight to NATS: the ledger may be what fails, so
+    it cannot go through an outbox. Raised when what the service needs starts failing, resolved when it
+    works again; after a NATS outage it can only be published once NATS is back. Best effort: a publish
+    that fails is logged."""
+    now = time.time()
+    payload = events.alert(kind="service-degraded", severity="critical", key=f"service-degraded:{service}",
+                           summary=f"{service}: {why}", details={"why": why}, labels={"service": service},
+                           first_seen=now, last_seen=now, resolved=resolved)
+    try:
+        await publish_json(js, subjects.alert("critical", "service-degraded"), payload)
+    except Exception as error:  # noqa: BLE001
+        log.error("could not publish the service-degraded alert (%s): %s", why, error)

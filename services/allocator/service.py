@@ -37,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from services.allocator import ledger_ops as ops
 from services.allocator.batch import apply_messages, inbox_id, printable, read_message
 from services.natsio import ensure_streams, publish_json, raise_lost_cancel
-from services.outage import Outage, until_done
+from services.outage import Outage, publish_degraded, until_done
 from services.runtime import CollectorPacing
 from shared import dra, events, subjects
 from shared.admission import Snapshot, Waiting, run_cycle
@@ -306,15 +306,7 @@ class Allocator:
         return True
 
     async def _degraded(self, why: str, *, resolved: bool = False) -> None:
-        """The allocator's service-degraded alert, straight to NATS (the ledger may be what fails): raised
-        when decision cycles start failing or NATS comes back after an outage, resolved when it is over.
-        Best effort: with NATS away it cannot go out, and the log says it."""
-        subject, _, payload = _alert("service-degraded", "allocator", "", f"allocator: {why}", {"why": why})
-        payload["resolved"] = resolved
-        try:
-            await publish_json(self.js, subject, payload)
-        except Exception as error:  # noqa: BLE001
-            log.error("could not publish the service-degraded alert (%s): %s", why, error)
+        await publish_degraded(self.js, "allocator", why, log, resolved=resolved)
 
     def _unusable_nodes(self) -> dict[str, str]:
         """Nodes whose inventory is older than the TTL get no new allocation. The reason names when the

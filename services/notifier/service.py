@@ -34,7 +34,7 @@ from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json, ra
 from services.notifier import history
 from services.notifier.usage import FleetFlavors, read_figures
 from services.notifier.webhooks import WebhookDispatcher
-from services.outage import Outage, until_done
+from services.outage import Outage, publish_degraded, until_done
 from shared import subjects
 from shared.alert_rules import (
     IDLE_LARGER_FLAVOR,
@@ -86,6 +86,7 @@ class Notifier:
         self.usage_checks = 0  # completed check_usage passes; tests wait on it
         self.nats_outage = Outage("NATS", log)
         self.startup_outage = Outage("the ledger or NATS", log)  # restoring open alerts, at start
+        self._statuses_failing = False  # the last status could not be processed: service-degraded is raised
         self.webhooks = WebhookDispatcher(settings.webhooks, self.sessions, attempts=settings.webhook_attempts,
                                           base_delay=settings.webhook_base_delay, client=http)
         shortest = min(pending_after, ttl, fold or 60.0)
@@ -164,11 +165,18 @@ class Notifier:
                             await history.record(session, sent)
                             history.record_processed(session, CONSUMER, message_id)
                 await self._publish(sent)
-        except Exception:
+        except Exception as error:
             log.exception("status %s not processed; it will be redelivered", message_id)
             with contextlib.suppress(Exception):  # with NATS down it is redelivered after ack_wait anyway
                 await message.nak(delay=1.0)
+            if not self._statuses_failing:
+                self._statuses_failing = True
+                await publish_degraded(self.js, "notifier", f"statuses not processed: {type(error).__name__}: "
+                                       f"{str(error)[:300]}", log)
             return
+        if self._statuses_failing:
+            self._statuses_failing = False
+            await publish_degraded(self.js, "notifier", "statuses processed again", log, resolved=True)
         with contextlib.suppress(Exception):  # recorded as processed: a redelivery changes nothing
             await message.ack()
         await self._handled()

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from services.allocator import service
-from services.natsio import EmbeddedNats, connect
+from services.natsio import EmbeddedNats, connect, publish_json
 from services.stack import running_stack
+from shared import events, subjects
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import alerts, free_port, statuses
 from tests.e2e.test_allocator_semantics import SLICE, broker, claim, submit
@@ -112,15 +113,20 @@ async def test_the_stack_stays_up_through_a_postgresql_restart(
         await submit(nc, claim("before"), "id-before")
         await seen.wait_for(lambda: ("team", "before") in seen.latest())
 
+        def degraded(service: str, resolved: bool) -> bool:
+            return any(a["kind"] == "service-degraded" and a["labels"] == {"service": service}
+                       and a["resolved"] is resolved for _, a in alarms.messages)
+
         await asyncio.to_thread(private_postgres.stop)
         await submit(nc, claim("during"), "id-during")  # the allocator fails to commit it, and keeps trying
-        await alarms.wait_for(lambda: any(a["kind"] == "service-degraded" and not a["resolved"]
-                                          for _, a in alarms.messages), timeout=30)
+        status = events.claim_status(namespace="team", name="other", state="Pending", allocation=None,
+                                     reason="waits", sequence=1)  # the notifier fails to record it
+        await publish_json(nc.jetstream(), subjects.status("team", "other"), status, msg_id="status-other")
+        await alarms.wait_for(lambda: degraded("allocator", False) and degraded("notifier", False), timeout=30)
         await asyncio.to_thread(private_postgres.start)
 
         await seen.wait_for(lambda: ("team", "during") in seen.latest(), timeout=30)
         assert seen.latest()[("team", "during")]["state"] == "Allocated"
-        await alarms.wait_for(lambda: any(a["kind"] == "service-degraded" and a["resolved"]
-                                          for _, a in alarms.messages), timeout=30)
+        await alarms.wait_for(lambda: degraded("allocator", True) and degraded("notifier", True), timeout=30)
         assert not [name for name, task in stack.tasks.items() if task.done()]
         await nc.close()
