@@ -766,7 +766,11 @@ def top(
 
     url, headers = _admin_api()
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a live view ends
-        asyncio.run(view.run(url, headers, _nats_url(_settings()), console=console, once=once, interval=interval))
+        try:
+            asyncio.run(view.run(url, headers, _nats_url(_settings()), console=console, once=once,
+                                 interval=interval))
+        except view.Unavailable as error:
+            raise Unreachable(str(error)) from None
 
 
 def main() -> None:

@@ -201,7 +201,8 @@ class Gatherer:
             await self._nc.subscribe(subjects.STATUS_ALL, cb=self._on_status)
             await asyncio.wait_for(self._loaded.wait(), load_timeout)
         except Exception as error:  # the API's numbers are still worth showing
-            self._problems.append(f"inventory from NATS at {self.nats_url}: {error!r}")
+            why = f"no answer within {load_timeout:g}s" if isinstance(error, TimeoutError) else repr(error)
+            self._problems.append(f"cannot read the inventory from NATS at {self.nats_url}: {why}")
 
     async def _on_inventory(self, message: Any) -> None:
         try:
@@ -243,7 +244,8 @@ class Gatherer:
             usage = await self._get("/v1/usage")
             pending = (await self._get("/v1/claims", state="Pending", limit=max(EXPLAINED, QUEUE_HEAD)))["items"]
         except (httpx.HTTPError, ValueError) as error:
-            detail = error.response.text if isinstance(error, httpx.HTTPStatusError) else repr(error)
+            detail = (f"{error.response.status_code} {error.response.text}" if isinstance(error, httpx.HTTPStatusError)
+                      else f"cannot reach the admin API at {self.client.base_url}: {error or type(error).__name__}")
             return Snapshot((), (), (), at=time.time(), problems=(*problems, f"admin API: {detail}"))
         try:
             config = [Flavor(f["name"], f["selector"], f["value"]) for f in await self._get("/v1/flavors")]
@@ -257,6 +259,10 @@ class Gatherer:
         return snapshot_of(usage, pending, claim_flavors, devices, [f.name for f in config], time.time(), problems)
 
 
+class Unavailable(Exception):
+    """`top --once` could not read what a frame shows (the admin API, or the inventory from NATS)."""
+
+
 async def run(api: str, headers: Mapping[str, str], nats_url: str | None, *, console: Console,
               once: bool = False, interval: float = 5.0) -> None:
     """One frame with `once`; else a live view until cancelled (Ctrl-C)."""
@@ -264,9 +270,12 @@ async def run(api: str, headers: Mapping[str, str], nats_url: str | None, *, con
 
     gatherer = Gatherer(api, headers, nats_url)
     try:
-        await gatherer.start()
+        await gatherer.start(load_timeout=5.0)
         if once:
-            console.print(render(await gatherer.snapshot()))
+            frame = await gatherer.snapshot()
+            if frame.problems:  # a frame without the fleet or the API's numbers would read as an empty fleet
+                raise Unavailable("; ".join(frame.problems))
+            console.print(render(frame))
             return
         with Live(render(await gatherer.snapshot()), console=console, auto_refresh=False, screen=False) as live:
             while True:

@@ -124,3 +124,18 @@ async def test_top_once_against_a_running_stack(nats_server: EmbeddedNats, tmp_p
     assert row(text, "vision", "H100", "3/3", "0", "2"), text
     assert "2 claim(s), 2 device(s)" in text, text
     assert row(text, "vision", waiting["name"], "H100", waiting["reason"][:30]), text
+
+
+async def test_top_once_with_nothing_to_read_fails_in_one_line(tmp_path: Path) -> None:
+    """Neither the admin API nor NATS answers: one line naming both URLs and exit 3, within seconds, instead
+    of a frame of an empty fleet and exit 0."""
+    api, nats = f"http://127.0.0.1:{free_port()}", f"nats://127.0.0.1:{free_port()}"
+    started = asyncio.get_running_loop().time()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "--api", api, "--nats", nats, "--token", "x", "top", "--once",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await process.communicate()
+    assert process.returncode == 3 and out == b""
+    line = err.decode().strip()
+    assert len(line.splitlines()) == 1 and api in line and nats in line and "Traceback" not in line
+    assert asyncio.get_running_loop().time() - started < 15
