@@ -264,12 +264,19 @@ def serve(
 @app.command()
 def migrate(db: Annotated[str | None, typer.Option()] = None) -> None:
     """Bring the ledger schema to the newest revision."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
     from shared.ledger.engine import migrate as run_migrations
 
     settings = _settings(db=db)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    asyncio.run(run_migrations(settings.database_url()))
-    console.print(f"ledger at head: {settings.database_url()}")
+    shown = make_url(settings.database_url()).render_as_string(hide_password=True)
+    try:
+        asyncio.run(run_migrations(settings.database_url()))
+    except (OSError, DBAPIError) as error:
+        raise Unreachable(f"cannot reach the ledger at {shown}: {_why(error)}") from None
+    console.print(f"ledger at head: {shown}")
 
 
 def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:

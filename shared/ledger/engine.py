@@ -25,6 +25,9 @@ def normalise_url(url: str) -> str:
     return url
 
 
+PG_CONNECT_TIMEOUT_S = 10
+
+
 def create_engine(url: str) -> AsyncEngine:
     url = normalise_url(url)
     if url.startswith("sqlite"):
@@ -43,7 +46,9 @@ def create_engine(url: str) -> AsyncEngine:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_async_engine(url, pool_pre_ping=True)
+    # asyncpg waits 60 s for a connection by default: a command or a start-up would hang that long on a
+    # server that does not answer; 10 s is plenty on a network that works
+    return create_async_engine(url, pool_pre_ping=True, connect_args={"timeout": PG_CONNECT_TIMEOUT_S})
 
 
 def sessions(engine: AsyncEngine) -> async_sessionmaker[Any]:
@@ -104,7 +109,7 @@ async def require_current(url: str) -> None:
 
     url = normalise_url(url)
     require_sqlite_file(url)
-    engine = create_async_engine(url)
+    engine = create_engine(url)
     try:
         async with engine.connect() as connection:
             try:

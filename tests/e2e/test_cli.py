@@ -122,3 +122,11 @@ async def test_submit_refuses_a_claim_of_another_namespace_than_tenant(tmp_path:
                                           a_claim("other", "research").request().document()]))
     code, _, err = await run("--nats", f"nats://127.0.0.1:{free_port()}", "submit", str(claims), "--tenant", "vision")
     assert code == 2 and "'research', not --tenant 'vision'" in err and "nothing was submitted" in err
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["token", "create", "--role", "viewer"]])
+async def test_an_unreachable_ledger_is_one_line_without_the_password(tmp_path: Path, command: list[str]) -> None:
+    url = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/ledger"  # nothing listens there
+    code, out, err = await run("--data-dir", str(tmp_path), *command, "--db", url)
+    assert code == 3 and out == "" and err.startswith("claimbroker: cannot reach the ledger at postgresql")
+    assert len(err.strip().splitlines()) == 1 and "secret" not in err and "127.0.0.1:" in err
