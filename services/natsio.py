@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,24 @@ async def publish_json(
     ack = await js.publish(subject, json.dumps(payload).encode(), headers=headers)
     raise_lost_cancel()
     return ack
+
+
+PUBLISH_ACK_TIMEOUT_S = 5.0
+
+
+async def publish_pipelined(js: JetStreamContext, messages: Sequence[tuple[str, Any, str]]) -> None:
+    """Publish (subject, payload, Nats-Msg-Id) in order, every message sent before any acknowledgement is
+    awaited: one round trip for the lot instead of one each (0.3 ms a message here). Raises unless every
+    one is acknowledged within PUBLISH_ACK_TIMEOUT_S; a resend is harmless, the ids dedupe it."""
+    pending = [await js.publish_async(subject, json.dumps(payload).encode(), headers={"Nats-Msg-Id": message_id})
+               for subject, payload, message_id in messages]
+    raise_lost_cancel()
+    try:
+        await asyncio.wait_for(asyncio.gather(*pending), PUBLISH_ACK_TIMEOUT_S)
+    except TimeoutError:
+        raise TimeoutError(f"{sum(f.cancelled() for f in pending)} of {len(pending)} publishes not acknowledged "
+                           f"within {PUBLISH_ACK_TIMEOUT_S:g}s") from None
+    raise_lost_cancel()
 
 
 def nats_server_binary() -> str:

@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services.allocator import ledger_ops as ops
 from services.allocator.batch import apply_messages, inbox_id, printable, read_message
-from services.natsio import ensure_streams, publish_json, raise_lost_cancel
+from services.natsio import ensure_streams, publish_pipelined, raise_lost_cancel
 from services.outage import Outage, publish_degraded, until_done
 from services.runtime import CollectorPacing
 from shared import dra, events, subjects
@@ -219,9 +219,9 @@ class Allocator:
         if self._cycle_failing:
             self._cycle_failing = False
             await self._degraded("decision cycles commit again", resolved=True)
-        try:
-            for message in messages:
-                await message.ack_sync()
+        try:  # acks sent without waiting for each to be confirmed: a lost one means a redelivery,
+            for message in messages:  # which the inbox makes harmless
+                await message.ack()
         except Exception as error:  # noqa: BLE001 - committed: a redelivery finds them in the inbox
             log.warning("acks of %d committed message(s) failed (%s); their redelivery changes nothing",
                         len(messages), type(error).__name__)
@@ -262,7 +262,7 @@ class Allocator:
             else:
                 if await self._dead_letter(message, error):
                     with contextlib.suppress(Exception):  # handled in the inbox: a redelivery changes nothing
-                        await message.ack_sync()
+                        await message.ack()
                     await self._publish_outbox_when_possible()
                     return
         failure = cycle_fails or error
@@ -456,8 +456,8 @@ class Allocator:
                     rows = [(r.id, r.subject, r.payload, r.message_id) for r in await ops.unpublished(session)]
                 if not rows:
                     return
-                for _, subject, payload, message_id in rows:
-                    await publish_json(self.js, subject, payload, msg_id=message_id)
+                await publish_pipelined(self.js, [(subject, payload, message_id)
+                                                  for _, subject, payload, message_id in rows])
                 async with self.sessions() as session, session.begin():
                     await ops.mark_published(session, [row_id for row_id, *_ in rows])
 

@@ -48,7 +48,7 @@ async def test_the_allocator_stays_up_through_a_nats_restart(db_url: str, tmp_pa
 
 async def test_statuses_that_could_not_be_published_are_published_later(
         nats_server: EmbeddedNats, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real, failures = service.publish_json, [3]
+    real, failures = service.publish_pipelined, [3]
 
     async def failing(*args: Any, **kwargs: Any) -> Any:
         if failures[0] > 0:
@@ -56,7 +56,7 @@ async def test_statuses_that_could_not_be_published_are_published_later(
             raise ConnectionError("NATS is restarting")
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(service, "publish_json", failing)
+    monkeypatch.setattr(service, "publish_pipelined", failing)
     async with broker(nats_server, db_url, tmp_path) as b:
         allocator = await b.start_allocator()
         nc = await connect(b.url, name="tenant")

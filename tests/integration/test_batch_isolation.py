@@ -32,7 +32,7 @@ class Message:
         self.metadata = SimpleNamespace(sequence=SimpleNamespace(stream=sequence), num_delivered=delivered)
         self.answer: str | None = None
 
-    async def ack_sync(self) -> None:
+    async def ack(self) -> None:
         self.answer = "ack"
 
     async def nak(self, delay: float | None = None) -> None:
