@@ -159,6 +159,7 @@ def up(
 
 async def _up(settings: BrokerSettings) -> bool:
     """Whether it stopped because it was told to (False: a service failed for good; see supervise)."""
+    from services.natsio import wait_closed
     from services.stack import running_stack, supervise
     from shared.ledger.engine import sessions
     from shared.ledger.tokens import create_token
@@ -180,7 +181,20 @@ async def _up(settings: BrokerSettings) -> bool:
         console.print(f"NATS      {stack.nats_url}")
         console.print(f"admin API {stack.api_url}")
         console.print(f"ledger    {stack.db_url}")
-        told = await supervise(stack, settings, stop)
+        health = None
+        if settings.health_port is not None:  # /healthz, /readyz (every service ready) and /metrics
+            from services.health import serve_health
+
+            def not_ready() -> str | None:
+                return next((why for name in stack.tasks if (why := stack.not_ready(name))), None)
+
+            health = asyncio.create_task(serve_health(settings.health_host, settings.health_port, not_ready))
+            console.print(f"health    http://{settings.health_host}:{settings.health_port} (/healthz /readyz /metrics)")
+        try:
+            told = await supervise(stack, settings, stop)
+        finally:
+            if health is not None:
+                await wait_closed(health)
     console.print("stopped")
     return told
 

@@ -1,7 +1,8 @@
 """Liveness and readiness over HTTP for a service run on its own (`serve X`, with CLAIMBROKER_HEALTH_PORT):
 what Kubernetes probes and compose healthchecks ask. /healthz answers while the process's event loop runs;
 /readyz answers 200 when the service says it is ready, else 503 with why (NATS away, no inventory yet,
-decision cycles failing). Plain text, GET only, nothing else served."""
+decision cycles failing); /metrics answers Prometheus's text format (services/metrics.py). GET only,
+nothing else served."""
 
 from __future__ import annotations
 
@@ -9,16 +10,25 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from services.metrics import exposition
+
 _REASONS = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
 
 
-def answer(path: str, not_ready: Callable[[], str | None]) -> tuple[int, str]:
+TEXT = "text/plain; charset=utf-8"
+
+
+def answer(path: str, not_ready: Callable[[], str | None]) -> tuple[int, str, str]:
+    """Status, body and content type for a path."""
     if path == "/healthz":
-        return 200, "ok"
+        return 200, "ok", TEXT
     if path == "/readyz":
         why = not_ready()
-        return (200, "ready") if why is None else (503, why)
-    return 404, "not found"
+        return (200, "ready", TEXT) if why is None else (503, why, TEXT)
+    if path == "/metrics":
+        body, content_type = exposition()
+        return 200, body.decode(), content_type
+    return 404, "not found", TEXT
 
 
 async def serve_health(host: str, port: int, not_ready: Callable[[], str | None]) -> None:
@@ -29,9 +39,9 @@ async def serve_health(host: str, port: int, not_ready: Callable[[], str | None]
                 pass  # headers: nothing in them matters here
             parts = request.decode("latin-1").split()
             path = parts[1].split("?", 1)[0] if len(parts) > 1 else "/"
-            status, body = answer(path, not_ready)
+            status, body, content_type = answer(path, not_ready)
             data = body.encode()
-            writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
                          f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
             await writer.drain()
         except (TimeoutError, ConnectionError):

@@ -15,6 +15,7 @@ Quota changes from the admin API are read at the next cycle; a cycle also runs e
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -34,6 +35,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from services import metrics
 from services.allocator import ledger_ops as ops
 from services.allocator.batch import apply_messages, inbox_id, printable, read_message
 from services.natsio import ensure_streams, publish_pipelined, raise_lost_cancel
@@ -64,6 +66,7 @@ class Allocator:
         inventory_ttl: float = 90.0,
         cycle_interval: float = 1.0,
         reason_refresh: float = 60.0,
+        depth_interval: float = 1.0,
         shard: str = "default",
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -98,6 +101,11 @@ class Allocator:
         self._publish_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._waiting = True  # whether the last cycle left claims waiting: then cycles keep running
+        self._decided: collections.Counter[str] = collections.Counter()  # by the transaction under way
+        self._flavors_of: dict[tuple[str, str], tuple[str, ...]] = {}  # waiting claims' flavors, for metrics
+        self._queue_for_metrics: Mapping[tuple[str, str], Any] | None = None
+        self._depth_at = 0.0
+        self.depth_interval = depth_interval  # the queue-depth metric walks the queue: at most this often
 
     def not_ready(self) -> str | None:
         """Why it cannot decide now (for /readyz), or None."""
@@ -138,6 +146,7 @@ class Allocator:
                 else:
                     if (lasted := self.nats_outage.ok()) is not None:
                         await self._degraded(f"NATS was unreachable for {lasted:.0f}s", resolved=True)
+                metrics.CONSUMER_PENDING.labels(CONSUMER).set(messages[-1].metadata.num_pending if messages else 0)
                 raise_lost_cancel()  # fetched but unacked messages come back after ack_wait
                 if self._outbox_behind and not messages:  # events committed while NATS was away
                     await self._publish_outbox_when_possible()
@@ -322,6 +331,8 @@ class Allocator:
 
     async def _decide_messages(self, messages: Sequence[Msg]) -> None:
         """One transaction: the batch's inbox rows and claim changes, one decision cycle, its events."""
+        started = time.perf_counter()
+        self._decided.clear()
         try:
             async with self.sessions() as session, session.begin():
                 await ops.lock_shard(session, self.shard, self.holder,
@@ -344,6 +355,7 @@ class Allocator:
             self.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             raise
         self.lost_nodes -= handled  # only once committed: a cycle that rolled back handles them again
+        self._record_metrics(len(messages), time.perf_counter() - started)
 
     async def _cycle(self, session: AsyncSession) -> set[str]:
         """Send lost nodes' claims back to the queue, decide, write; returns the lost nodes it handled."""
@@ -357,6 +369,7 @@ class Allocator:
                 ops.emit_status(session, stranded_row)
                 stranded_row.reason = None  # not answered yet: the cycle below decides it like a new claim
         queue = await ops.load_queue(session, self.queue_cache)
+        self._queue_for_metrics = queue.waiting
         if not queue.waiting:
             self._waiting = False
             self._answered_at.clear()
@@ -368,7 +381,9 @@ class Allocator:
             waiting = self._without_set_aside(waiting, queue)
         snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()), waiting,
                             self._unusable_nodes(), None if self._set_aside else changes)
+        started = time.perf_counter()
         result = run_cycle(snapshot, self.memo)
+        metrics.CYCLE_SECONDS.observe(time.perf_counter() - started)
         self.collector.after_cycle()
         now = datetime.now(UTC)
         rows = await ops.claim_rows(session, queue, itertools.chain(
@@ -398,12 +413,36 @@ class Allocator:
                 self._emit_internal_error(session, key, decided.internal_error, row.sequence)
             changed = ops.apply_decision(session, row, decision, result.flavors)
             row.explain = dict(decided.explain) if decided.explain is not None else None
+            if decided.explain is not None:
+                self._flavors_of[key] = tuple(decided.explain.get("flavors") or ())
             if decision.allocation is not None:
                 row.allocated_at = now
             if changed:
                 ops.emit_status(session, row, unsatisfiable=decision.unsatisfiable)
+                self._decided[decision.state.value] += 1
+        for preemption in result.preemptions:
+            self._decided[f"preempted:{preemption.rule}"] += 1
         self._waiting = len(queue.waiting) > settled or bool(result.preemptions)
         return lost
+
+    def _record_metrics(self, messages: int, seconds: float) -> None:
+        """After a commit: what it decided, how long it took, and (at most once a second, it walks the
+        queue) the queue's depth per tenant and flavor."""
+        metrics.TRANSACTION_SECONDS.observe(seconds)
+        metrics.BATCH_MESSAGES.observe(messages)
+        for what, count in self._decided.items():
+            if what.startswith("preempted:"):
+                metrics.PREEMPTIONS.labels(what.split(":", 1)[1]).inc(count)
+            else:
+                metrics.DECISIONS.labels(what).inc(count)
+        now = time.monotonic()
+        if self._queue_for_metrics is not None and now >= self._depth_at + self.depth_interval:
+            self._depth_at = now
+            waiting, flavors_of = self._queue_for_metrics, self._flavors_of
+            for key in flavors_of.keys() - waiting.keys():
+                del flavors_of[key]
+            metrics.set_queue_depth((tenant, flavor) for (tenant, name) in waiting
+                                    for flavor in flavors_of.get((tenant, name)) or ("any",))
 
     def _without_set_aside(self, waiting: tuple[Waiting, ...], queue: ops.Queue) -> tuple[Waiting, ...]:
         """Claims whose deciding failed through a fault of ours sit out `reason_refresh` (each try costs the
@@ -454,6 +493,7 @@ class Allocator:
                 # events that JetStream then drops as duplicates.
                 async with self.sessions() as session, session.begin():
                     rows = [(r.id, r.subject, r.payload, r.message_id) for r in await ops.unpublished(session)]
+                metrics.OUTBOX_UNPUBLISHED.set(len(rows))
                 if not rows:
                     return
                 await publish_pipelined(self.js, [(subject, payload, message_id)

@@ -30,6 +30,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services import metrics
 from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json, raise_lost_cancel
 from services.notifier import history
 from services.notifier.usage import FleetFlavors, read_figures
@@ -281,6 +282,8 @@ class Notifier:
                 log.exception("alert %s not published; will retry", message.msg_id)
                 self._unpublished.extend(sent[index:])
                 return
+            resolved = "true" if message.payload.get("resolved") else "false"
+            metrics.ALERTS_SENT.labels(alert.kind, alert.severity, resolved).inc()
             if notify:
                 self.webhooks.submit(message)
 

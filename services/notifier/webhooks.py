@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services import metrics
 from services.notifier import history
 from shared.alerting import Message, severity_rank
 from shared.settings import Webhook
@@ -84,6 +85,7 @@ class WebhookDispatcher:
                 queue.put_nowait(delivery)
             except asyncio.QueueFull:
                 log.error("webhook queue for %s is full; dropping %s", sink.url, message.msg_id)
+                metrics.WEBHOOK_FAILURES.labels(httpx.URL(sink.url).host).inc()
 
     async def join(self) -> None:
         """Wait until every submitted delivery has succeeded or been dead-lettered."""
@@ -126,6 +128,7 @@ class WebhookDispatcher:
                 await self.sleep(self.base_delay * 2 ** (attempt - 1))
         log.warning("webhook %s failed %d times (%s); dead-lettered %s", sink.url, self.attempts, error,
                     delivery.key)
+        metrics.WEBHOOK_FAILURES.labels(httpx.URL(sink.url).host).inc()  # the host: a Slack URL's path is its secret
         async with self.sessions() as session, session.begin():
             history.dead_letter(session, url=sink.url, alert_key=delivery.key, payload=body,
                                 attempts=self.attempts, last_error=error)

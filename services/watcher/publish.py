@@ -22,6 +22,7 @@ from typing import Any
 
 from nats.js import JetStreamContext
 
+from services import metrics
 from services.natsio import DUPLICATE_WINDOW_S, publish_json
 from services.outage import Outage
 from shared import dra, events, subjects
@@ -112,6 +113,7 @@ class InventoryPublisher:
         if msg_id in ids:  # content flipped back inside one bucket, or the node came back after a removal
             msg_id = f"{msg_id}:{payload['sequence']}"
         await publish_json(self.js, subjects.inventory(node), payload, msg_id=msg_id)
+        metrics.INVENTORY_PUBLISHED.inc()
         ids[msg_id] = now
         self._ids[node] = ids
         self.state[node] = _Published(digest, now, payload)

@@ -25,10 +25,17 @@ pytestmark = pytest.mark.e2e
     ("/healthz", "NATS unreachable for 3s", (200, "ok")),
     ("/readyz", None, (200, "ready")),
     ("/readyz", "no inventory read yet", (503, "no inventory read yet")),
-    ("/metrics", None, (404, "not found")),
+    ("/nothing", None, (404, "not found")),
 ])
 def test_answers(path: str, why: str | None, expected: tuple[int, str]) -> None:
-    assert answer(path, lambda: why) == expected
+    assert answer(path, lambda: why)[:2] == expected
+
+
+def test_metrics_are_prometheus_text() -> None:
+    status, body, content_type = answer("/metrics", lambda: None)
+    assert status == 200 and content_type.startswith("text/plain; version=")
+    assert "# TYPE claimbroker_decisions_total counter" in body
+    assert "# TYPE claimbroker_transaction_seconds histogram" in body
 
 
 

@@ -3,9 +3,11 @@ the threshold, exactly once, and its alert is resolved when the claim stops wait
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from services.natsio import EmbeddedNats, connect, publish_json
 from services.stack import running_stack
@@ -23,6 +25,8 @@ async def test_rejected_and_pending_too_long_alerts(nats_server: EmbeddedNats, t
     inventory.write_text(SLICE)
     settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data", inventory=[inventory],
                               pending_alert_after=0.3)
+    sent = REGISTRY.get_sample_value("claimbroker_alerts_sent_total",
+                                     {"kind": "claim-pending-too-long", "severity": "warning", "resolved": "true"})
     async with running_stack(settings, services=("watcher", "allocator", "notifier")) as stack:
         assert stack.allocator is not None and await stack.allocator.wait_for_inventory(20)
         nc = await connect(stack.nats_url, name="test")
@@ -49,6 +53,15 @@ async def test_rejected_and_pending_too_long_alerts(nats_server: EmbeddedNats, t
         await alarms.wait_for(lambda: ("claim-pending-too-long", True) in kinds())
         await seen.wait_for(lambda: seen.latest()[("team", "big")]["state"] == "Released")
         assert kinds().count(("claim-pending-too-long", False)) == 1
+        def resolved_sent() -> float:  # counted once the publish is acknowledged, just after we saw it
+            return REGISTRY.get_sample_value("claimbroker_alerts_sent_total", {
+                "kind": "claim-pending-too-long", "severity": "warning", "resolved": "true"}) or 0.0
+
+        for _ in range(100):
+            if resolved_sent() > (sent or 0):
+                break
+            await asyncio.sleep(0.05)
+        assert resolved_sent() == (sent or 0) + 1
         subjects_seen = {s for s, _ in alarms.messages}
         # 3 GPUs on a 2-GPU node can never fit: the allocator flags it and the notifier says so at once.
         assert subjects_seen == {"claimbroker.v1.alerts.warning.claim-rejected",

@@ -1,0 +1,53 @@
+"""Prometheus metrics of the services, served at /metrics by the health server (`serve X` with
+CLAIMBROKER_HEALTH_PORT, and `up` with it). One process-wide registry: `up` runs every service in one
+process, so each series says which part it measures by its name, not by a service label.
+
+What an operator watches: how many decisions of each state are written, how long the decision core and the
+whole decision transaction take, how deep the queue is per tenant and flavor, how far the allocator's
+consumer lags behind the claims stream, how many committed events wait in the outbox, and the notifier's
+alerts and webhook failures."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+# Seconds, from a cycle of a few claims (ms) to a deep queue's slow transaction (seconds).
+_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+DECISIONS = Counter("claimbroker_decisions", "Claim decisions written, by the state decided", ["state"])
+PREEMPTIONS = Counter("claimbroker_preemptions", "Running claims preempted, by rule", ["rule"])
+CYCLE_SECONDS = Histogram("claimbroker_cycle_seconds", "Time of the decision core per cycle",
+                          buckets=_TIME_BUCKETS)
+TRANSACTION_SECONDS = Histogram("claimbroker_transaction_seconds",
+                                "Time of a whole decision transaction (read, decide, write, commit)",
+                                buckets=_TIME_BUCKETS)
+BATCH_MESSAGES = Histogram("claimbroker_batch_messages", "Claim messages decided per transaction",
+                           buckets=(0, 1, 4, 16, 64, 128, 256, 512, 1024))
+QUEUE_DEPTH = Gauge("claimbroker_queue_depth", "Waiting claims after the last cycle, by tenant and the "
+                    "flavor they wait for ('any' when no flavor is named)", ["tenant", "flavor"])
+CONSUMER_PENDING = Gauge("claimbroker_consumer_pending_messages",
+                         "Messages of the stream not yet delivered to the consumer (its lag)", ["consumer"])
+OUTBOX_UNPUBLISHED = Gauge("claimbroker_outbox_unpublished",
+                           "Committed events waiting in the outbox to be published")
+ALERTS_SENT = Counter("claimbroker_alerts_sent", "Alert messages published by the notifier",
+                      ["kind", "severity", "resolved"])
+WEBHOOK_FAILURES = Counter("claimbroker_webhook_failures", "Webhook posts that failed for good, by webhook",
+                           ["webhook"])
+INVENTORY_PUBLISHED = Counter("claimbroker_inventory_published", "Node inventories published by the watcher")
+
+
+def set_queue_depth(waiting: Iterable[tuple[str, str]]) -> None:
+    """Replace the queue-depth series with these (tenant, flavor) pairs, one per waiting claim: tenants
+    whose queue emptied disappear instead of staying at their last value."""
+    counts = Tally(waiting)
+    QUEUE_DEPTH.clear()
+    for (tenant, flavor), count in counts.items():
+        QUEUE_DEPTH.labels(tenant, flavor).set(count)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The text format of every metric and its content type."""
+    return generate_latest(), CONTENT_TYPE_LATEST

@@ -1,0 +1,45 @@
+"""The services' Prometheus metrics move with what they do: decisions by state, transaction and cycle
+times, the queue's depth per tenant and flavor, the consumer's lag, the outbox; the notifier's alerts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from services.natsio import EmbeddedNats, connect
+from tests.e2e.helpers import statuses
+from tests.e2e.test_allocator_semantics import broker, claim, submit
+
+pytestmark = pytest.mark.e2e
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_allocator_metrics_follow_its_decisions(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    db_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    allocated = sample("claimbroker_decisions_total", state="Allocated")
+    pending = sample("claimbroker_decisions_total", state="Pending")
+    transactions = sample("claimbroker_transaction_seconds_count")
+    cycles = sample("claimbroker_cycle_seconds_count")
+    async with broker(nats_server, db_url, tmp_path) as b:
+        await b.start_allocator(depth_interval=0)
+        nc = await connect(b.url, name="tenant")
+        seen = await statuses(nc)
+        await submit(nc, claim("fits"), "id-fits")
+        await seen.wait_for(lambda: ("team", "fits") in seen.latest())
+        too_big = claim("too-big")
+        too_big["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2  # one GPU is left
+        await submit(nc, too_big, "id-too-big")
+        await seen.wait_for(lambda: ("team", "too-big") in seen.latest())
+        await nc.close()
+    assert sample("claimbroker_decisions_total", state="Allocated") == allocated + 1
+    assert sample("claimbroker_decisions_total", state="Pending") == pending + 1
+    assert sample("claimbroker_transaction_seconds_count") >= transactions + 2
+    assert sample("claimbroker_cycle_seconds_count") >= cycles + 2
+    assert sample("claimbroker_queue_depth", tenant="team", flavor="H100") == 1
+    assert sample("claimbroker_outbox_unpublished") == 0
+    assert sample("claimbroker_consumer_pending_messages", consumer="allocator") == 0
