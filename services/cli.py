@@ -126,9 +126,14 @@ async def _publish(js: Any, url: str, subject: str, payload: Any, message_id: st
         raise Unreachable(f"NATS at {url} did not acknowledge within {NATS_TIMEOUT_S:g}s") from None
 
 
-def _logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+def _logging(verbose: bool, log_format: str = "text") -> None:
+    from services.logs import configure
+
+    configure(verbose, log_format)
+
+
+LogFormat = Annotated[str | None, typer.Option(
+    "--log-format", help="text, or json: one object a line and a line per decision batch")]
 
 
 @app.command()
@@ -143,16 +148,17 @@ def up(
     webhook: Annotated[list[str] | None, typer.Option(
         "--webhook", help="post alerts to this URL as JSON (repeatable); `slack:URL` posts Slack messages")] = None,
     stream_replicas: Annotated[int | None, typer.Option(help="servers of a NATS cluster keeping each stream")] = None,
+    log_format: LogFormat = None,
 ) -> None:
     """Run watcher, allocator, notifier and admin API until Ctrl-C."""
     from shared.settings import Webhook
 
-    _logging(True)
     tune_gc()
     settings = _settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
                          nats_url=nats, api_port=api_port, stream_replicas=stream_replicas,
-                         pending_alert_after=pending_alert_after,
+                         pending_alert_after=pending_alert_after, log_format=log_format,
                          webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
+    _logging(True, settings.log_format)
     if not asyncio.run(_up(settings)):
         raise typer.Exit(1)  # a service ended on its own: everything it started is stopped
 
@@ -209,12 +215,14 @@ def serve(
     kubeconfig: Annotated[Path | None, typer.Option(help="watcher: kubeconfig (default: in-cluster)")] = None,
     nvml: Annotated[bool, typer.Option(help="watcher: this host's GPUs, read with NVML")] = False,
     stream_replicas: Annotated[int | None, typer.Option(help="servers of a NATS cluster keeping each stream")] = None,
+    log_format: LogFormat = None,
 ) -> None:
     """Run one service against external NATS and database (compose, Kubernetes)."""
-    _logging(True)
     tune_gc()
     settings = _settings(inventory=inventory or None, db=db, nats_url=nats, kube=kube or None,
-                         kubeconfig=kubeconfig, nvml=nvml or None, stream_replicas=stream_replicas)
+                         kubeconfig=kubeconfig, nvml=nvml or None, stream_replicas=stream_replicas,
+                         log_format=log_format)
+    _logging(True, settings.log_format)
     if not settings.nats_url:
         err.print("serve needs --nats or CLAIMBROKER_NATS_URL")
         raise typer.Exit(2)

@@ -45,6 +45,7 @@ class BrokerSettings(BaseSettings):
     # `serve X` answers /healthz and /readyz on this port when set (services.health); deployments bind 0.0.0.0
     health_port: int | None = None
     health_host: str = "127.0.0.1"
+    log_format: Literal["text", "json"] = "text"  # json: one object a line, and a line per decision batch
     # The embedded nats-server's JetStream sync: "always" (every write fsynced before its ack), "default"
     # (nats-server's, every 2 minutes) or a duration; see services.natsio.EmbeddedNats.
     nats_sync: str = "always"

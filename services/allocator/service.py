@@ -38,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from services import metrics
 from services.allocator import ledger_ops as ops
 from services.allocator.batch import apply_messages, inbox_id, printable, read_message
+from services.logs import BATCHES
 from services.natsio import ensure_streams, publish_pipelined, raise_lost_cancel
 from services.outage import Outage, publish_degraded, until_done
 from services.runtime import CollectorPacing
@@ -50,6 +51,7 @@ from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, OutboxEvent
 
 log = logging.getLogger("claimbroker.allocator")
+batch_log = logging.getLogger(BATCHES)  # one line per decision batch, in JSON logs
 CONSUMER = "allocator"
 
 
@@ -430,6 +432,10 @@ class Allocator:
         queue) the queue's depth per tenant and flavor."""
         metrics.TRANSACTION_SECONDS.observe(seconds)
         metrics.BATCH_MESSAGES.observe(messages)
+        if messages or self._decided:
+            batch_log.info("decision batch", extra={
+                "messages": messages, "decided": dict(self._decided), "transaction_ms": round(seconds * 1000, 1),
+                "waiting": len(self._queue_for_metrics or ())})
         for what, count in self._decided.items():
             if what.startswith("preempted:"):
                 metrics.PREEMPTIONS.labels(what.split(":", 1)[1]).inc(count)

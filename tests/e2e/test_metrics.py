@@ -3,11 +3,13 @@ times, the queue's depth per tenant and flavor, the consumer's lag, the outbox; 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
+from services.logs import BATCHES
 from services.natsio import EmbeddedNats, connect
 from tests.e2e.helpers import statuses
 from tests.e2e.test_allocator_semantics import broker, claim, submit
@@ -19,7 +21,9 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-async def test_allocator_metrics_follow_its_decisions(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+async def test_allocator_metrics_follow_its_decisions(nats_server: EmbeddedNats, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=BATCHES)
     db_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
     allocated = sample("claimbroker_decisions_total", state="Allocated")
     pending = sample("claimbroker_decisions_total", state="Pending")
@@ -43,3 +47,5 @@ async def test_allocator_metrics_follow_its_decisions(nats_server: EmbeddedNats,
     assert sample("claimbroker_queue_depth", tenant="team", flavor="H100") == 1
     assert sample("claimbroker_outbox_unpublished") == 0
     assert sample("claimbroker_consumer_pending_messages", consumer="allocator") == 0
+    batches = [r for r in caplog.records if r.name == BATCHES and getattr(r, "messages", 0)]
+    assert len(batches) >= 2 and {"Allocated", "Pending"} <= {s for r in batches for s in r.decided}  # type: ignore[attr-defined]
