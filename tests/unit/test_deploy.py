@@ -59,6 +59,40 @@ def test_each_service_is_probed_where_serve_answers() -> None:
             assert get["port"] == "health" and answer(get["path"], lambda: None)[0] == 200, (component, probe)
 
 
+def test_every_service_is_scraped_where_it_serves_metrics() -> None:
+    from services.health import answer
+
+    port = documents(ROOT / "deploy" / "k8s" / "config.yaml")[0]["data"]["CLAIMBROKER_HEALTH_PORT"]
+    for component in ("admin-api", "allocator", "notifier", "watcher"):
+        deployment = next(d for d in documents(ROOT / "deploy" / "k8s" / f"{component}.yaml")
+                          if d["kind"] == "Deployment")
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == port
+        assert answer(annotations["prometheus.io/path"], lambda: None)[0] == 200, component
+        ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        assert {"name": "health", "containerPort": int(port)} in ports, component
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_the_services_export() -> None:
+    """Every series a panel queries is one services/metrics.py defines: a renamed metric breaks this test,
+    not the dashboard of an operator."""
+    import json
+    import re
+
+    from prometheus_client import REGISTRY
+
+    import services.metrics  # noqa: F401 - registers them
+
+    exported = {s.name for m in REGISTRY.collect() if m.name.startswith("claimbroker_") for s in m.samples}
+    exported |= {m.name for m in REGISTRY.collect() if m.name.startswith("claimbroker_")}
+    exported |= {f"{m.name}_bucket" for m in REGISTRY.collect() if m.type == "histogram"}
+    exported |= {f"{m.name}_total" for m in REGISTRY.collect() if m.type == "counter"}
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "claim-broker.json").read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel.get("targets", [])
+               for name in re.findall(r"claimbroker_[a-z_]+", target["expr"])}
+    assert queried and queried <= exported, queried - exported
+
+
 def test_nats_runs_three_servers_that_keep_three_replicas_and_sync_every_write() -> None:
     docs = {d["kind"] + "/" + d["metadata"]["name"]: d for d in documents(ROOT / "deploy" / "k8s" / "nats.yaml")}
     servers = docs["StatefulSet/nats"]["spec"]
