@@ -802,6 +802,21 @@ def top(
             raise Unreachable(str(error)) from None
 
 
+@app.command()
+def asyncapi(
+    output: Annotated[str, typer.Option("--output", "-o", help="json | yaml")] = "json",
+) -> None:
+    """The AsyncAPI 3.0 document of every subject and payload (the same the admin API serves at
+    /asyncapi.json): enough to write a client."""
+    from services.asyncapi import document
+
+    if output not in ("json", "yaml"):
+        err.print(f"claimbroker: --output must be json or yaml, not {output!r}")
+        raise typer.Exit(2)
+    data = document()
+    print(json.dumps(data, indent=2) if output == "json" else yaml.safe_dump(data, sort_keys=False), end="\n")
+
+
 def main() -> None:
     """Errors are one line on stderr, never a traceback (CLAIMBROKER_DEBUG=1 shows it)."""
     import os

@@ -55,6 +55,14 @@ def create_app(engine: AsyncEngine) -> FastAPI:
         """The page needs no token to load; it asks for one (or reads ?token=) before fetching data."""
         return HTMLResponse(USAGE_PAGE, headers={"Cache-Control": "no-store"})
 
+    @app.get("/asyncapi.json", include_in_schema=False)
+    async def asyncapi() -> JSONResponse:
+        """The message contract (subjects and payloads), next to /openapi.json and public like it: it
+        describes the bus, it holds no data."""
+        from services.asyncapi import document
+
+        return JSONResponse(document())
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         """Liveness only: the process answers. The ledger is /readyz's business."""

@@ -305,3 +305,17 @@ async def test_openapi_lists_the_routes_and_bearer_auth(api: Api) -> None:
     assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     tenant = document["components"]["schemas"]["TenantOut"]["properties"]
     assert "pendingAlertAfter" in tenant, "the document shows the camelCase names clients use"
+
+
+async def test_asyncapi_is_served_next_to_openapi_and_is_the_cli_s(api: Api) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from services.asyncapi import document
+
+    response = await api.client.get("/asyncapi.json")  # a description of the bus, public like /openapi.json
+    assert response.status_code == 200 and response.json() == document()
+    printed = subprocess.run([sys.executable, "-m", "services.cli", "asyncapi"], capture_output=True, text=True,
+                             check=True, timeout=60)
+    assert json.loads(printed.stdout) == document() and response.json()["asyncapi"] == "3.0.0"
