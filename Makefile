@@ -4,10 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator chaos clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator bench-e2e chaos clean
 
 help: ## show this help
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ bench-queue: $(STAMP) ## allocator's queue read from the ledger (SQLite): depth 
 
 bench-allocator: $(STAMP) ## allocator's whole decision transaction (SQLite): depth 1,000 and 10,000, 64 messages each
 	$(BIN)/python bench/bench_allocator.py
+
+bench-e2e: $(STAMP) ## claimbroker up end to end (SQLite, PostgreSQL): 10,000-claim burst and churn, claims/s vs an echo service
+	@scripts/ensure-postgres.sh
+	$(BIN)/python bench/e2e.py
 
 chaos: $(STAMP) ## one process per service on PostgreSQL, replicas killed, NATS restarted; invariant counts as JSON
 	@scripts/ensure-postgres.sh

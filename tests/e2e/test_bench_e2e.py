@@ -1,0 +1,35 @@
+"""`make bench-e2e` in its quick mode on SQLite: `claimbroker up` as a subprocess, the echo baseline, a burst
+and churn. Only the shape of its JSON lines and that every claim got a status are checked, never a speed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"db", "phase", "claims", "claims_per_s", "echo_per_s", "ratio", "p50_ms", "p99_ms", "without_status"}
+
+
+def test_the_quick_benchmark_prints_a_line_per_phase_and_every_claim_gets_a_status() -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "e2e.py"), "--quick", "--db", "sqlite"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [json.loads(text) for text in run.stdout.splitlines() if text.strip()]
+    assert [(line["db"], line["phase"]) for line in lines] == [
+        ("sqlite", "echo"), ("sqlite", "burst"), ("sqlite", "churn")], run.stdout
+    echo = lines[0]["claims_per_s"]
+    for line in lines:
+        assert set(line) == KEYS, line
+        assert line["without_status"] == 0, (line, run.stderr[-3000:])
+        for key in ("claims_per_s", "echo_per_s", "ratio", "p50_ms", "p99_ms"):
+            assert isinstance(line[key], int | float) and line[key] > 0, line
+        assert line["echo_per_s"] == echo, line
+        assert line["p50_ms"] <= line["p99_ms"], line
+    assert [line["claims"] for line in lines] == [300, 300, 100], lines  # --quick: 300 claims, churn 50/s for 2 s
+    assert lines[0]["ratio"] == 1.0
