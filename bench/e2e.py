@@ -318,14 +318,15 @@ class Statuses:
 class Broker:
     """`claimbroker up` as a subprocess, stopped with SIGINT."""
 
-    def __init__(self, work: Path, inventory: Path, db_url: str | None) -> None:
+    def __init__(self, work: Path, inventory: Path, db_url: str | None, env: dict[str, str] | None = None) -> None:
+        self.extra_env = dict(env or {})  # CLAIMBROKER_* settings asked for with --env; no other is passed on
         self.data = work / "data"
         self.log_path = work / "broker.log"
         self.inventory, self.db_url = inventory, db_url
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CLAIMBROKER_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CLAIMBROKER_")} | self.extra_env
         command = [sys.executable, "-m", "services.cli", "--data-dir", str(self.data), "up",
                    "--inventory", str(self.inventory), "--api-port", str(free_port())]
         if self.db_url:
@@ -512,7 +513,7 @@ async def run_one(db: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     inventory.write_text(yaml.safe_dump(topology(args.nodes)))
     drop: Callable[[], Awaitable[None]] | None = None
     broker_db: str | None = None
-    broker = Broker(work, inventory, None)
+    broker = Broker(work, inventory, None, dict(item.split("=", 1) for item in args.env))
     nc = None
     lines: list[dict[str, Any]] = []
     failed = False
@@ -592,6 +593,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="a small run for the test: 300 claims, 40 nodes, 4 tenants, churn 50/s for 2 s")
     parser.add_argument("--keep", action="store_true", help="keep the data folder, broker log and database")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the broker, e.g. CLAIMBROKER_LOG_FORMAT=json (repeatable)")
     parser.add_argument("--echo-serve", metavar="URL", help=argparse.SUPPRESS)  # the echo service subprocess
     parser.add_argument("--echo-count", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

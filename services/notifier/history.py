@@ -25,8 +25,13 @@ def _ts(moment: datetime) -> float:
     return (moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment).timestamp()
 
 
-async def already_processed(session: AsyncSession, consumer: str, message_id: str) -> bool:
-    return await session.get(InboxMessage, (consumer, message_id)) is not None
+async def processed(session: AsyncSession, consumer: str, message_ids: Sequence[str]) -> set[str]:
+    """Which of these messages the inbox holds, in one query."""
+    if not message_ids:
+        return set()
+    rows = await session.scalars(select(InboxMessage.message_id).where(
+        InboxMessage.consumer == consumer, InboxMessage.message_id.in_(set(message_ids))))
+    return set(rows)
 
 
 def record_processed(session: AsyncSession, consumer: str, message_id: str) -> None:
