@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -106,7 +107,7 @@ async def publish_json(
     js: JetStreamContext, subject: str, payload: Any, *, msg_id: str | None = None
 ) -> Any:
     headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-    ack = await js.publish(subject, json.dumps(payload).encode(), headers=headers)
+    ack = await js.publish(subject, orjson.dumps(payload), headers=headers)
     raise_lost_cancel()
     return ack
 
@@ -118,7 +119,7 @@ async def publish_pipelined(js: JetStreamContext, messages: Sequence[tuple[str, 
     """Publish (subject, payload, Nats-Msg-Id) in order, every message sent before any acknowledgement is
     awaited: one round trip for the lot instead of one each (0.3 ms a message here). Raises unless every
     one is acknowledged within PUBLISH_ACK_TIMEOUT_S; a resend is harmless, the ids dedupe it."""
-    pending = [await js.publish_async(subject, json.dumps(payload).encode(), headers={"Nats-Msg-Id": message_id})
+    pending = [await js.publish_async(subject, orjson.dumps(payload), headers={"Nats-Msg-Id": message_id})
                for subject, payload, message_id in messages]
     raise_lost_cancel()
     try:

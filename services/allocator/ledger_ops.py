@@ -182,7 +182,7 @@ def claim_values(claim: dra.ResourceClaim, sequence: int = 0) -> dict[str, Any]:
     whoever follows the claim)."""
     settings = settings_of(claim)
     return {"namespace": claim.metadata.namespace or "default", "name": claim.metadata.name,
-            "state": State.PENDING.value, "spec": json.loads(claim.model_dump_json(by_alias=True, exclude_none=True)),
+            "state": State.PENDING.value, "spec": claim.model_dump(mode="json", by_alias=True, exclude_none=True),
             "priority": settings.priority, "preemptible": settings.preemptible, "sequence": sequence}
 
 
