@@ -32,20 +32,6 @@ from shared.waiting_queue import WaitingQueue
 log = logging.getLogger("claimbroker.allocator")
 
 
-async def processed(session: AsyncSession, consumer: str, message_ids: Iterable[str]) -> set[str]:
-    """Which of these message ids the inbox already holds: one query per batch, not one per message."""
-    found = set[str]()
-    for chunk in _chunks(sorted(set(message_ids))):
-        found.update(await session.scalars(select(InboxMessage.message_id).where(
-            InboxMessage.consumer == consumer, InboxMessage.message_id.in_(chunk))))
-    return found
-
-
-def record_processed(session: AsyncSession, consumer: str, message_id: str) -> None:
-    """The message's effects commit with this transaction (the row is written by `write_buffered`)."""
-    _writes(session).inbox.append({"consumer": consumer, "message_id": message_id})
-
-
 async def pending_claims(session: AsyncSession) -> list[Claim]:
     rows = await session.scalars(select(Claim).where(Claim.state == State.PENDING.value).order_by(Claim.id))
     return list(rows)
@@ -109,10 +95,9 @@ class _Writes:
     devices: list[dict[str, Any]] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     outbox: list[dict[str, Any]] = field(default_factory=list)
-    inbox: list[dict[str, Any]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.claims or self.devices or self.history or self.outbox or self.inbox)
+        return bool(self.claims or self.devices or self.history or self.outbox)
 
 
 def _writes(session: AsyncSession) -> _Writes:
@@ -164,8 +149,7 @@ async def write_buffered(session: AsyncSession) -> None:
         await session.execute(_UPDATE_CLAIM, [
             {"row_id": row.id, "new_revision": revision, **{f"new_{c}": getattr(row, c) for c in _WRITTEN_COLUMNS}}
             for row in writes.claims.values()])
-    for table, rows in ((_DEVICES, writes.devices), (_HISTORY, writes.history), (_OUTBOX, writes.outbox),
-                        (_INBOX, writes.inbox)):
+    for table, rows in ((_DEVICES, writes.devices), (_HISTORY, writes.history), (_OUTBOX, writes.outbox)):
         if rows:
             await session.execute(insert(table), rows)
 

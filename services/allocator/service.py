@@ -46,6 +46,7 @@ from shared import dra, events, subjects
 from shared.admission import Snapshot, Waiting, run_cycle
 from shared.allocation import SelectorMemo, State
 from shared.inventory import Fleet
+from shared.ledger import inbox
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, OutboxEvent
@@ -320,9 +321,9 @@ class Allocator:
         log.error("dead-lettered message %s on %s: %s", message_id, printable(message.subject, 300), reason)
         try:
             async with self.sessions() as session, session.begin():
-                if await ops.processed(session, CONSUMER, [message_id]):
+                if await inbox.seen(session, CONSUMER, [message_id]):
                     return True
-                ops.record_processed(session, CONSUMER, message_id)
+                await inbox.record(session, CONSUMER, [message_id])
                 subject = printable(message.subject, 1000)
                 session.add(DeadLetter(consumer=CONSUMER, message_id=message_id, subject=subject,
                                        payload=message.data[:DEAD_LETTER_PAYLOAD_LIMIT],
@@ -362,15 +363,16 @@ class Allocator:
                 await ops.lock_shard(session, self.shard, self.holder,
                                      self.clock() + 3 * self.cycle_interval + 30)
                 ids = [_message_id(message) for message in messages]
-                done = await ops.processed(session, CONSUMER, ids)
-                fresh = []
+                done = await inbox.seen(session, CONSUMER, ids)
+                fresh, recorded = [], []
                 for message, message_id in zip(messages, ids, strict=True):
                     if message_id in done:
                         continue  # a redelivery, or a duplicate in this batch
                     done.add(message_id)
-                    ops.record_processed(session, CONSUMER, message_id)
+                    recorded.append(message_id)
                     fresh.append(read_message(message.subject, message.data, message_id,
                                               message.metadata.sequence.stream))
+                await inbox.record(session, CONSUMER, recorded)
                 if await apply_messages(session, fresh):
                     self._waiting = True  # claims to place, or devices freed that may let waiting claims in
                 handled = await self._cycle(session)

@@ -14,7 +14,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.alerting import Alert, Message
-from shared.ledger.schema import AlertRecord, Claim, InboxMessage, Tenant, WebhookDeadLetter
+from shared.ledger.schema import AlertRecord, Claim, Tenant, WebhookDeadLetter
 
 
 def to_dt(timestamp: float) -> datetime:
@@ -23,19 +23,6 @@ def to_dt(timestamp: float) -> datetime:
 
 def _ts(moment: datetime) -> float:
     return (moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment).timestamp()
-
-
-async def processed(session: AsyncSession, consumer: str, message_ids: Sequence[str]) -> set[str]:
-    """Which of these messages the inbox holds, in one query."""
-    if not message_ids:
-        return set()
-    rows = await session.scalars(select(InboxMessage.message_id).where(
-        InboxMessage.consumer == consumer, InboxMessage.message_id.in_(set(message_ids))))
-    return set(rows)
-
-
-def record_processed(session: AsyncSession, consumer: str, message_id: str) -> None:
-    session.add(InboxMessage(consumer=consumer, message_id=message_id))
 
 
 async def record(session: AsyncSession, messages: Sequence[Message]) -> None:

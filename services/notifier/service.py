@@ -49,6 +49,7 @@ from shared.alert_rules import (
     quota_near_limit,
 )
 from shared.alerting import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
+from shared.ledger import inbox
 from shared.ledger.engine import sessions
 from shared.settings import BrokerSettings, parse_duration
 
@@ -160,7 +161,8 @@ class Notifier:
             async with self._lock:
                 sent: list[Message] = []
                 async with self.sessions() as session, session.begin():
-                    done = await history.processed(session, CONSUMER, ids)
+                    done = await inbox.seen(session, CONSUMER, ids)
+                    recorded: list[str] = []
                     for message, message_id in zip(messages, ids, strict=True):
                         if message_id in done:
                             continue  # a redelivery, or the same status twice in this batch
@@ -169,9 +171,10 @@ class Notifier:
                             # Only durable effects are guarded: a status that changed only memory (a
                             # folded repeat) is applied again after a crash, which is what rebuilds it.
                             sent.extend(produced)
-                            history.record_processed(session, CONSUMER, message_id)
+                            recorded.append(message_id)
                             done.add(message_id)
                     await history.record(session, sent)
+                    await inbox.record(session, CONSUMER, recorded)
                 await self._publish(sent)
         except Exception as error:
             if len(messages) > 1:

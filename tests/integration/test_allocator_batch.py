@@ -82,14 +82,9 @@ async def _decide(session: Any) -> None:
     ops.apply_decision(session, await _a_queued_claim(session), Decision(State.PENDING, reason="waits"))
 
 
-async def _record(session: Any) -> None:
-    await _a_queued_claim(session)
-    ops.record_processed(session, "allocator", "m1")
-
-
-@pytest.mark.parametrize("unwritten", [_emit, _decide, _record], ids=["status", "decision", "message"])
+@pytest.mark.parametrize("unwritten", [_emit, _decide], ids=["status", "decision"])
 async def test_what_is_written_in_bulk_and_not_written_refuses_the_commit(db_url: str, unwritten: Any) -> None:
-    """Statuses, decided claim rows and handled messages are written in bulk (`write_buffered`); a transaction
+    """Statuses and decided claim rows are written in bulk (`write_buffered`); a transaction
     that would commit without them raises and rolls back, so no decision or status can be lost silently."""
     await migrate(db_url)
     engine = create_engine(db_url)
