@@ -30,16 +30,16 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services import metrics
 from services.allocator import ledger_ops as ops
 from services.allocator.batch import apply_messages, inbox_id, printable, read_message
+from services.consumer import PullConsumer
 from services.logs import BATCHES
-from services.natsio import ensure_streams, publish_pipelined, raise_lost_cancel
+from services.natsio import ensure_streams, publish_pipelined
 from services.outage import Outage, publish_degraded, until_done
 from services.runtime import CollectorPacing
 from shared import dra, events, subjects
@@ -135,39 +135,29 @@ class Allocator:
             subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
         ), self.nats_outage)
-        claims = await until_done(self._claims_consumer, self.nats_outage)
+        claims = PullConsumer(self.js, stream=subjects.CLAIMS_STREAM, durable=CONSUMER,
+                              subject=subjects.PREFIX + ".claims.>",
+                              filter_subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL], ack_wait=self.ack_wait,
+                              max_deliver=self.max_deliver, batch=self.batch, log=log,
+                              outage=self.nats_outage, on_recovered=self._nats_recovered)
+        await claims.open()
         publisher = asyncio.create_task(self._publisher(), name="allocator-outbox")
         log.info("allocator ready")
         next_cycle = 0.0
         try:
             while not self._stopping.is_set():
-                try:
-                    messages = await claims.fetch(self.batch, timeout=min(0.5, self.cycle_interval))
-                except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived in time
-                    messages = []
-                except Exception as error:  # noqa: BLE001 - NATS restarting or gone: wait, never exit
-                    await self.nats_outage.failed(error)
-                    continue
-                else:
-                    if (lasted := self.nats_outage.ok()) is not None:
-                        await self._degraded(f"NATS was unreachable for {lasted:.0f}s", resolved=True)
-                metrics.CONSUMER_PENDING.labels(CONSUMER).set(messages[-1].metadata.num_pending if messages else 0)
-                raise_lost_cancel()  # fetched but unacked messages come back after ack_wait
+                messages = await claims.fetch(timeout=min(0.5, self.cycle_interval))
                 if self._stopping.is_set():
                     for message in messages:
-                        await _nak(message, None)
+                        await claims.nak(message, None)
                     break
                 now = time.monotonic()
                 due = self._fleet_changed.is_set() or (self._waiting and now >= next_cycle)
                 if messages or due:
                     self._fleet_changed.clear()
                     next_cycle = now + self.cycle_interval
-                    keeper = asyncio.create_task(self._in_progress(messages)) if messages else None
-                    try:
+                    async with claims.in_hand(messages):
                         await self._handle(messages)
-                    finally:
-                        if keeper is not None:
-                            keeper.cancel()
         finally:
             publisher.cancel()
             with contextlib.suppress(BaseException):
@@ -193,29 +183,8 @@ class Allocator:
             else:
                 outage.ok()
 
-    async def _claims_consumer(self) -> Any:
-        """The durable pull consumer of submits and releases, created or brought to this allocator's
-        settings (pull_subscribe alone keeps an existing consumer's: a 30 s ack_wait stayed after an
-        upgrade). A short ack_wait is what makes a kill cost seconds: what the dead process held comes
-        back after it, while a live one marks what it holds in progress (`_in_progress`)."""
-        config = ConsumerConfig(
-            durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait,
-            max_deliver=self.max_deliver, filter_subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL])
-        try:
-            await self.js.add_consumer(subjects.CLAIMS_STREAM, config)
-        except Exception as error:  # noqa: BLE001 - an existing consumer it cannot change still serves
-            log.warning("could not bring the %s consumer to this allocator's settings: %s", CONSUMER, error)
-        return await self.js.pull_subscribe(subjects.PREFIX + ".claims.>", durable=CONSUMER,
-                                            stream=subjects.CLAIMS_STREAM, config=config)
-
-    async def _in_progress(self, messages: Sequence[Msg]) -> None:
-        """While a batch is decided, tell JetStream every third of ack_wait that its messages are in hand,
-        so a slow transaction is not redelivered to another replica while it runs."""
-        while True:
-            await asyncio.sleep(self.ack_wait / 3)
-            for message in messages:
-                with contextlib.suppress(Exception):  # acked meanwhile, or the connection is down
-                    await message.in_progress()
+    async def _nats_recovered(self, lasted: float) -> None:
+        await self._degraded(f"NATS was unreachable for {lasted:.0f}s", resolved=True)
 
     async def _on_inventory(self, message: Msg) -> None:
         try:
@@ -253,9 +222,8 @@ class Allocator:
         if self._cycle_failing:
             self._cycle_failing = False
             await self._degraded("decision cycles commit again", resolved=True)
-        try:  # acks sent without waiting for each to be confirmed: a lost one means a redelivery,
-            for message in messages:  # which the inbox makes harmless
-                await message.ack()
+        try:
+            await PullConsumer.ack_all(messages)
         except Exception as error:  # noqa: BLE001 - committed: a redelivery finds them in the inbox
             log.warning("acks of %d committed message(s) failed (%s); their redelivery changes nothing",
                         len(messages), type(error).__name__)
@@ -285,7 +253,7 @@ class Allocator:
         # is not recognised as passing) must not dead-letter a good claim.
         if message is not None and (transient or deliveries < 2) and deliveries < self.max_deliver - 1:
             log.warning("ledger refused a message (%s); redelivering it", type(error).__name__)
-            await _nak(message, 0.2 * deliveries)
+            await PullConsumer.nak(message, 0.2 * deliveries)
             return
         cycle_fails = None
         if message is not None:
@@ -311,7 +279,7 @@ class Allocator:
         else:
             log.warning("decision cycle failed again: %s", type(failure).__name__)
         if message is not None:
-            await _nak(message, min(5.0, 0.5 * max(deliveries, 1)))
+            await PullConsumer.nak(message, min(5.0, 0.5 * max(deliveries, 1)))
 
     async def _dead_letter(self, message: Msg, error: Exception) -> bool:
         """Keep the message and its error, mark it handled and alert, in one transaction; False when even
@@ -537,12 +505,6 @@ class Allocator:
         except TimeoutError:
             return False
         return True
-
-
-async def _nak(message: Msg, delay: float | None) -> None:
-    """Ask for a redelivery; with NATS down it comes anyway, after ack_wait."""
-    with contextlib.suppress(Exception):
-        await message.nak(delay=delay)
 
 
 def _message_id(message: Msg) -> str:

@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import httpx
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import metrics
-from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json, raise_lost_cancel
+from services.consumer import PullConsumer
+from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json
 from services.notifier import history
 from services.notifier.usage import FleetFlavors, read_figures
 from services.notifier.webhooks import WebhookDispatcher
@@ -108,29 +108,22 @@ class Notifier:
             subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
         ), self.nats_outage)
-        statuses = await until_done(lambda: self.js.pull_subscribe(
-            subjects.STATUS_ALL, durable=CONSUMER, stream=subjects.STATUS_STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.settings.ack_wait,
-                                  max_deliver=self.settings.max_deliver),
-        ), self.nats_outage)
+        statuses = PullConsumer(self.js, stream=subjects.STATUS_STREAM, durable=CONSUMER, subject=subjects.STATUS_ALL,
+                                filter_subjects=[subjects.STATUS_ALL], ack_wait=self.settings.ack_wait,
+                                max_deliver=self.settings.max_deliver, batch=64, log=log, outage=self.nats_outage)
+        await statuses.open()
         await self._usage_if_due()
         log.info("notifier ready")
         self.ready.set()
         next_check = time.monotonic()  # the cadence is real time; what is due is decided by self.clock
         try:
             while True:
-                try:
-                    messages = await statuses.fetch(64, timeout=min(0.5, self.check_interval))
-                except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived
-                    messages = []
-                except Exception as error:  # noqa: BLE001 - NATS restarting or gone: wait, never exit
-                    await self.nats_outage.failed(error)
-                    continue
-                else:
-                    self.nats_outage.ok()
-                raise_lost_cancel()  # fetched but unacked messages come back after ack_wait
+                messages = await statuses.fetch(timeout=min(0.5, self.check_interval))
+                if self.nats_outage.since is not None:
+                    continue  # NATS away: no checks either, their alerts could not go out
                 if messages:
-                    await self._on_statuses(messages)
+                    async with statuses.in_hand(messages):
+                        await self._on_statuses(messages)
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + self.check_interval
                     try:
@@ -182,8 +175,7 @@ class Notifier:
                     await self._on_statuses([message])
                 return
             log.exception("status %s not processed; it will be redelivered", ids[0])
-            with contextlib.suppress(Exception):  # with NATS down it is redelivered after ack_wait anyway
-                await messages[0].nak(delay=1.0)
+            await PullConsumer.nak(messages[0], 1.0)
             if not self._statuses_failing:
                 self._statuses_failing = True
                 await publish_degraded(self.js, "notifier", f"statuses not processed: {type(error).__name__}: "
@@ -193,8 +185,7 @@ class Notifier:
             self._statuses_failing = False
             await publish_degraded(self.js, "notifier", "statuses processed again", log, resolved=True)
         with contextlib.suppress(Exception):  # recorded as processed: a redelivery changes nothing
-            for message in messages:
-                await message.ack()  # not awaited one by one: a lost ack is a harmless redelivery
+            await PullConsumer.ack_all(messages)
         await self._handled(len(messages))
 
     def _status_actions(self, message: Msg) -> list[Action]:
