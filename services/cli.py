@@ -429,6 +429,10 @@ def submit(
     if len(results) < len(sent):
         err.print(f"{len(sent) - len(results)} claim(s) had no status within {wait}s")
         raise typer.Exit(1)
+    rejected = [f"{s['namespace']}/{s['name']}" for s in results if s.get("state") == "Rejected"]
+    if rejected:  # a refusal, as the contract's exit statuses say: the claim is wrong as written
+        err.print(f"rejected: {', '.join(rejected)} (the reason is in the status above)")
+        raise typer.Exit(1)
 
 
 def _parse_time(text: str) -> float:

@@ -38,7 +38,7 @@ async def test_submit_wait_status_release(nats_server: EmbeddedNats, tmp_path: P
         assert stack.allocator is not None and await stack.allocator.wait_for_inventory(20)
         code, out, err = await run("--nats", nats_server.url, "submit", str(claims), "--tenant", "vision",
                                    "--wait", "20")
-        assert code == 0, err
+        assert code == 1 and "rejected: vision/two" in err, err  # a Rejected claim is a refusal: exit 1
         statuses = {s["name"]: s for s in map(json.loads, out.splitlines())}
         assert statuses["one"]["state"] == "Allocated" and statuses["one"]["namespace"] == "vision"
         assert statuses["two"]["state"] == "Rejected" and "over the claim limit of 32" in statuses["two"]["reason"]
