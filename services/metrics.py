@@ -17,7 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 # Seconds, from a cycle of a few claims (ms) to a deep queue's slow transaction (seconds).
 _TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-DECISIONS = Counter("claimbroker_decisions", "Claim decisions written, by the state decided", ["state"])
+DECISIONS = Counter("claimbroker_decisions", "Claim statuses the allocator committed, by state (Pending, "
+                    "Allocated, Rejected, Preempted, Released)", ["state"])
 PREEMPTIONS = Counter("claimbroker_preemptions", "Running claims preempted, by rule", ["rule"])
 CYCLE_SECONDS = Histogram("claimbroker_cycle_seconds", "Time of the decision core per cycle",
                           buckets=_TIME_BUCKETS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -66,6 +67,7 @@ async def claims_named(session: AsyncSession, keys: Iterable[tuple[str, str]]) -
 # many rows at once), most of a decision transaction's statements.
 _CLAIMS, _DEVICES, _HISTORY, _OUTBOX, _INBOX = (
     cast(Table, model.__table__) for model in (Claim, DeviceAllocation, ClaimEvent, OutboxEvent, InboxMessage))
+_STATES = "claimbroker.states_written"
 _WRITES = "claimbroker.writes"  # session.info: what was decided or emitted, not yet written
 
 
@@ -144,6 +146,7 @@ async def write_buffered(session: AsyncSession) -> None:
     writes = session.info.pop(_WRITES, None)
     if writes is None:
         return
+    states_written(session).update(row["state"] for row in writes.history)
     if writes.claims:
         revision = session.info.get(REVISION, OUTSIDE)
         await session.execute(_UPDATE_CLAIM, [
@@ -152,6 +155,14 @@ async def write_buffered(session: AsyncSession) -> None:
     for table, rows in ((_DEVICES, writes.devices), (_HISTORY, writes.history), (_OUTBOX, writes.outbox)):
         if rows:
             await session.execute(insert(table), rows)
+
+
+def states_written(session: AsyncSession) -> collections.Counter[str]:
+    """The states of the statuses this transaction has written so far (for metrics once it commits)."""
+    found = session.info.get(_STATES)
+    if found is None:
+        found = session.info[_STATES] = collections.Counter()
+    return cast(collections.Counter[str], found)
 
 
 @event.listens_for(Session, "before_commit")

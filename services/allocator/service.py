@@ -345,6 +345,7 @@ class Allocator:
                     self._waiting = True  # claims to place, or devices freed that may let waiting claims in
                 handled = await self._cycle(session)
                 await ops.write_buffered(session)
+                self._decided.update(ops.states_written(session))
         except BaseException:
             self.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             raise
@@ -413,7 +414,6 @@ class Allocator:
                 row.allocated_at = now
             if changed:
                 ops.emit_status(session, row, unsatisfiable=decision.unsatisfiable)
-                self._decided[decision.state.value] += 1
         for preemption in result.preemptions:
             self._decided[f"preempted:{preemption.rule}"] += 1
         self._waiting = len(queue.waiting) > settled or bool(result.preemptions)

@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.logs import BATCHES
-from services.natsio import EmbeddedNats, connect
+from services.natsio import EmbeddedNats, connect, publish_json
+from shared import subjects
 from tests.e2e.helpers import statuses
 from tests.e2e.test_allocator_semantics import broker, claim, submit
 
@@ -27,6 +28,7 @@ async def test_allocator_metrics_follow_its_decisions(nats_server: EmbeddedNats,
     db_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
     allocated = sample("claimbroker_decisions_total", state="Allocated")
     pending = sample("claimbroker_decisions_total", state="Pending")
+    released = sample("claimbroker_decisions_total", state="Released")
     transactions = sample("claimbroker_transaction_seconds_count")
     cycles = sample("claimbroker_cycle_seconds_count")
     async with broker(nats_server, db_url, tmp_path) as b:
@@ -39,12 +41,16 @@ async def test_allocator_metrics_follow_its_decisions(nats_server: EmbeddedNats,
         too_big["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2  # one GPU is left
         await submit(nc, too_big, "id-too-big")
         await seen.wait_for(lambda: ("team", "too-big") in seen.latest())
+        assert sample("claimbroker_queue_depth", tenant="team", flavor="H100") == 1
+        await publish_json(nc.jetstream(), subjects.release("team"), {"name": "too-big"}, msg_id="release-too-big")
+        await seen.wait_for(lambda: seen.latest()[("team", "too-big")]["state"] == "Released")
         await nc.close()
     assert sample("claimbroker_decisions_total", state="Allocated") == allocated + 1
     assert sample("claimbroker_decisions_total", state="Pending") == pending + 1
+    assert sample("claimbroker_decisions_total", state="Released") == released + 1
     assert sample("claimbroker_transaction_seconds_count") >= transactions + 2
     assert sample("claimbroker_cycle_seconds_count") >= cycles + 2
-    assert sample("claimbroker_queue_depth", tenant="team", flavor="H100") == 1
+    assert sample("claimbroker_queue_depth", tenant="team", flavor="H100") == 0  # released: none waits
     assert sample("claimbroker_outbox_unpublished") == 0
     assert sample("claimbroker_consumer_pending_messages", consumer="allocator") == 0
     batches = [r for r in caplog.records if r.name == BATCHES and getattr(r, "messages", 0)]
