@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -39,6 +40,25 @@ def test_metrics_are_prometheus_text() -> None:
 
 
 
+async def _readyz_until(base: str, done: Callable[[httpx.Response], bool], tries: int = 300) -> httpx.Response | None:
+    """/readyz until `done` holds for its answer (or `tries` polls, 50 ms apart); the last answer."""
+    ready = None
+    for _ in range(tries):
+        ready = await _get(base + "/readyz")
+        if ready is not None and done(ready):
+            break
+        await asyncio.sleep(0.05)
+    return ready
+
+
+async def _publish_inventory(url: str, path: Path) -> None:
+    path.write_text(SLICE)
+    nc = await connect(url, name="watcher")
+    await ensure_streams(nc.jetstream())
+    await FileWatcher(nc.jetstream(), [path]).publish_once()
+    await nc.close()
+
+
 async def _get(url: str) -> httpx.Response | None:
     try:
         async with httpx.AsyncClient(timeout=2) as client:
@@ -59,27 +79,13 @@ async def test_serve_allocator_is_ready_once_it_has_the_inventory(nats_server: E
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        ready = None
-        for _ in range(200):  # until the process listens
-            ready = await _get(base + "/readyz")
-            if ready is not None:
-                break
-            await asyncio.sleep(0.05)
+        ready = await _readyz_until(base, lambda _: True)  # until the process listens
         assert ready is not None and (ready.status_code, ready.text) == (503, "no inventory read yet")
         live = await _get(base + "/healthz")
         assert live is not None and live.status_code == 200
 
-        inventory = tmp_path / "slices.yaml"
-        inventory.write_text(SLICE)
-        nc = await connect(nats_server.url, name="watcher")
-        await ensure_streams(nc.jetstream())
-        await FileWatcher(nc.jetstream(), [inventory]).publish_once()
-        await nc.close()
-        for _ in range(200):
-            ready = await _get(base + "/readyz")
-            if ready is not None and ready.status_code == 200:
-                break
-            await asyncio.sleep(0.05)
+        await _publish_inventory(nats_server.url, tmp_path / "slices.yaml")
+        ready = await _readyz_until(base, lambda r: r.status_code == 200)
         assert ready is not None and (ready.status_code, ready.text) == (200, "ready")
     finally:
         process.terminate()
@@ -97,32 +103,18 @@ async def test_serve_allocator_started_while_postgresql_is_down_waits_for_it(
                                                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     assert await migrate.wait() == 0
     await asyncio.to_thread(private_postgres.stop)
-    inventory = tmp_path / "slices.yaml"
-    inventory.write_text(SLICE)
-    nc = await connect(nats_server.url, name="watcher")
-    await ensure_streams(nc.jetstream())
-    await FileWatcher(nc.jetstream(), [inventory]).publish_once()
-    await nc.close()
+    await _publish_inventory(nats_server.url, tmp_path / "slices.yaml")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "services.cli", "serve", "allocator", "--nats", nats_server.url, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        ready = None
-        for _ in range(300):  # until it has tried the ledger and failed
-            ready = await _get(base + "/readyz")
-            if ready is not None and "the ledger or NATS unreachable" in ready.text:
-                break
-            await asyncio.sleep(0.05)
+        ready = await _readyz_until(base, lambda r: "the ledger or NATS unreachable" in r.text)
         assert ready is not None and ready.status_code == 503, ready and ready.text
         assert "the ledger or NATS unreachable" in ready.text and process.returncode is None
 
         await asyncio.to_thread(private_postgres.start)
-        for _ in range(300):
-            ready = await _get(base + "/readyz")
-            if ready is not None and ready.status_code == 200:
-                break
-            await asyncio.sleep(0.05)
+        ready = await _readyz_until(base, lambda r: r.status_code == 200)
         assert ready is not None and (ready.status_code, ready.text) == (200, "ready")
         assert process.returncode is None
     finally:
