@@ -96,6 +96,7 @@ class Allocator:
         self._set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
         self.nats_outage = Outage("NATS", log)
         self.startup_outage = Outage("the ledger or NATS", log)  # reading what a crash left, at start
+        self.ledger_outage = Outage("the ledger", log)  # a batch held while the ledger does not answer
         self._outbox_behind = False  # committed events wait in the outbox: publish them as soon as NATS takes them
         self._cycle_failure_reported = -math.inf  # when a failing cycle was last logged with its trace and alerted
         self._cycle_failing = False  # the last decision cycle failed (readiness)
@@ -113,7 +114,7 @@ class Allocator:
 
     def not_ready(self) -> str | None:
         """Why it cannot decide now (for /readyz), or None."""
-        for outage in (self.nats_outage, self.startup_outage):
+        for outage in (self.nats_outage, self.startup_outage, self.ledger_outage):
             if (why := outage.why()) is not None:
                 return why
         if not self._inventory_seen.is_set():
@@ -207,17 +208,39 @@ class Allocator:
         """Decide the batch in one transaction; when it fails, no message takes another with it: the
         messages are decided one at a time, and one that still fails on its own (while the cycle without
         it commits) is set aside in the dead-letter table with its error and an alert, then acked."""
-        try:
-            await self._decide_messages(messages)
-        except Exception as error:  # noqa: BLE001 - the batch's fate is decided below, message by message
-            self._fleet_changed.set()
+        failure: Exception | None = None
+        while True:
+            try:
+                await self._decide_messages(messages)
+            except Exception as error:  # noqa: BLE001 - the batch's fate is decided below
+                self._fleet_changed.set()
+                failure = error
+                if not _is_transient(error) or self._stopping.is_set():
+                    break
+                # The ledger is away or busy: the same batch again once it is back. Its messages stay in
+                # hand (marked in progress), so an outage spends none of their deliveries (max_deliver),
+                # and no batch is split into hundreds of transactions that would each fail the same way.
+                if self.ledger_outage.since is None and not self._cycle_failing:
+                    self._cycle_failing = True
+                    await self._degraded(f"the ledger does not answer: {type(error).__name__}: "
+                                         f"{printable(str(error), 300)}")
+                await self.ledger_outage.failed(error)
+                continue
+            self.ledger_outage.ok()
+            failure = None
+            break
+        if failure is not None:
+            if _is_transient(failure):  # told to stop while the ledger is away: another replica takes them
+                for message in messages:
+                    await PullConsumer.nak(message, None)
+                return
             if len(messages) > 1:
                 log.warning("batch of %d failed (%s: %s); deciding its messages one at a time", len(messages),
-                            type(error).__name__, printable(str(error), 300))
+                            type(failure).__name__, printable(str(failure), 300))
                 for message in messages:
                     await self._handle([message])
                 return
-            await self._handle_failure(messages[0] if messages else None, error)
+            await self._handle_failure(messages[0] if messages else None, failure)
             return
         if self._cycle_failing:
             self._cycle_failing = False

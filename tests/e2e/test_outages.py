@@ -130,3 +130,25 @@ async def test_the_stack_stays_up_through_a_postgresql_restart(
         await alarms.wait_for(lambda: degraded("allocator", True) and degraded("notifier", True), timeout=30)
         assert not [name for name, task in stack.tasks.items() if task.done()]
         await nc.close()
+
+
+async def test_a_long_ledger_outage_spends_no_deliveries(
+        nats_server: EmbeddedNats, private_postgres: PrivatePostgres, tmp_path: Path) -> None:
+    """PostgreSQL down for longer than max_deliver redeliveries would last: the allocator holds its batch
+    in progress and tries it again, instead of nak-ing it until JetStream gives up on the claim."""
+    async with broker(nats_server, private_postgres.url, tmp_path) as b:
+        allocator = await b.start_allocator(max_deliver=2)
+        nc = await connect(b.url, name="tenant")
+        seen = await statuses(nc)
+        await asyncio.to_thread(private_postgres.stop)
+        await submit(nc, claim("waits-out"), "id-waits-out")
+        for _ in range(600):  # until it has failed several times, longer than two deliveries would last
+            if allocator.ledger_outage.wait >= 1.6:
+                break
+            await asyncio.sleep(0.05)
+        assert allocator.ledger_outage.since is not None and allocator.not_ready() is not None
+        await asyncio.to_thread(private_postgres.start)
+        await seen.wait_for(lambda: ("team", "waits-out") in seen.latest(), timeout=30)
+        assert seen.latest()[("team", "waits-out")]["state"] == "Allocated"
+        assert allocator.ledger_outage.since is None
+        await nc.close()
