@@ -21,9 +21,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from services import metrics
@@ -32,11 +32,12 @@ from services.outage import Outage, until_done
 
 
 class PullConsumer:
-    def __init__(self, js: JetStreamContext, *, stream: str, durable: str, subject: str,
+    def __init__(self, nc: Client, *, stream: str, durable: str, subject: str,
                  filter_subjects: Sequence[str], ack_wait: float, max_deliver: int, batch: int, log: logging.Logger,
                  outage: Outage | None = None,
                  on_recovered: Callable[[float], Awaitable[None]] | None = None) -> None:
-        self.js, self.stream, self.durable, self.subject, self.batch = js, stream, durable, subject, batch
+        self.nc, self.js = nc, nc.jetstream()
+        self.stream, self.durable, self.subject, self.batch = stream, durable, subject, batch
         self.config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait,
                                      max_deliver=max_deliver, filter_subjects=list(filter_subjects))
         self.log = log
@@ -64,6 +65,9 @@ class PullConsumer:
             messages = []
         except Exception as error:  # noqa: BLE001 - NATS restarting or gone: wait, never exit
             await self.outage.failed(error)
+            return []
+        if not self.nc.is_connected:  # while nats-py reconnects, a fetch only times out
+            await self.outage.failed(ConnectionError("not connected to NATS; reconnecting"))
             return []
         if (lasted := self.outage.ok()) is not None and self.on_recovered is not None:
             await self.on_recovered(lasted)

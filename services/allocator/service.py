@@ -136,7 +136,7 @@ class Allocator:
             subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
         ), self.nats_outage)
-        claims = PullConsumer(self.js, stream=subjects.CLAIMS_STREAM, durable=CONSUMER,
+        claims = PullConsumer(self.nc, stream=subjects.CLAIMS_STREAM, durable=CONSUMER,
                               subject=subjects.PREFIX + ".claims.>",
                               filter_subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL], ack_wait=self.ack_wait,
                               max_deliver=self.max_deliver, batch=self.batch, log=log,

@@ -108,7 +108,7 @@ class Notifier:
             subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
         ), self.nats_outage)
-        statuses = PullConsumer(self.js, stream=subjects.STATUS_STREAM, durable=CONSUMER, subject=subjects.STATUS_ALL,
+        statuses = PullConsumer(self.nc, stream=subjects.STATUS_STREAM, durable=CONSUMER, subject=subjects.STATUS_ALL,
                                 filter_subjects=[subjects.STATUS_ALL], ack_wait=self.settings.ack_wait,
                                 max_deliver=self.settings.max_deliver, batch=64, log=log, outage=self.nats_outage)
         await statuses.open()
