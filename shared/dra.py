@@ -46,6 +46,7 @@ _ATTRIBUTE_ID = re.compile(r"[A-Za-z_][-A-Za-z0-9_]*")
 _QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # what text_problem refuses, in one search
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # JSON allows any integer; Kubernetes' fields stop at int64
 
 
 def is_dns_label(value: object) -> bool:
@@ -88,6 +89,8 @@ def _clean(document: Any) -> bool:
         if isinstance(item, str):
             if _UNSTORABLE.search(item):
                 return False
+        elif isinstance(item, int) and not _INT64_MIN <= item <= _INT64_MAX:
+            return False
         elif isinstance(item, dict | list | tuple):
             if depth >= MAX_DEPTH:
                 return False
@@ -113,6 +116,9 @@ def text_problems(document: Any, path: str = "") -> list[str]:
         if isinstance(item, str):
             if (problem := text_problem(item)) is not None:
                 problems.append(f"{where or '<document>'}: {problem}")
+        elif isinstance(item, int) and not _INT64_MIN <= item <= _INT64_MAX:
+            problems.append(f"{where or '<document>'}: {shown(str(item))} is outside the 64-bit integer range "
+                            "(Kubernetes' int64)")
         elif isinstance(item, dict | list | tuple) and depth >= MAX_DEPTH:
             cut = re.sub(r"(\[[0-9]+\])+$", "", where)  # name the field, not a chain of [0][0]...
             cut = cut if len(cut) <= 120 else cut[:120] + "..."

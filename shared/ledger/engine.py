@@ -7,6 +7,7 @@ control of transactions and start every one with BEGIN IMMEDIATE, which serialis
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,10 @@ PG_CONNECT_TIMEOUT_S = 10
 
 
 def _to_json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except (orjson.JSONEncodeError, TypeError):  # an integer beyond 64 bits, which a claim may hold
+        return json.dumps(value)
 
 
 # JSON columns (claim specs, allocations, explanations, outbox payloads) through orjson: the standard

@@ -289,3 +289,21 @@ async def test_a_slow_batch_is_not_redelivered_while_it_is_decided(
         await until_acked(nc)
         info = await nc.jetstream().consumer_info(subjects.CLAIMS_STREAM, "allocator")
         assert info.num_redelivered == 0
+
+
+async def test_a_claim_with_an_integer_beyond_64_bits_is_rejected(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """JSON allows any integer, Kubernetes' fields stop at int64 (a toleration's seconds): such a claim is
+    Rejected at once with the field named, not dead-lettered after a ledger that could not store it."""
+    db_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    async with broker(nats_server, db_url, tmp_path) as b:
+        await b.start_allocator()
+        nc = await connect(b.url, name="tenant")
+        seen = await statuses(nc)
+        document = claim("huge-seconds")
+        document["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+            {"key": "maintenance", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2**70}]
+        await submit(nc, document, "id-huge-seconds")
+        await seen.wait_for(lambda: ("team", "huge-seconds") in seen.latest(), timeout=20)
+        status = seen.latest()[("team", "huge-seconds")]
+        assert status["state"] == "Rejected" and "outside the 64-bit integer range" in status["reason"], status
+        await nc.close()
