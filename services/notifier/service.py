@@ -79,8 +79,11 @@ class Notifier:
         # still be a string here.
         pending_after, ttl = parse_duration(settings.pending_alert_after), parse_duration(settings.inventory_ttl)
         fold = parse_duration(settings.alert_fold_window)
-        self.book = AlertBook(AlertPolicy(fold, settings.alert_rate_per_key, settings.alert_rate_per_tenant))
+        self._policy, self._pending_after = AlertPolicy(fold, settings.alert_rate_per_key,
+                                                        settings.alert_rate_per_tenant), pending_after
+        self.book = AlertBook(self._policy)
         self.claims = ClaimRules(pending_after)
+        self._memory_stale = False  # a failed transaction's statuses were applied to book and claims
         self.fleet = InventoryRules(ttl)
         self.flavors = FleetFlavors()
         self.usage_interval = parse_duration(settings.usage_check_interval)
@@ -150,6 +153,10 @@ class Notifier:
         status cost the broker a third of its time under a burst); when it fails, one at a time, so a
         status that cannot be recorded holds back only itself."""
         ids = [f"status:{message.metadata.sequence.stream}" for message in messages]
+        if self._memory_stale and not await self._rebuild_memory():
+            for message in messages:
+                await PullConsumer.nak(message, 1.0)
+            return
         try:
             async with self._lock:
                 sent: list[Message] = []
@@ -170,6 +177,10 @@ class Notifier:
                     await inbox.record(session, CONSUMER, recorded)
                 await self._publish(sent)
         except Exception as error:
+            # The book and the claim rules already hold what the transaction did not commit: applied again
+            # on redelivery, a raise would fold into itself and never be recorded or sent. Rebuilt from the
+            # ledger first, as after a restart.
+            self._memory_stale = True
             if len(messages) > 1:
                 for message in messages:
                     await self._on_statuses([message])
@@ -316,13 +327,26 @@ class Notifier:
         except Exception:
             log.exception("tenant thresholds not read; keeping the last ones")
 
-    async def _restore(self) -> None:
-        """Open alerts and waiting claims from the ledger, and a re-publish of recent messages that a
-        crash may have kept from NATS (JetStream drops the ones it already has)."""
-        now = self.clock()
+    async def _rebuild_memory(self) -> bool:
+        """The alert book and the claim rules as the ledger has them (what a restart reads); False while
+        the ledger cannot be read."""
+        async with self._lock:
+            book, claims = self.book, self.claims
+            self.book, self.claims = AlertBook(self._policy), ClaimRules(self._pending_after)
+            self.claims.thresholds = claims.thresholds  # per tenant, read from the ledger on their own cadence
+            try:
+                await self._load_memory()
+            except Exception as error:  # noqa: BLE001 - the ledger is away: try again with the next batch
+                self.book, self.claims = book, claims
+                log.warning("alert state not rebuilt from the ledger yet (%s)", type(error).__name__)
+                return False
+            self._memory_stale = False
+            return True
+
+    async def _load_memory(self) -> None:
+        """Open alerts and waiting claims from the ledger into the book and the claim rules."""
         async with self.sessions() as session:
             open_alerts = await history.open_alerts(session)
-            recent = await history.changed_since(session, now - DUPLICATE_WINDOW_S)
             waiting = await history.waiting_claims(session)
         for message in open_alerts:
             self.book.restore(message.alert, first_seen=message.first_seen, last_seen=message.last_seen,
@@ -330,5 +354,13 @@ class Notifier:
         for tenant, name, since, reason in waiting:
             alerted = self.book.is_open(alert_key(PENDING_TOO_LONG, tenant, name))
             self.claims.seed(tenant, name, since=since, reason=reason, alerted=alerted)
+
+    async def _restore(self) -> None:
+        """Open alerts and waiting claims from the ledger, and a re-publish of recent messages that a
+        crash may have kept from NATS (JetStream drops the ones it already has)."""
+        now = self.clock()
+        await self._load_memory()
+        async with self.sessions() as session:
+            recent = await history.changed_since(session, now - DUPLICATE_WINDOW_S)
         await self._read_tenants(now)
         await self._publish(recent, notify=False)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from services.allocator import service
 from services.natsio import EmbeddedNats, connect, publish_json
@@ -155,4 +156,42 @@ async def test_a_long_ledger_outage_spends_no_deliveries(
         await seen.wait_for(lambda: ("team", "waits-out") in seen.latest(), timeout=30)
         assert seen.latest()[("team", "waits-out")]["state"] == "Allocated"
         assert allocator.ledger_outage.since is None
+        await nc.close()
+
+
+async def test_a_status_batch_that_fails_once_still_raises_its_alert_once(
+        nats_server: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notifier's transaction fails after the alert book took the statuses in: rebuilt from the ledger
+    before they are tried again, the Rejected claim's alert is raised, recorded and sent once (applied twice
+    to the same book, the repeat folded into nothing and was never sent)."""
+    from services.notifier import history
+    from shared.ledger.engine import sessions
+    from shared.ledger.schema import AlertRecord
+
+    real, failures = history.record, [1]
+
+    async def failing_once(*args: Any, **kwargs: Any) -> Any:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise ConnectionError("the ledger went away mid-transaction")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(history, "record", failing_once)
+    settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data")
+    async with running_stack(settings, services=("notifier",)) as stack:
+        nc = await connect(stack.nats_url, name="test")
+        alarms = await alerts(nc)
+        rejected = events.claim_status(namespace="team", name="typo", state="Rejected", allocation=None,
+                                       reason="CEL compile error", sequence=1)
+        other = events.claim_status(namespace="team", name="fine", state="Pending", allocation=None,
+                                    reason="waits", sequence=1)
+        js = nc.jetstream()
+        await publish_json(js, subjects.status("team", "typo"), rejected, msg_id="s-typo")
+        await publish_json(js, subjects.status("team", "fine"), other, msg_id="s-fine")
+        await alarms.wait_for(lambda: any(a["kind"] == "claim-rejected" for _, a in alarms.messages), timeout=20)
+        assert failures == [0]
+        async with sessions(stack.engine)() as session:
+            rows = list(await session.scalars(select(AlertRecord).where(AlertRecord.kind == "claim-rejected")))
+        assert len(rows) == 1 and not rows[0].resolved
+        assert [a["kind"] for _, a in alarms.messages].count("claim-rejected") == 1
         await nc.close()
