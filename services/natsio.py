@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -70,7 +71,13 @@ async def connect(url: str, *, name: str) -> Client:
         log.info("%s: reconnected to NATS at %s", name, url)
 
     async def failed_try(error: Exception) -> None:
-        log.debug("%s: NATS at %s: %r", name, url, error)
+        """nats-py reports failed reconnect tries here, and also errors of subscription callbacks and
+        slow-consumer drops: the first kind once per outage (above), the others always."""
+        if lost or isinstance(error, OSError | nats_errors.UnexpectedEOF | nats_errors.StaleConnectionError
+                              | nats_errors.NoServersError):
+            log.debug("%s: NATS at %s: %r", name, url, error)
+        else:
+            log.error("%s: NATS client error: %r", name, error, exc_info=error)
 
     await client.connect(url, name=name, max_reconnect_attempts=-1,
                          reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as a sleep
