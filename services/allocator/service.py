@@ -161,7 +161,8 @@ class Allocator:
                         await self._handle(messages)
         finally:
             publisher.cancel()
-            await asyncio.wait({publisher}, timeout=5)  # ends at its next await; never waited on for good
+            with contextlib.suppress(BaseException):  # it ends at its next await
+                await publisher
             if self._stopping.is_set():  # a clean stop publishes what committed, within a bound
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._publish_outbox_when_possible(), 5)
