@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -61,17 +60,12 @@ from shared.ledger.schema import Claim, DeadLetter, InboxMessage  # noqa: E402
 from shared.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.quota_invariant import violations  # noqa: E402
 from shared.sources import load_inventory  # noqa: E402
+from tests.e2e.helpers import free_port  # noqa: E402
 from tests.private_postgres import PrivatePostgres  # noqa: E402
 
 SHARED_PG = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 MODELS = ("A100", "H100", "H200")
 QUEUED = ("Pending", "Allocated")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def topology(nodes: int) -> dict[str, Any]:
@@ -175,7 +169,7 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
     engine = create_engine(db_url)
     async with sessions(engine)() as session, session.begin():
         await apply_quota_config(session, config, "chaos")
-    server = EmbeddedNats(work / "nats", port=_free_port())
+    server = EmbeddedNats(work / "nats", port=free_port())
     server.start()
     env = {**os.environ, "CLAIMBROKER_NATS_URL": server.url, "CLAIMBROKER_DB": db_url,
            "CLAIMBROKER_DATA_DIR": str(work / "data"), "CLAIMBROKER_ALLOCATOR_ACK_WAIT": "2"}

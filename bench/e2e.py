@@ -259,14 +259,7 @@ async def echo_phase(url: str, documents: list[dict[str, Any]]) -> tuple[dict[An
     ready = await asyncio.wait_for(service.stdout.readline(), 60)
     if ready.strip() != b"ready":
         raise RuntimeError(f"echo service did not start: {ready!r}")
-    published: dict[Any, float] = {}
-    acks = []
-    for document in documents:
-        metadata = document["metadata"]
-        key = (metadata["namespace"], metadata["name"])
-        published[key] = time.perf_counter()
-        acks.append(await js.publish_async(f"bench.e2e.echo.in.{key[0]}", json.dumps(document).encode(),
-                                           headers={"Nats-Msg-Id": f"echo-in-{key[0]}-{key[1]}"}))
+    published, acks = await publish_all(js, documents, lambda tenant: f"bench.e2e.echo.in.{tenant}", "echo-in")
     await report_failed_acks("echo", acks)
     await wait_until_answered("echo", published, answered, stall=30)
     try:
@@ -414,15 +407,23 @@ async def wait_ready(broker: Broker, js: Any, statuses: Statuses, nodes: int, te
     raise RuntimeError(f"no probe claim was Allocated within {timeout:.0f}s:\n{broker.tail()}")
 
 
-async def burst_phase(js: Any, statuses: Statuses, documents: list[dict[str, Any]]) -> dict[Any, float]:
+async def publish_all(js: Any, documents: list[dict[str, Any]], subject_of: Callable[[str], str],
+                      id_prefix: str) -> tuple[dict[Any, float], list[Any]]:
+    """Publish every claim document at once (publish_async), each to its tenant's subject with a
+    Nats-Msg-Id; when each was published, and the acknowledgements to await."""
     published: dict[Any, float] = {}
     acks = []
     for document in documents:
         metadata = document["metadata"]
         key = (metadata["namespace"], metadata["name"])
         published[key] = time.perf_counter()
-        acks.append(await js.publish_async(subjects.submit(key[0]), json.dumps(document).encode(),
-                                           headers={"Nats-Msg-Id": f"submit-{key[0]}-{key[1]}"}))
+        acks.append(await js.publish_async(subject_of(key[0]), json.dumps(document).encode(),
+                                           headers={"Nats-Msg-Id": f"{id_prefix}-{key[0]}-{key[1]}"}))
+    return published, acks
+
+
+async def burst_phase(js: Any, statuses: Statuses, documents: list[dict[str, Any]]) -> dict[Any, float]:
+    published, acks = await publish_all(js, documents, subjects.submit, "submit")
     log(f"burst: {len(documents)} claims published in {time.perf_counter() - min(published.values()):.2f}s")
     await report_failed_acks("burst", acks)
     await wait_until_answered("burst", published, statuses.first)

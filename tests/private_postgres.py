@@ -12,10 +12,11 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from tests.e2e.helpers import free_port
 
 
 def _binary(name: str) -> str | None:
@@ -27,15 +28,9 @@ def _binary(name: str) -> str | None:
     return str(candidates[-1]) if candidates else None
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class PrivatePostgres:
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="claimbroker-pg-"))
         self.data = self.root / "data"
         self._owner = pwd.getpwnam("postgres") if os.geteuid() == 0 else None

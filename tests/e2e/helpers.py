@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
@@ -17,6 +17,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def failing_first(real: Callable[..., Awaitable[Any]], times: int, error: Exception) -> tuple[
+        Callable[..., Awaitable[Any]], list[int]]:
+    """`real`, raising `error` on its first `times` calls; the list holds the failures still to come."""
+    left = [times]
+
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if left[0] > 0:
+            left[0] -= 1
+            raise error
+        return await real(*args, **kwargs)
+
+    return wrapper, left
 
 
 class Collector:

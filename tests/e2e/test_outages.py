@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -15,7 +14,7 @@ from services.natsio import EmbeddedNats, connect, publish_json
 from services.stack import running_stack
 from shared import events, subjects
 from shared.settings import BrokerSettings
-from tests.e2e.helpers import alerts, free_port, statuses
+from tests.e2e.helpers import alerts, failing_first, free_port, statuses
 from tests.e2e.test_allocator_semantics import SLICE, broker, claim, submit
 from tests.private_postgres import PrivatePostgres
 
@@ -53,14 +52,7 @@ async def test_the_allocator_stays_up_through_a_nats_restart(db_url: str, tmp_pa
 
 async def test_statuses_that_could_not_be_published_are_published_later(
         nats_server: EmbeddedNats, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real, failures = service.publish_pipelined, [3]
-
-    async def failing(*args: Any, **kwargs: Any) -> Any:
-        if failures[0] > 0:
-            failures[0] -= 1
-            raise ConnectionError("NATS is restarting")
-        return await real(*args, **kwargs)
-
+    failing, failures = failing_first(service.publish_pipelined, 3, ConnectionError("NATS is restarting"))
     monkeypatch.setattr(service, "publish_pipelined", failing)
     async with broker(nats_server, db_url, tmp_path) as b:
         allocator = await b.start_allocator()
@@ -168,14 +160,7 @@ async def test_a_status_batch_that_fails_once_still_raises_its_alert_once(
     from shared.ledger.engine import sessions
     from shared.ledger.schema import AlertRecord
 
-    real, failures = history.record, [1]
-
-    async def failing_once(*args: Any, **kwargs: Any) -> Any:
-        if failures[0] > 0:
-            failures[0] -= 1
-            raise ConnectionError("the ledger went away mid-transaction")
-        return await real(*args, **kwargs)
-
+    failing_once, failures = failing_first(history.record, 1, ConnectionError("the ledger went away mid-transaction"))
     monkeypatch.setattr(history, "record", failing_once)
     settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data")
     async with running_stack(settings, services=("notifier",)) as stack:
