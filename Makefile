@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator bench-e2e chaos clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator bench-publish bench-e2e chaos clean
 
 help: ## show this help
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -32,7 +32,7 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check shared services tests bench
 	$(BIN)/mypy shared services
 
-bench: bench-core bench-quota bench-queue bench-allocator ## every benchmark (print JSON lines; not timed tests)
+bench: bench-core bench-quota bench-queue bench-allocator bench-publish ## every benchmark (print JSON lines; not timed tests)
 
 bench-core: $(STAMP) ## decision core: 100, 1,000 and 4,000 nodes, 10,000 mixed claims, one JSON line each
 	$(BIN)/python bench/bench_core.py
@@ -45,6 +45,9 @@ bench-queue: $(STAMP) ## allocator's queue read from the ledger (SQLite): depth 
 
 bench-allocator: $(STAMP) ## allocator's whole decision transaction (SQLite): depth 1,000 and 10,000, 64 messages each
 	$(BIN)/python bench/bench_allocator.py
+
+bench-publish: $(STAMP) ## status publishing: FastStream per message or gathered vs nats-py pipelined, 10,000 messages
+	$(BIN)/python bench/publish.py
 
 bench-e2e: $(STAMP) ## claimbroker up end to end (SQLite, PostgreSQL): 10,000-claim burst and churn, claims/s vs an echo service
 	@scripts/ensure-postgres.sh

@@ -62,7 +62,7 @@ async def run(url: str, depth: int) -> dict[str, Any]:
     quotas = bench_quota.build_quotas(NODES, rng)
     await migrate(url)
     engine = create_engine(url)
-    allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
+    allocator = Allocator(engine, BUILTIN_CLASSES)
     allocator.fleet = fleet
     admitted: list[int] = []
     flavors = Flavors(quotas.flavors, SelectorMemo())

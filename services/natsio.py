@@ -53,35 +53,45 @@ STREAMS = (
 log = logging.getLogger("claimbroker.nats")
 
 
-async def connect(url: str, *, name: str) -> Client:
-    """A service's connection: it reconnects forever, and says so once per outage in the log (nats-py's
-    default logs a traceback for every failed try, twice a second)."""
-    client = Client()
-    lost = False
+class ConnectionWatch:
+    """How every service connects (nats-py's `connect` arguments, also its FastStream broker's): it
+    reconnects forever, and says so once per outage in the log (nats-py's default logs a traceback for
+    every failed try, twice a second). `client` is set once connected: a close is not an outage."""
 
-    async def disconnected() -> None:  # nats-py calls it again after each failed try, and on close
-        nonlocal lost
-        if not lost and not client.is_closed:
-            log.warning("%s: connection to NATS at %s lost; reconnecting", name, url)
-        lost = True
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = url, name
+        self.client: Client | None = None
+        self.lost = False
 
-    async def reconnected() -> None:
-        nonlocal lost
-        lost = False
-        log.info("%s: reconnected to NATS at %s", name, url)
+    def options(self) -> dict[str, Any]:
+        return {"servers": [self.url], "name": self.name, "max_reconnect_attempts": -1, "reconnect_time_wait": 0.5,
+                "disconnected_cb": self._disconnected, "reconnected_cb": self._reconnected,
+                "error_cb": self._failed_try}
 
-    async def failed_try(error: Exception) -> None:
+    async def _disconnected(self) -> None:  # nats-py calls it again after each failed try, and on close
+        if not self.lost and not (self.client is not None and self.client.is_closed):
+            log.warning("%s: connection to NATS at %s lost; reconnecting", self.name, self.url)
+        self.lost = True
+
+    async def _reconnected(self) -> None:
+        self.lost = False
+        log.info("%s: reconnected to NATS at %s", self.name, self.url)
+
+    async def _failed_try(self, error: Exception) -> None:
         """nats-py reports failed reconnect tries here, and also errors of subscription callbacks and
         slow-consumer drops: the first kind once per outage (above), the others always."""
-        if lost or isinstance(error, OSError | nats_errors.UnexpectedEOF | nats_errors.StaleConnectionError
-                              | nats_errors.NoServersError):
-            log.debug("%s: NATS at %s: %r", name, url, error)
+        if self.lost or isinstance(error, OSError | nats_errors.UnexpectedEOF | nats_errors.StaleConnectionError
+                                   | nats_errors.NoServersError):
+            log.debug("%s: NATS at %s: %r", self.name, self.url, error)
         else:
-            log.error("%s: NATS client error: %r", name, error, exc_info=error)
+            log.error("%s: NATS client error: %r", self.name, error, exc_info=error)
 
-    await client.connect(url, name=name, max_reconnect_attempts=-1,
-                         reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, used as a sleep
-                         disconnected_cb=disconnected, reconnected_cb=reconnected, error_cb=failed_try)
+
+async def connect(url: str, *, name: str) -> Client:
+    """A connection of its own (the CLI, tests, setup); the services use their FastStream broker's."""
+    watch = ConnectionWatch(url, name)
+    client = watch.client = Client()
+    await client.connect(**watch.options())
     return client
 
 

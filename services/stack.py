@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.allocator import app as allocator_app
 from services.allocator.service import Allocator
+from services.frame import ServiceApp
 from services.natsio import EmbeddedNats, connect, ensure_streams, wait_closed
-from services.notifier.service import Notifier
-from services.watcher.files import FileWatcher
-from shared.classes import merge_classes
+from services.notifier import app as notifier_app
+from services.watcher import app as watcher_app
 from shared.ledger.engine import create_engine, migrate
 from shared.settings import BrokerSettings
-from shared.sources import load_inventory
 
 log = logging.getLogger("claimbroker")
-closing: set[asyncio.Future[Any]] = set()  # connections of services cancelled before they ran, closing
 
 
 @dataclass
@@ -93,60 +91,29 @@ async def supervise(stack: Stack, settings: BrokerSettings, stop: asyncio.Event,
         waiter.cancel()
 
 
+def _app(stack: Stack, name: str, settings: BrokerSettings) -> ServiceApp:
+    """The service's app, from its app factory."""
+    if name == "watcher":
+        return watcher_app.create_app(settings, stack.nats_url)
+    if name == "allocator":
+        return allocator_app.create_app(settings, stack.engine, stack.nats_url)
+    if name == "notifier":
+        return notifier_app.create_app(settings, stack.engine, stack.nats_url)
+    raise ValueError(f"unknown service {name!r}")
+
+
 async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> None:
-    """Start one service as a task of this process, on its own NATS connection."""
-    nc = await connect(stack.nats_url, name=f"claimbroker-{name}")
-    if name == "watcher":  # the source settings name: the cluster, this host's GPUs, else files (or the demo)
-        from services.watcher.publish import InventoryPublisher
-
-        if settings.kube:
-            from services.watcher.kube import run_kube
-
-            publisher = InventoryPublisher(nc.jetstream(), heartbeat_interval=settings.heartbeat_interval)
-            runner: Any = run_kube(publisher, settings.kubeconfig)
-        elif settings.nvml:
-            import socket
-
-            from services.watcher.nvml import NvmlWatcher
-
-            publisher = InventoryPublisher(nc.jetstream(), heartbeat_interval=settings.heartbeat_interval)
-            runner = NvmlWatcher(publisher, settings.node_name or socket.gethostname(),
-                                 poll_interval=settings.nvml_poll_interval).run()
-        else:
-            runner = FileWatcher(nc.jetstream(), settings.inventory, poll_interval=settings.inventory_poll_interval,
-                                 heartbeat_interval=settings.heartbeat_interval).run()
-    elif name == "allocator":
-        classes = merge_classes(load_inventory(settings.inventory).classes)
-        stack.allocator = Allocator(nc, stack.engine, classes, batch=settings.allocator_batch,
-                                    ack_wait=settings.allocator_ack_wait, max_deliver=settings.max_deliver,
-                                    inventory_ttl=settings.inventory_ttl, reason_refresh=settings.reason_refresh)
-        stack.readiness[name] = stack.allocator.not_ready
-        runner = stack.allocator.run()
-    elif name == "notifier":
-        notifier = Notifier(nc, stack.engine, settings)
-        stack.readiness[name] = notifier.not_ready
-        runner = notifier.run()
-    elif name == "admin-api":
-        runner = _serve_api(stack, settings)
+    """Start one service as a task of this process: a FastStream app on its own connection, or the admin
+    API's ASGI app."""
+    if name == "admin-api":
+        runner: Coroutine[Any, Any, None] = _serve_api(stack, settings)
     else:
-        raise ValueError(f"unknown service {name!r}")
-
-    async def guarded() -> None:
-        try:
-            await runner
-        finally:
-            await nc.close()
-
-    def never_ran(_: asyncio.Task[Any]) -> None:
-        """Cancelled before its first step: guarded's `finally` never ran."""
-        if inspect.getcoroutinestate(runner) == inspect.CORO_CREATED:
-            runner.close()
-            closed = asyncio.ensure_future(nc.close())
-            closing.add(closed)
-            closed.add_done_callback(closing.discard)
-
-    task = stack.tasks[name] = asyncio.create_task(guarded(), name=name)
-    task.add_done_callback(never_ran)
+        app = _app(stack, name, settings)
+        if isinstance(app.service, Allocator):
+            stack.allocator = app.service
+        stack.readiness[name] = app.not_ready
+        runner = app.run()
+    stack.tasks[name] = asyncio.create_task(runner, name=name)
 
 
 async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:

@@ -17,20 +17,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
 import math
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
+from nats.js import JetStreamContext
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -50,6 +52,7 @@ from shared.ledger import inbox
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, OutboxEvent
+from shared.messages import NodeInventory
 
 log = logging.getLogger("claimbroker.allocator")
 batch_log = logging.getLogger(BATCHES)  # one line per decision batch, in JSON logs
@@ -59,7 +62,6 @@ CONSUMER = "allocator"
 class Allocator:
     def __init__(
         self,
-        nc: Client,
         engine: AsyncEngine,
         classes: Mapping[str, dra.DeviceClass],
         *,
@@ -73,8 +75,8 @@ class Allocator:
         shard: str = "default",
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.nc = nc
-        self.js = nc.jetstream()
+        self.nc: Client  # both bound by run(): its FastStream app's connection
+        self.js: JetStreamContext
         self.sessions = sessions(engine)
         self.classes = dict(classes)
         self.fleet = Fleet()
@@ -93,6 +95,7 @@ class Allocator:
         self.holder = f"{socket.gethostname()}:{id(self):x}"
         self.clock = clock
         self.lost_nodes: set[str] = set()
+        self._heard: dict[str, Heard] = {}  # per node: its last inventory
         self._set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
         self.nats_outage = Outage("NATS", log)
         self.startup_outage = Outage("the ledger or NATS", log)  # reading what a crash left, at start
@@ -127,15 +130,14 @@ class Allocator:
         """Finish the batch in hand, then return from run(); no transaction is cut in half."""
         self._stopping.set()
 
-    async def run(self) -> None:
-        """Rebuild from the ledger and the inventory stream, then serve until cancelled."""
+    async def run(self, nc: Client, subscribe: Callable[[], Awaitable[object]]) -> None:
+        """Rebuild from the ledger and the inventory stream, then serve until cancelled. `subscribe` starts
+        the app's inventory subscriber (services/channels.py), which calls on_inventory."""
+        self.nc, self.js = nc, nc.jetstream()
         await until_done(lambda: ensure_streams(self.js), self.nats_outage)
         # events committed before a crash but never published (needs the ledger and NATS)
         await until_done(self.publish_outbox, self.startup_outage)
-        inventory = await until_done(lambda: self.js.subscribe(
-            subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
-        ), self.nats_outage)
+        await until_done(subscribe, self.nats_outage)
         claims = PullConsumer(self.nc, stream=subjects.CLAIMS_STREAM, durable=CONSUMER,
                               subject=subjects.PREFIX + ".claims.>",
                               filter_subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL], ack_wait=self.ack_wait,
@@ -166,7 +168,6 @@ class Allocator:
             if self._stopping.is_set():  # a clean stop publishes what committed, within a bound
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._publish_outbox_when_possible(), 5)
-            await inventory.unsubscribe()
 
     async def _publisher(self) -> None:
         """Publishes what each commit put in the outbox, beside the decisions: the next batch is decided
@@ -187,21 +188,31 @@ class Allocator:
     async def _nats_recovered(self, lasted: float) -> None:
         await self._degraded(f"NATS was unreachable for {lasted:.0f}s", resolved=True)
 
-    async def _on_inventory(self, message: Msg) -> None:
-        try:
-            node = events.read_inventory(json.loads(message.data))
-        except (ValueError, dra.DocumentError) as error:
-            log.warning("ignoring invalid inventory on %s: %s", message.subject, error)
-            return
-        current = self.fleet.nodes.get(node.node)
-        if current is not None and node.sequence and current.sequence > node.sequence:
+    async def on_inventory(self, inventory: NodeInventory) -> None:
+        """One node's inventory, from the app's typed subscriber (an ordered consumer: no acks)."""
+        heard = self._heard.get(inventory.node)
+        if heard is not None and inventory.sequence and heard.sequence > inventory.sequence:
             return  # an older snapshot arriving late
-        if node.removed and current is not None:
+        content = _fingerprint(inventory)
+        if heard is not None and heard.content == content and not inventory.removed:
+            # A heartbeat: the node is alive and unchanged. It is not parsed again, and the fleet stays the
+            # same object, so the cycle's indexes stay valid (500 nodes' heartbeats at once stalled cycles).
+            self._heard[inventory.node] = Heard(inventory.sequence, inventory.observedAtUnix, content)
+            if self.clock() - heard.at > self.inventory_ttl:
+                self._fleet_changed.set()  # it was stale: waiting claims may go there again
+            return
+        try:
+            node = events.read_inventory(inventory.model_dump())
+        except (ValueError, dra.DocumentError) as error:
+            log.warning("ignoring invalid inventory of node %s: %s", inventory.node, error)
+            return
+        self._heard[node.node] = Heard(node.sequence, 0.0 if node.removed else node.observed_at, content)
+        self._inventory_seen.set()
+        if node.removed and node.node in self.fleet.nodes:
             self.lost_nodes.add(node.node)
         elif not node.removed:
             self.lost_nodes.discard(node.node)
         self.fleet = self.fleet.with_node(node)
-        self._inventory_seen.set()
         self._fleet_changed.set()
 
     async def _handle(self, messages: Sequence[Msg]) -> None:
@@ -339,10 +350,10 @@ class Allocator:
         keeps its state instead of rebuilding it for a new text."""
         now = self.clock()
         return {
-            name: (f"inventory last seen {datetime.fromtimestamp(node.observed_at, UTC):%Y-%m-%d %H:%M:%S} UTC, "
+            name: (f"inventory last seen {datetime.fromtimestamp(seen, UTC):%Y-%m-%d %H:%M:%S} UTC, "
                    f"over the {self.inventory_ttl:.0f}s TTL")
-            for name, node in self.fleet.nodes.items()
-            if node.observed_at and now - node.observed_at > self.inventory_ttl
+            for name in self.fleet.nodes
+            if (seen := self._heard[name].at if name in self._heard else 0.0) and now - seen > self.inventory_ttl
         }
 
     async def _decide_messages(self, messages: Sequence[Msg]) -> None:
@@ -528,6 +539,25 @@ class Allocator:
         except TimeoutError:
             return False
         return True
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A node's last inventory: its sequence, when it was observed (0 once removed), and a digest of its
+    content (slices, labels, telemetry), which tells a heartbeat from a change without parsing it."""
+
+    sequence: int
+    at: float
+    content: bytes
+
+
+def _fingerprint(inventory: NodeInventory) -> bytes:
+    parts = [inventory.removed, inventory.slices, inventory.labels, inventory.telemetry]
+    try:
+        content = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONEncodeError, TypeError):  # an integer beyond 64 bits
+        content = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.blake2b(content, digest_size=16).digest()
 
 
 def _message_id(message: Msg) -> str:

@@ -21,12 +21,12 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import httpx
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
+from nats.js import JetStreamContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import metrics
@@ -51,6 +51,7 @@ from shared.alert_rules import (
 from shared.alerting import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
 from shared.ledger import inbox
 from shared.ledger.engine import sessions
+from shared.messages import NodeInventory
 from shared.settings import BrokerSettings, parse_duration
 
 log = logging.getLogger("claimbroker.notifier")
@@ -62,7 +63,6 @@ _LEVEL_KINDS = frozenset({QUOTA_NEAR_LIMIT, IDLE_LARGER_FLAVOR})
 class Notifier:
     def __init__(
         self,
-        nc: Client,
         engine: AsyncEngine,
         settings: BrokerSettings,
         *,
@@ -70,8 +70,8 @@ class Notifier:
         check_interval: float | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
-        self.nc = nc
-        self.js = nc.jetstream()
+        self.nc: Client  # both bound by run(): its FastStream app's connection
+        self.js: JetStreamContext
         self.sessions = sessions(engine)
         self.settings = settings
         self.clock = clock
@@ -103,17 +103,17 @@ class Notifier:
         self._tenants_read_at = float("-inf")
         self.ready = asyncio.Event()
 
-    async def run(self) -> None:
+    async def run(self, nc: Client, subscribe: Callable[[], Awaitable[object]]) -> None:
+        """Restore open alerts from the ledger, then serve until cancelled. `subscribe` starts the app's
+        inventory subscriber (services/channels.py), which calls on_inventory."""
+        self.nc, self.js = nc, nc.jetstream()
         await until_done(lambda: ensure_streams(self.js), self.nats_outage)
         await until_done(self._restore, self.startup_outage)
         self.webhooks.start()
-        inventory = await until_done(lambda: self.js.subscribe(
-            subjects.INVENTORY_ALL, stream=subjects.INVENTORY_STREAM, ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory,
-        ), self.nats_outage)
+        await until_done(subscribe, self.nats_outage)
         statuses = PullConsumer(self.nc, stream=subjects.STATUS_STREAM, durable=CONSUMER, subject=subjects.STATUS_ALL,
                                 filter_subjects=[subjects.STATUS_ALL], ack_wait=self.settings.ack_wait,
-                                max_deliver=self.settings.max_deliver, batch=64, log=log, outage=self.nats_outage)
+                                max_deliver=self.settings.max_deliver, batch=256, log=log, outage=self.nats_outage)
         await statuses.open()
         await self._usage_if_due()
         log.info("notifier ready")
@@ -136,7 +136,6 @@ class Notifier:
                         log.warning("alert checks failed (%s: %s); they run again in %.0fs", type(error).__name__,
                                     error, self.check_interval)
         finally:
-            await inventory.unsubscribe()
             await self.webhooks.close()
 
     def not_ready(self) -> str | None:
@@ -206,19 +205,17 @@ class Notifier:
             log.warning("ignoring unreadable status on %s", message.subject)
             return []
 
-    async def _on_inventory(self, message: Msg) -> None:
-        """Ordered consumer: no acks; on restart it replays the last message per node."""
+    async def on_inventory(self, inventory: NodeInventory) -> None:
+        """One node's inventory, from the app's typed subscriber (an ordered consumer: no acks; on restart
+        it replays the last message per node)."""
         try:
-            payload = json.loads(message.data)
-            if isinstance(payload, Mapping):
-                self.flavors.on_inventory(payload)
-                async with self._lock:
-                    now = self.clock()
-                    await self._commit_and_publish(apply(self.book, self.fleet.on_inventory(payload, now), now))
-        except ValueError:
-            log.warning("ignoring unreadable inventory on %s", message.subject)
+            payload = inventory.model_dump()
+            self.flavors.on_inventory(payload)
+            async with self._lock:
+                now = self.clock()
+                await self._commit_and_publish(apply(self.book, self.fleet.on_inventory(payload, now), now))
         except Exception:
-            log.exception("inventory on %s not processed", message.subject)
+            log.exception("inventory of node %s not processed", inventory.node)
         await self._handled()
 
     async def tick(self) -> list[Message]:

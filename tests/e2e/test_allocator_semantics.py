@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from services.allocator.app import allocator_app
 from services.allocator.service import Allocator
 from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json
 from services.watcher.files import FileWatcher
@@ -57,18 +58,18 @@ class Broker:
         self.tasks: dict[Allocator, asyncio.Task[Any]] = {}
 
     async def start_allocator(self, cls: type[Allocator] = Allocator, **options: Any) -> Allocator:
-        nc = await connect(self.url, name="allocator")
-        allocator = cls(nc, self.engine, BUILTIN_CLASSES, **options)
-        self.tasks[allocator] = asyncio.create_task(allocator.run())
+        allocator = cls(self.engine, BUILTIN_CLASSES, **options)
+        self.tasks[allocator] = asyncio.create_task(allocator_app(self.url, allocator).run())
         assert await allocator.wait_for_inventory(20)
         return allocator
 
     async def stop(self, allocator: Allocator) -> None:
         allocator.stop()
         task = self.tasks.pop(allocator)
-        if not task.done():
-            await asyncio.wait_for(task, 20)
-        await allocator.nc.close()
+        done, _ = await asyncio.wait({task}, timeout=20)
+        assert done, "the allocator did not stop within 20 s"
+        if not task.cancelled() and (error := task.exception()) is not None:  # a crash a test made is a cancel
+            raise error
 
     async def count(self, model: Any, *where: Any) -> int:
         async with sessions(self.engine)() as session:

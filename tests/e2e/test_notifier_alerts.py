@@ -5,7 +5,6 @@ condition, repeats fold into one later count, resolves follow; webhooks retry an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from nats.aio.client import Client
 from sqlalchemy import select
 
 from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, wait_closed
+from services.notifier.app import notifier_app
 from services.notifier.service import Notifier
 from shared import events, subjects
 from shared.alert_rules import QuotaUsage
@@ -88,16 +88,13 @@ async def start(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> Async
     nc = await connect(nats_server.url, name="test")
     await ensure_streams(nc.jetstream())
     tasks: list[asyncio.Task[None]] = []
-    notifier_connections: list[Client] = []
 
     async def _start(**overrides: Any) -> Harness:
         settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data",
                                   **{"pending_alert_after": 600, "inventory_ttl": 90, **overrides})
-        notifier_nc = await connect(nats_server.url, name="notifier")
-        notifier_connections.append(notifier_nc)
         clock = FakeClock()
-        notifier = Notifier(notifier_nc, engine, settings, clock=clock)
-        task = asyncio.create_task(notifier.run())
+        notifier = Notifier(engine, settings, clock=clock)
+        task = asyncio.create_task(notifier_app(nats_server.url, notifier).run())
         tasks.append(task)
         await asyncio.wait_for(notifier.ready.wait(), 20)
         return Harness(notifier, clock, nc, await alerts(nc), sessions(engine), task)
@@ -105,9 +102,6 @@ async def start(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> Async
     yield _start
     for task in tasks:
         await wait_closed(task)
-    for connection in notifier_connections:
-        with contextlib.suppress(Exception):
-            await connection.close()
     await nc.close()
     await engine.dispose()
 

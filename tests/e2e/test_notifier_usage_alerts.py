@@ -5,7 +5,6 @@ subject, one pass driven by calling `check_usage` (the fake clock never makes th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from nats.aio.client import Client
 from sqlalchemy import delete, select, update
 
 from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, wait_closed
+from services.notifier.app import notifier_app
 from services.notifier.service import Notifier
 from shared import dra, events, subjects
 from shared.alerting import Message
@@ -95,15 +95,12 @@ async def start(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> Async
     nc = await connect(nats_server.url, name="test")
     await ensure_streams(nc.jetstream())
     tasks: list[asyncio.Task[None]] = []
-    connections: list[Client] = []
 
     async def _start() -> Harness:
         settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data", usage_check_interval=30.0)
-        notifier_nc = await connect(nats_server.url, name="notifier")
-        connections.append(notifier_nc)
         clock = FakeClock()  # advanced only by tests: the loop's own next pass is due at T0 + 30
-        notifier = Notifier(notifier_nc, engine, settings, clock=clock, check_interval=0.05)
-        tasks.append(asyncio.create_task(notifier.run()))
+        notifier = Notifier(engine, settings, clock=clock, check_interval=0.05)
+        tasks.append(asyncio.create_task(notifier_app(nats_server.url, notifier).run()))
         await asyncio.wait_for(notifier.ready.wait(), 20)
         assert notifier.usage_checks == 1  # the pass at start, before ready
         return Harness(notifier, clock, nc, await alerts(nc), sessions(engine))
@@ -111,9 +108,6 @@ async def start(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> Async
     yield _start
     for task in tasks:
         await wait_closed(task)
-    for connection in connections:
-        with contextlib.suppress(Exception):
-            await connection.close()
     await nc.close()
     await engine.dispose()
 

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from sqlalchemy import inspect, select
 
+from services.allocator.app import allocator_app
 from services.allocator.batch import inbox_id
 from services.allocator.service import Allocator
 from services.natsio import EmbeddedNats, connect, ensure_streams
@@ -70,9 +71,8 @@ class Run:
         self.alerts: Collector
 
     async def start_allocator(self) -> None:
-        nc = await connect(self.url, name="allocator")
-        self.allocator = Allocator(nc, self.engine, BUILTIN_CLASSES)
-        self.task = asyncio.create_task(self.allocator.run())
+        self.allocator = Allocator(self.engine, BUILTIN_CLASSES)
+        self.task = asyncio.create_task(allocator_app(self.url, self.allocator).run())
         self.first_task = self.first_task or self.task
         assert await self.allocator.wait_for_inventory(20)
 
@@ -82,7 +82,6 @@ class Run:
             return
         error = self.task.exception() if not self.task.cancelled() else "cancelled"
         self.failures.append(f"{when}: the allocator task ended: {error!r}")
-        await self.allocator.nc.close()
         await self.start_allocator()
 
     async def stop(self) -> None:
@@ -92,7 +91,6 @@ class Run:
                 await asyncio.wait_for(self.task, 20)
             except Exception as error:  # noqa: BLE001 - reported with the other failures
                 self.failures.append(f"stopping: the allocator task ended with {error!r}")
-            await self.allocator.nc.close()
 
     def status_of(self, namespace: str, name: str | None) -> list[dict[str, Any]]:
         return self.statuses.for_claim(namespace, name) if name else []

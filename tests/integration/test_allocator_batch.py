@@ -40,7 +40,7 @@ def _release(name: str, message_id: str, sequence: int) -> Any:
 async def test_a_batch_sees_what_its_earlier_messages_did(db_url: str) -> None:
     await migrate(db_url)
     engine = create_engine(db_url)
-    allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
+    allocator = Allocator(engine, BUILTIN_CLASSES)
     try:
         await allocator._decide_messages([_submit("old", "m0", 1)])
         await allocator._decide_messages([

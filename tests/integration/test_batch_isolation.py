@@ -43,7 +43,7 @@ class Message:
 async def allocator(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     await migrate(db_url)
     engine = create_engine(db_url)
-    allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
+    allocator = Allocator(engine, BUILTIN_CLASSES)
 
     async def nothing(*_: Any) -> None:
         return None

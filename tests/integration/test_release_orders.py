@@ -54,7 +54,7 @@ CASES = [
 async def test_every_order_of_submissions_and_releases_ends_as_the_stream_says(db_url: str) -> None:
     await migrate(db_url)
     engine = create_engine(db_url)
-    allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
+    allocator = Allocator(engine, BUILTIN_CLASSES)
     sequence = itertools.count(1)
     expected: dict[str, bool] = {}
     try:
@@ -85,7 +85,7 @@ async def test_releases_in_the_batch_of_their_submissions_release_every_claim(db
     """Submissions of A to E, then their releases, in one batch: all five end Released."""
     await migrate(db_url)
     engine = create_engine(db_url)
-    allocator = Allocator(SimpleNamespace(jetstream=lambda: None), engine, BUILTIN_CLASSES)  # type: ignore[arg-type]
+    allocator = Allocator(engine, BUILTIN_CLASSES)
     names = "abcde"
     try:
         await allocator._decide_messages([

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from services.allocator.ledger_ops import Queue
-from services.allocator.service import Allocator
+from services.allocator.service import Allocator, Heard
 from shared.admission import Waiting
 from shared.waiting_queue import WaitingQueue
 from tests.builders import a_claim
@@ -77,9 +77,10 @@ def test_only_stale_answers_are_looked_at_not_every_waiting_claim() -> None:
 def test_a_stale_node_reads_the_same_from_cycle_to_cycle() -> None:
     """Nodes over the inventory TTL get no allocation; their reason names when they were last seen, so it
     does not change every cycle (the decision core keeps its state while the unusable nodes stay the same)."""
-    nodes = {"old": SimpleNamespace(observed_at=1_000.0), "fresh": SimpleNamespace(observed_at=1_150.0)}
+    heard = {"old": Heard(1, 1_000.0, b""), "fresh": Heard(2, 1_150.0, b"")}
     now = [1_200.0]
-    allocator = SimpleNamespace(clock=lambda: now[0], inventory_ttl=90.0, fleet=SimpleNamespace(nodes=nodes))
+    allocator = SimpleNamespace(clock=lambda: now[0], inventory_ttl=90.0, fleet=SimpleNamespace(nodes=dict(heard)),
+                                _heard=heard)
     first = Allocator._unusable_nodes(allocator)  # type: ignore[arg-type]
     now[0] = 1_230.0
     assert Allocator._unusable_nodes(allocator) == first  # type: ignore[arg-type]

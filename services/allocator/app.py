@@ -1,0 +1,26 @@
+"""The allocator's app: its FastStream broker with the allocator's router (the inventory it reads, the
+statuses it sends), and the allocator's batch loop on the broker's connection."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services import channels
+from services.allocator.service import Allocator
+from services.frame import ServiceApp
+from shared.classes import merge_classes
+from shared.settings import BrokerSettings
+from shared.sources import load_inventory
+
+
+def allocator_app(nats_url: str, allocator: Allocator) -> ServiceApp:
+    return ServiceApp("allocator", nats_url, allocator.run, channels.allocator_router(allocator.on_inventory),
+                      service=allocator, not_ready=allocator.not_ready)
+
+
+def create_app(settings: BrokerSettings, engine: AsyncEngine, nats_url: str) -> ServiceApp:
+    classes = merge_classes(load_inventory(settings.inventory).classes)
+    return allocator_app(nats_url, Allocator(
+        engine, classes, batch=settings.allocator_batch, ack_wait=settings.allocator_ack_wait,
+        max_deliver=settings.max_deliver, inventory_ttl=settings.inventory_ttl,
+        reason_refresh=settings.reason_refresh))

@@ -1,0 +1,20 @@
+"""The notifier's app: its FastStream broker with the notifier's router (the inventory it reads, the alerts
+it sends), and the notifier's status loop on the broker's connection."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services import channels
+from services.frame import ServiceApp
+from services.notifier.service import Notifier
+from shared.settings import BrokerSettings
+
+
+def notifier_app(nats_url: str, notifier: Notifier) -> ServiceApp:
+    return ServiceApp("notifier", nats_url, notifier.run, channels.notifier_router(notifier.on_inventory),
+                      service=notifier, not_ready=notifier.not_ready)
+
+
+def create_app(settings: BrokerSettings, engine: AsyncEngine, nats_url: str) -> ServiceApp:
+    return notifier_app(nats_url, Notifier(engine, settings))
