@@ -43,6 +43,9 @@ class ClaimRules:
         self.default_after = pending_alert_after
         self.thresholds: dict[str, float] = {}  # per tenant, from the ledger's tenants table
         self.waiting: dict[tuple[str, str], _Waiting] = {}
+        # Per claim, the sequence of the last status read, while the claim lives (Released ends it): a status
+        # published again after a failed publish can arrive after a newer one, and must not undo it.
+        self.sequences: dict[tuple[str, str], int] = {}
 
     def seed(self, tenant: str, name: str, *, since: float, reason: str, alerted: bool) -> None:
         """A claim that was already waiting when the notifier (re)started, as the ledger says."""
@@ -56,6 +59,14 @@ class ClaimRules:
             tenant, name, state = str(status["namespace"]), str(status["name"]), str(status["state"])
         except (KeyError, TypeError) as error:
             raise UnreadableStatus(f"status without {error}") from error
+        sequence = status.get("sequence")
+        if isinstance(sequence, int):
+            if sequence <= self.sequences.get((tenant, name), 0):
+                return []  # older than what was read already
+            if state == "Released":
+                self.sequences.pop((tenant, name), None)
+            else:
+                self.sequences[(tenant, name)] = sequence
         claim = f"{tenant}/{name}"
         reason = str(status.get("reason") or "")
         labels = {"tenant": tenant, "claim": name}

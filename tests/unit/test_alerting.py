@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from typing import Any
 
@@ -155,8 +156,25 @@ def test_published_counts_add_up_and_ends_are_reported(script: list[tuple[str, s
 # --- rules ----------------------------------------------------------------------------------------
 
 
+SEQUENCE = itertools.count(1)
+
+
 def status(state: str, name: str = "c", tenant: str = "t", **extra: Any) -> dict[str, Any]:
-    return {"namespace": tenant, "name": name, "state": state, "reason": "why", "sequence": 1, **extra}
+    """The allocator's statuses of a claim carry increasing sequences."""
+    return {"namespace": tenant, "name": name, "state": state, "reason": "why", "sequence": next(SEQUENCE),
+            **extra}
+
+
+def test_a_status_older_than_one_read_already_changes_nothing() -> None:
+    """A status published again after a failed publish may arrive after a newer one."""
+    claims = rules.ClaimRules(600)
+    pending, allocated = status("Pending"), status("Allocated")
+    claims.on_status(allocated, 0)
+    assert claims.on_status(pending, 1) == [] and claims.waiting == {}
+    claims.on_status(status("Released"), 2)
+    assert claims.sequences == {}  # the claim's story ended: nothing kept for it
+    claims.on_status(status("Pending"), 3)
+    assert ("t", "c") in claims.waiting  # the name's next claim, its sequence carried on
 
 
 def kinds(actions: list[Action]) -> list[tuple[str, str]]:
