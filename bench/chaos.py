@@ -144,8 +144,26 @@ async def terminate_backends(admin_url: str, database: str) -> int:
         await admin.close()
 
 
+async def drop_database(admin_url: str, database: str) -> None:
+    await terminate_backends(admin_url, database)
+    admin = await asyncpg.connect(admin_url.replace("postgresql://", "postgres://", 1))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every: float, nats_restarts: int,
               pg_terminations: int, pg_restarts: int, seed: int) -> dict[str, Any]:
+    """Whatever fails on the way, the processes, servers and database it started are stopped and removed."""
+    async with contextlib.AsyncExitStack() as cleanup:
+        return await _run(cleanup, claims, tenants, nodes, duration, kill_every, nats_restarts, pg_terminations,
+                          pg_restarts, seed)
+
+
+async def _run(cleanup: contextlib.AsyncExitStack, claims: int, tenants: int, nodes: int, duration: float,
+               kill_every: float, nats_restarts: int, pg_terminations: int, pg_restarts: int,
+               seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="claimbroker-chaos-"))
     database = f"cb_chaos_{uuid.uuid4().hex[:10]}"
@@ -153,12 +171,15 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
     cluster = None if cannot else PrivatePostgres()
     if cluster is not None:
         await asyncio.to_thread(cluster.start)
+        cleanup.push_async_callback(asyncio.to_thread, cluster.destroy)
     else:
         pg_restarts = 0
     pg_admin = cluster.url if cluster is not None else SHARED_PG
     admin = await asyncpg.connect(pg_admin.replace("postgresql://", "postgres://", 1))
     await admin.execute(f'CREATE DATABASE "{database}"')
     await admin.close()
+    if cluster is None:
+        cleanup.push_async_callback(drop_database, pg_admin, database)
     db_url = pg_admin.rsplit("/", 1)[0] + "/" + database
     inventory = work / "fleet.yaml"
     inventory.write_text(yaml.safe_dump(topology(nodes)))
@@ -167,13 +188,16 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
     config = quotas(tenants, nodes)
     await migrate(db_url)
     engine = create_engine(db_url)
+    cleanup.push_async_callback(engine.dispose)
     async with sessions(engine)() as session, session.begin():
         await apply_quota_config(session, config, "chaos")
     server = EmbeddedNats(work / "nats", port=free_port())
     server.start()
+    cleanup.callback(server.stop)
     env = {**os.environ, "CLAIMBROKER_NATS_URL": server.url, "CLAIMBROKER_DB": db_url,
            "CLAIMBROKER_DATA_DIR": str(work / "data"), "CLAIMBROKER_ALLOCATOR_ACK_WAIT": "2"}
     services = Services(env, inventory, work)
+    cleanup.push_async_callback(services.stop)
     for name in ("watcher", "notifier", "allocator-a", "allocator-b"):
         await services.start(name)
 
@@ -181,6 +205,7 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
         return None
 
     nc = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2, error_cb=quiet)
+    cleanup.push_async_callback(nc.close)
     js = nc.jetstream()
     for _ in range(100):
         try:
@@ -330,16 +355,7 @@ async def run(claims: int, tenants: int, nodes: int, duration: float, kill_every
         rows = {(r.namespace, r.name): r.state for r in await session.scalars(select(Claim))}
         allocations = list(await session.scalars(select(Claim.allocation).where(Claim.state == "Allocated")))
         stuck = await missed_admissions(session, fleet, documents.classes, config)
-    await nc.close()
-    await engine.dispose()
-    server.stop()
-    if cluster is not None:
-        await asyncio.to_thread(cluster.destroy)
-    else:
-        await terminate_backends(pg_admin, database)
-        admin = await asyncpg.connect(pg_admin.replace("postgresql://", "postgres://", 1))
-        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        await admin.close()
+    await cleanup.aclose()
     if not services.unexpected_exits:  # else the services' logs stay, named in the output
         shutil.rmtree(work, ignore_errors=True)
 
