@@ -49,6 +49,9 @@ from shared.quota import Flavor, QuotaConfig
 ClaimKey = tuple[str, str]  # tenant, name
 MAX_PREEMPTION_NODES = 8  # nodes tried per preempting claim, most promising first
 MAX_PREEMPTION_ATTEMPTS = 8  # waiting claims that search for victims per cycle, in fair-share order
+ADMIN_ACCESS_REFUSED = ("adminAccess requests are allowed only for tenants marked adminAccess: true in the Quotas "
+                        "file or the admin API (as Kubernetes allows them only in namespaces labelled "
+                        "resource.kubernetes.io/admin-access); tenant {tenant} is not")
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cycle diffs snapshots by object
@@ -887,6 +890,8 @@ class _Cycle:
             version = self.state.capacity_version(plan, only)  # a selector failing on a new device rejects it
         except Rejected as rejected:
             return Decision(State.REJECTED, reason=str(rejected))
+        if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
+            return Decision(State.REJECTED, reason=ADMIN_ACCESS_REFUSED.format(tenant=waiting.tenant))
         failed = self.failed_at.get(plan_key)
         if failed is not None and failed[0] == version:
             if shrinking is not None:

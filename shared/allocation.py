@@ -168,6 +168,11 @@ class Plan:
     variants: tuple[tuple[Alternative, ...], ...]
     more_variants: bool  # firstAvailable allowed more combinations than MAX_VARIANTS
 
+    @cached_property
+    def admin_access(self) -> bool:
+        """Some request asks for monitoring access to devices that others may hold."""
+        return any(a.admin_access for _, alternatives in self.requests for a in alternatives)
+
     def group_attribute(self, variant: Sequence[Alternative]) -> str | None | bool:
         """For a single-request variant, the one matchAttribute to group by (None: no constraint); False
         when the variant needs the general search."""

@@ -64,6 +64,7 @@ class TenantQuota:
     weight: float = 1.0
     pending_alert_after: float | None = None  # seconds; None: the broker's default
     quotas: Mapping[str, QuotaLimit] = field(default_factory=dict)
+    admin_access: bool = False  # may submit adminAccess requests (Kubernetes' namespace label, per tenant)
 
     def limit(self, flavor: str) -> QuotaLimit | None:
         return self.quotas.get(flavor)
@@ -75,6 +76,8 @@ class TenantQuota:
         out["weight"] = self.weight
         if self.pending_alert_after is not None:
             out["pendingAlertAfter"] = f"{self.pending_alert_after:g}s"
+        if self.admin_access:
+            out["adminAccess"] = True
         out["quotas"] = {flavor: limit.to_json() for flavor, limit in sorted(self.quotas.items())}
         return out
 
@@ -216,6 +219,9 @@ def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
             pending_s = parse_duration(pending) if pending is not None else None
         except ValueError as error:
             raise QuotaFileError(f"{at}.pendingAlertAfter: {error}") from None
+        admin_access = raw.get("adminAccess", False)
+        if not isinstance(admin_access, bool):
+            raise QuotaFileError(f"{at}.adminAccess: expected true or false")
         tenants[name] = TenantQuota(name, cohort, float(_number(raw.get("weight", 1.0), f"{at}.weight",
-                                                                minimum=0.001)), pending_s, quotas)
+                                                                minimum=0.001)), pending_s, quotas, admin_access)
     return QuotaConfig(flavors, tuple(cohorts), tenants, tuple(listed))

@@ -42,6 +42,9 @@ class TenantIn(Input):
     cohort: DnsLabel | None = Field(default=None, description="a DNS label, as tenant names are")
     weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     pending_alert_after: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="seconds")
+    admin_access: bool = Field(default=False, description=(
+        "may submit adminAccess requests (monitoring access to devices in use), as Kubernetes allows only in "
+        "namespaces labelled resource.kubernetes.io/admin-access"))
 
 
 class TenantOut(Model):
@@ -49,6 +52,7 @@ class TenantOut(Model):
     cohort: str | None
     weight: float
     pending_alert_after: float | None = Field(description="seconds")
+    admin_access: bool
 
 
 class QuotaIn(Input):
@@ -91,7 +95,8 @@ class FlavorOut(Model):
 
 
 def tenant_out(row: Tenant) -> TenantOut:
-    return TenantOut(name=row.name, cohort=row.cohort, weight=row.weight, pending_alert_after=row.pending_alert_after_s)
+    return TenantOut(name=row.name, cohort=row.cohort, weight=row.weight, pending_alert_after=row.pending_alert_after_s,
+                     admin_access=bool(row.admin_access))
 
 
 async def _tenant_or_404(s: AsyncSession, name: str) -> Tenant:
@@ -134,6 +139,7 @@ async def put_tenant(name: LabelName, body: TenantIn, s: Session, token: Caller)
             s.add(row)
         row.cohort, row.weight = body.cohort, body.weight
         row.pending_alert_after_s = body.pending_alert_after
+        row.admin_access = body.admin_access
         after = tenant_out(row)
         audit(s, token, "put", f"tenant/{name}", before, dump(after))
     return after

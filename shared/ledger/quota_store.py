@@ -47,7 +47,7 @@ def flavor_json(row: FlavorRow) -> dict[str, Any]:
 
 def tenant_json(row: Tenant) -> dict[str, Any]:
     return {"name": row.name, "cohort": row.cohort, "weight": float(row.weight),
-            "pendingAlertAfter": row.pending_alert_after_s}
+            "pendingAlertAfter": row.pending_alert_after_s, "adminAccess": bool(row.admin_access)}
 
 
 def quota_json(row: Quota) -> dict[str, Any]:
@@ -66,10 +66,10 @@ async def load_quota_config(session: AsyncSession) -> QuotaConfig:
             select(Quota.tenant, Quota.flavor, Quota.nominal, Quota.borrowing_limit, Quota.lending_limit)
             .order_by(Quota.tenant, Quota.flavor)):
         limits.setdefault(tenant, {})[flavor] = QuotaLimit(nominal, borrowing, lending)
-    tenants = {name: TenantQuota(name, cohort, float(weight), pending_after, limits.get(name, {}))
-               for name, cohort, weight, pending_after in await session.execute(
-                   select(Tenant.name, Tenant.cohort, Tenant.weight, Tenant.pending_alert_after_s)
-                   .order_by(Tenant.name))}
+    tenants = {name: TenantQuota(name, cohort, float(weight), pending_after, limits.get(name, {}), bool(admin))
+               for name, cohort, weight, pending_after, admin in await session.execute(
+                   select(Tenant.name, Tenant.cohort, Tenant.weight, Tenant.pending_alert_after_s,
+                          Tenant.admin_access).order_by(Tenant.name))}
     return QuotaConfig(merge_flavors(listed), cohorts, tenants, listed)
 
 
@@ -131,6 +131,7 @@ async def apply_quota_config(session: AsyncSession, config: QuotaConfig, actor: 
             session.add(row_t)
         row_t.cohort, row_t.weight = wanted_tenant.cohort, float(wanted_tenant.weight)
         row_t.pending_alert_after_s = wanted_tenant.pending_alert_after
+        row_t.admin_access = wanted_tenant.admin_access
         note(_diff("tenant", f"tenant/{name}", before, tenant_json(row_t)))
         await session.flush()
         changes.extend(await _apply_limits(session, actor, name, wanted_tenant.quotas, quotas))

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     event,
+    false,
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -51,6 +52,7 @@ class Tenant(Base):
     cohort: Mapped[str | None] = mapped_column(ForeignKey("cohorts.name"), nullable=True)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     pending_alert_after_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    admin_access: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Flavor(Base):
@@ -148,6 +150,8 @@ class ApiToken(Base):
     role: Mapped[str] = mapped_column(String(16))
     tenant: Mapped[str | None] = mapped_column(String(253), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class AuditEntry(Base):

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.admin_api.app import create_app
 from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import ApiToken, AuditEntry, Claim, Cohort, Quota
 from shared.ledger.tokens import create_token, generate_token, hash_token
 
@@ -135,7 +136,8 @@ async def test_tenant_crud_creates_cohorts_and_audits(api: Api) -> None:
                                    json={"cohort": "research", "weight": 2, "pendingAlertAfter": 600})
     assert created.status_code == 200
     assert created.json() == {
-        "name": "vision", "cohort": "research", "weight": 2.0, "pendingAlertAfter": 600.0}
+        "name": "vision", "cohort": "research", "weight": 2.0, "pendingAlertAfter": 600.0,
+        "adminAccess": False}
     async with api.factory() as s:
         assert await s.get(Cohort, "research") is not None, "naming a cohort creates it"
 
@@ -148,6 +150,10 @@ async def test_tenant_crud_creates_cohorts_and_audits(api: Api) -> None:
                                    headers=api.admin)
     assert updated.json()["weight"] == 3.0 and updated.json()["pendingAlertAfter"] is None, "PUT replaces"
     assert (await api.client.get("/v1/tenants/vision", headers=api.viewer)).json() == updated.json()
+    marked = await api.client.put("/v1/tenants/speech", json={"adminAccess": True}, headers=api.admin)
+    assert marked.json()["adminAccess"] is True
+    async with api.factory() as s:
+        assert (await load_quota_config(s)).tenant("speech").admin_access, "the allocator reads the mark"
 
     assert (await api.client.delete("/v1/tenants/vision", headers=api.admin)).status_code == 204
     assert_problem(await api.client.get("/v1/tenants/vision", headers=api.admin), 404)
@@ -158,11 +164,13 @@ async def test_tenant_crud_creates_cohorts_and_audits(api: Api) -> None:
         (f"token:{api.admin_id}", "put", "tenant/vision"),
         (f"token:{api.admin_id}", "put", "tenant/speech"),
         (f"token:{api.admin_id}", "put", "tenant/vision"),
+        (f"token:{api.admin_id}", "put", "tenant/speech"),
         (f"token:{api.admin_id}", "delete", "tenant/vision"),
     ]
     assert entries[0].before is None and entries[0].after == created.json()
     assert entries[2].before == created.json() and entries[2].after == updated.json()
-    assert entries[3].before == updated.json() and entries[3].after is None
+    assert entries[3].after == marked.json()
+    assert entries[4].before == updated.json() and entries[4].after is None
 
 
 async def test_quota_crud_and_audit(api: Api) -> None:

@@ -52,6 +52,17 @@ CASES = {
         [waiting(a_claim("a2", "a").request(), arrival=1), waiting(a_claim("b1", "b").request(), arrival=2),
          waiting(a_claim("a3", "a").request(), arrival=3)],
         {"a2": "Pending", "b1": "Allocated", "a3": "Pending"}),
+    "admin-access-of-an-unmarked-tenant": Case(
+        LAB, quotas({"name": "vision", "quotas": {"H100": {"nominal": 4}}}), [],
+        [waiting(a_claim("monitor", "vision").request(adminAccess=True))], {"monitor": "Rejected"}),
+    "admin-access-of-a-marked-tenant": Case(
+        LAB, quotas({"name": "vision", "adminAccess": True, "quotas": {"H100": {"nominal": 4}}}),
+        [waiting(a_claim("w", "vision").request(count=4, selectors=(H100,)))],
+        [waiting(a_claim("monitor", "vision").request(adminAccess=True, selectors=(H100,)), arrival=1)],
+        {"monitor": "Allocated"}, node="h100"),
+    "admin-access-on-an-open-fleet": Case(
+        LAB, QuotaConfig(), [], [waiting(a_claim("monitor", "vision").request(adminAccess=True))],
+        {"monitor": "Rejected"}),
     "h100-quota-cannot-take-b200": Case(
         LAB, quotas({"name": "vision", "quotas": {"H100": {"nominal": 4}}},
                     {"name": "nlp", "cohort": "other", "quotas": {"B200": {"nominal": 4}}}),
@@ -144,6 +155,22 @@ def test_cycle(case: Case) -> None:
         assert any(case.reason in r for r in reasons), reasons
     if case.node is not None:
         assert {d.decision.allocation.node for d in result.decisions if d.decision.allocation} == {case.node}
+
+
+def test_an_admin_access_refusal_names_the_rule_and_the_tenant() -> None:
+    case = CASES["admin-access-of-an-unmarked-tenant"]
+    [decided] = run_cycle(Snapshot(case.fleet, BUILTIN_CLASSES, case.quotas, (), tuple(case.then))).decisions
+    assert decided.decision.reason is not None
+    assert "tenants marked adminAccess: true" in decided.decision.reason
+    assert decided.decision.reason.endswith("tenant vision is not")
+
+
+def test_the_quotas_file_keeps_admin_access() -> None:
+    config = quotas({"name": "vision", "adminAccess": True}, {"name": "nlp"})
+    assert config.tenant("vision").admin_access and not config.tenant("nlp").admin_access
+    assert parse_quotas(config.to_document()) == config
+    with pytest.raises(ValueError, match=r"tenants\[0\]\.adminAccess: expected true or false"):
+        quotas({"name": "vision", "adminAccess": "yes"})
 
 
 def test_pending_claims_are_explained_with_quota_numbers_and_a_fix() -> None:
