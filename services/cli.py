@@ -9,9 +9,10 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 import yaml
@@ -21,6 +22,8 @@ from rich.table import Table
 from services.runtime import tune_gc
 from shared import dra, subjects
 from shared.settings import BrokerSettings
+
+T = TypeVar("T")
 
 app = typer.Typer(help="claim-broker: an event-driven GPU claim broker with DRA-exact allocation.",
                   no_args_is_help=True, add_completion=False)
@@ -180,7 +183,7 @@ async def _up(settings: BrokerSettings) -> bool:
             (settings.data_dir / "api.url").write_text(stack.api_url)
         token_file = settings.data_dir / "admin.token"
         if not token_file.exists():
-            token = await create_token(sessions(stack.engine), "admin", None)
+            token = await create_token(sessions(stack.engine), "admin", None, actor="up")
             token_file.write_text(token)
             token_file.chmod(0o600)
             console.print(f"admin token (shown once, kept in {token_file}): {token}")
@@ -577,33 +580,77 @@ async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[dict[str
         return statuses, len(documents)
 
 
+Output = Annotated[str, typer.Option(help="table | json")]
+
+
 @token_app.command("create")
 def token_create(
     role: Annotated[str, typer.Option(help="admin | viewer")],
     tenant: Annotated[str | None, typer.Option(help="limit a viewer to one tenant")] = None,
+    ttl: Annotated[str | None, typer.Option(help="stop working after this long (30d, 12h, 90m); default never")]
+    = None,
     db: Annotated[str | None, typer.Option()] = None,
 ) -> None:
     """Create an API token in the ledger and print it once (the ledger must exist: `up` or `migrate`)."""
-    from shared.ledger.engine import LedgerNotReady, create_engine, require_current, sessions
     from shared.ledger.tokens import create_token
+    from shared.settings import parse_duration
 
     if role not in ("admin", "viewer"):
         err.print("--role must be admin or viewer")
         raise typer.Exit(2)
+    try:
+        seconds = parse_duration(ttl) if ttl is not None else None
+    except ValueError as error:
+        err.print(f"--ttl: {error}")
+        raise typer.Exit(2) from None
+    print(asyncio.run(_with_ledger(db, lambda factory: create_token(factory, role, tenant, seconds))))
+
+
+@token_app.command("list")
+def token_list(output: Output = "table", db: Annotated[str | None, typer.Option()] = None) -> None:
+    """Every API token in the ledger (id, role, tenant, created, expires, revoked); never the token itself."""
+    from shared.ledger.tokens import list_tokens, token_json
+
+    async def read(factory: Any) -> list[dict[str, Any]]:
+        async with factory() as session:
+            return [token_json(row) for row in await list_tokens(session)]
+
+    tokens = asyncio.run(_with_ledger(db, read))
+    _show(tokens, output, ["ID", "ROLE", "TENANT", "CREATED", "EXPIRES", "REVOKED"],
+          [[t["id"], t["role"], t["tenant"] or "-", t["createdAt"], t["expiresAt"] or "never", t["revokedAt"] or "-"]
+           for t in tokens])
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: Annotated[int, typer.Argument(help="the id `token list` shows")],
+                 db: Annotated[str | None, typer.Option()] = None) -> None:
+    """Revoke an API token: refused at its next request."""
+    from shared.ledger.tokens import revoke_token
+
+    async def revoke(factory: Any) -> bool:
+        async with factory() as session, session.begin():
+            return await revoke_token(session, token_id, "cli") is not None
+
+    if not asyncio.run(_with_ledger(db, revoke)):
+        err.print(f"claimbroker: no token {token_id}")
+        raise typer.Exit(1)
+    print(f"token {token_id} revoked")
+
+
+async def _with_ledger(db: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Run `work(session_factory)` on the ledger of --db or the data folder, which must exist and be current."""
+    from shared.ledger.engine import LedgerNotReady, create_engine, require_current, sessions
+
     settings = _settings(db=db)
-
-    async def main() -> str:
-        try:
-            await require_current(settings.database_url())
-        except LedgerNotReady as error:
-            raise Unreachable(str(error)) from None
-        engine = create_engine(settings.database_url())
-        try:
-            return await create_token(sessions(engine), role, tenant)
-        finally:
-            await engine.dispose()
-
-    print(asyncio.run(main()))
+    try:
+        await require_current(settings.database_url())
+    except LedgerNotReady as error:
+        raise Unreachable(str(error)) from None
+    engine = create_engine(settings.database_url())
+    try:
+        return await work(sessions(engine))
+    finally:
+        await engine.dispose()
 
 
 # --- quota admins: `quota ...` and `explain`, over the admin API --------------------------------------------
@@ -611,7 +658,6 @@ def token_create(
 quota_app = typer.Typer(help="Quotas over the admin API (--api, --token; see `claimbroker --help`).",
                         no_args_is_help=True)
 app.add_typer(quota_app, name="quota")
-Output = Annotated[str, typer.Option(help="table | json")]
 
 
 API_TIMEOUT = 10.0  # seconds a command waits for the admin API, never longer

@@ -9,18 +9,18 @@ from typing import Literal
 from pydantic import BaseModel, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 
 
 def parse_duration(value: str | float | int) -> float:
-    """'10m', '30s', '1.5h', '250ms' or plain seconds."""
+    """'10m', '30s', '1.5h', '250ms', '30d' or plain seconds."""
     if isinstance(value, int | float):
         return float(value)
     match = _DURATION.match(value.strip())
     if not match:
-        raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 10m, 1h")
+        raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 10m, 1h, 30d")
     number, unit = float(match[1]), match[2] or "s"
-    return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
+    return number * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
 class Webhook(BaseModel):

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.admin_api import claims, quotas, tenants
+from services.admin_api import claims, quotas, tenants, tokens
 from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
 from services.admin_api.page import USAGE_PAGE
 from shared.ledger.engine import sessions
@@ -79,4 +79,5 @@ def create_app(engine: AsyncEngine) -> FastAPI:
     app.include_router(tenants.router)
     app.include_router(quotas.router)
     app.include_router(claims.router)
+    app.include_router(tokens.router)
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,27 @@ async def test_token_create_needs_an_existing_ledger_and_creates_none(tmp_path: 
     assert code == 0, err
     code, out, err = await run("--data-dir", str(data), "token", "create", "--role", "viewer")
     assert code == 0 and out.startswith("cb_"), err
+
+
+async def test_tokens_expire_are_listed_and_revoked(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    assert (await run("--data-dir", data, "migrate"))[0] == 0
+    code, out, err = await run("--data-dir", data, "token", "create", "--role", "viewer", "--tenant", "vision",
+                               "--ttl", "30d")
+    assert code == 0 and out.startswith("cb_"), err
+    code, _, err = await run("--data-dir", data, "token", "create", "--role", "viewer", "--ttl", "soon")
+    assert code == 2 and "--ttl: invalid duration 'soon'" in err
+    code, out, err = await run("--data-dir", data, "token", "list", "--output", "json")
+    [listed] = json.loads(out)
+    assert (listed["id"], listed["role"], listed["tenant"], listed["revokedAt"]) == (1, "viewer", "vision", None)
+    created, expires = (datetime.fromisoformat(listed[k].replace("Z", "+00:00")) for k in ("createdAt", "expiresAt"))
+    assert expires - created == timedelta(days=30) and "cb_" not in out
+    code, out, _ = await run("--data-dir", data, "token", "revoke", "1")
+    assert code == 0 and "revoked" in out
+    code, _, err = await run("--data-dir", data, "token", "revoke", "7")
+    assert code == 1 and "no token 7" in err
+    code, out, _ = await run("--data-dir", data, "token", "list", "--output", "json")
+    assert json.loads(out)[0]["revokedAt"] is not None
 
 
 async def test_submit_refuses_a_claim_of_another_namespace_than_tenant(tmp_path: Path) -> None:

@@ -1,0 +1,63 @@
+"""API tokens over the API: admins list, create (shown once, optionally expiring) and revoke them. A
+revoked or expired token is refused at its next request: every request looks its token up."""
+
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException
+from pydantic import Field
+
+from services.admin_api.common import PROBLEMS, Caller, DnsLabel, Input, Model, Session, Stamp, admin
+from shared.ledger.schema import AuditEntry
+from shared.ledger.tokens import issue_token, list_tokens, revoke_token, token_json
+
+router = APIRouter(responses=PROBLEMS)
+
+
+class TokenIn(Input):
+    role: Literal["admin", "viewer"]
+    tenant: DnsLabel | None = Field(default=None, description="limits a viewer to one tenant")
+    ttl: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                              description="seconds until it stops working; none: until revoked")
+
+
+class TokenOut(Model):
+    id: int
+    role: str
+    tenant: str | None
+    created_at: Stamp
+    expires_at: Stamp | None
+    revoked_at: Stamp | None
+
+
+class NewToken(TokenOut):
+    token: str = Field(description="the bearer token itself, shown this once: only its hash is kept")
+
+
+@router.get("/v1/tokens", response_model=list[TokenOut], tags=["tokens"])
+async def get_tokens(s: Session, token: Caller) -> list[TokenOut]:
+    """Every token, revoked and expired ones too; never what a token says."""
+    admin(token)
+    return [TokenOut.model_validate(row) for row in await list_tokens(s)]
+
+
+@router.post("/v1/tokens", response_model=NewToken, status_code=201, tags=["tokens"])
+async def post_token(body: TokenIn, s: Session, token: Caller) -> NewToken:
+    admin(token)
+    if body.tenant is not None and body.role != "viewer":
+        raise HTTPException(422, "only a viewer token can be limited to a tenant")
+    plaintext, row = issue_token(body.role, body.tenant, body.ttl)
+    async with s.begin():
+        s.add(row)
+        await s.flush()
+        s.add(AuditEntry(actor=token.actor, action="put", entity=f"token/{row.id}", before=None,
+                         after=token_json(row)))
+    return NewToken(token=plaintext, **TokenOut.model_validate(row).model_dump())
+
+
+@router.delete("/v1/tokens/{token_id}", status_code=204, tags=["tokens"])
+async def delete_token(token_id: int, s: Session, token: Caller) -> None:
+    """Revoked at once; the row stays, so the audit log can name it."""
+    admin(token)
+    async with s.begin():
+        if await revoke_token(s, token_id, token.actor) is None:
+            raise HTTPException(404, f"token {token_id} not found")
