@@ -101,3 +101,33 @@ def test_nats_runs_three_servers_that_keep_three_replicas_and_sync_every_write()
     assert all(f"nats://nats-{i}.nats-cluster:6222" in routes for i in range(3)) and "sync_interval: always" in routes
     config = documents(ROOT / "deploy" / "k8s" / "config.yaml")[0]["data"]
     assert config["CLAIMBROKER_STREAM_REPLICAS"] == str(servers["replicas"])
+
+
+def test_no_secret_value_is_committed() -> None:
+    """Secrets are generated where the broker runs (deploy/k8s/create-secrets.sh), never kept here."""
+    for path in (ROOT / "deploy").rglob("*.yaml"):
+        for doc in documents(path):
+            assert doc.get("kind") != "Secret" or not (doc.get("data") or doc.get("stringData")), path
+    script = (ROOT / "deploy" / "k8s" / "create-secrets.sh").read_text()
+    assert "create secret generic claim-broker-db" in script and "/dev/urandom" in script
+
+
+def test_network_policies_let_only_the_broker_reach_the_ledger() -> None:
+    policies = {d["metadata"]["name"]: d["spec"] for d in documents(ROOT / "deploy" / "k8s" / "network-policies.yaml")}
+    assert policies["default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    postgres = policies["postgres-from-the-broker"]
+    assert postgres["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "postgres"}}
+    broker = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "claim-broker"}}}
+    assert postgres["ingress"] == [{"from": [broker], "ports": [{"port": 5432, "protocol": "TCP"}]}]
+    every_pod = [d for path in (ROOT / "deploy" / "k8s").glob("*.yaml") for d in documents(path)
+                 if d["kind"] in ("Deployment", "StatefulSet", "Job")]
+    ledger_clients = [d["metadata"]["name"] for d in every_pod
+                      if any(e.get("name") == "PGPASSWORD" for c in d["spec"]["template"]["spec"]["containers"]
+                             for e in c.get("env", []))]
+    assert sorted(ledger_clients) == ["admin-api", "allocator", "migrate", "notifier", "watcher"]
+    for name in ledger_clients:  # every pod that holds the ledger password carries the label the policy admits
+        pod = next(d for d in every_pod if d["metadata"]["name"] == name)
+        labels = pod["spec"]["template"]["metadata"]["labels"]
+        assert labels.get("app.kubernetes.io/name") in ("claim-broker", "postgres"), name
+    nats = policies["nats-clients-and-routes"]["ingress"]
+    assert {p["port"] for rule in nats for p in rule["ports"]} == {4222, 6222, 8222}
