@@ -659,6 +659,10 @@ class _Cycle:
             self.group_of[waiting.key] = None
             self.invalid.add(waiting.key)
             return
+        if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
+            self.group_of[waiting.key] = None  # Rejected as its tenant may not send it (see _decide)
+            self.invalid.add(waiting.key)
+            return
         gid = (waiting.tenant, id(plan))
         group = self.groups.get(gid)
         if group is None or group.plan is not plan:
@@ -883,6 +887,9 @@ class _Cycle:
         when `explain`: reasons are worked out only for the answers that are given)."""
         try:
             plan = self.state.plan(waiting.claim)
+            if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
+                # before the answers kept per plan: a plan is shared by every tenant that sends its spec
+                return Decision(State.REJECTED, reason=ADMIN_ACCESS_REFUSED.format(tenant=waiting.tenant))
             plan_key = (id(plan), only.key if only else None, explain)
             shrinking = self.shrinking
             if shrinking is not None and (known := shrinking.get(plan_key)) is not None:
@@ -890,8 +897,6 @@ class _Cycle:
             version = self.state.capacity_version(plan, only)  # a selector failing on a new device rejects it
         except Rejected as rejected:
             return Decision(State.REJECTED, reason=str(rejected))
-        if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
-            return Decision(State.REJECTED, reason=ADMIN_ACCESS_REFUSED.format(tenant=waiting.tenant))
         failed = self.failed_at.get(plan_key)
         if failed is not None and failed[0] == version:
             if shrinking is not None:
@@ -1587,9 +1592,9 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
 def _decide_cycle(snapshot: Snapshot, memo: SelectorMemo) -> CycleResult:
     cycle = _cycle_for(snapshot, memo)
     decided, order = _admission_pass(cycle)
-    for key in sorted(cycle.invalid):  # claims Rejected as written
+    for key in sorted(cycle.invalid):  # claims Rejected as written, or that their tenant may not send
         waiting = cycle.waiting[key]
-        decided.append((waiting, cycle.try_admit(waiting)[0], []))
+        decided.append((waiting, cycle._decide(waiting, None, explain=False), []))
     for waiting in itertools.islice(_preemptors(cycle, order), MAX_PREEMPTION_ATTEMPTS):
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:

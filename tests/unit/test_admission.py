@@ -55,6 +55,9 @@ CASES = {
     "admin-access-of-an-unmarked-tenant": Case(
         LAB, quotas({"name": "vision", "quotas": {"H100": {"nominal": 4}}}), [],
         [waiting(a_claim("monitor", "vision").request(adminAccess=True))], {"monitor": "Rejected"}),
+    "admin-access-of-an-unmarked-tenant-without-quota": Case(
+        LAB, quotas({"name": "vision"}), [],
+        [waiting(a_claim("monitor", "vision").request(adminAccess=True))], {"monitor": "Rejected"}),
     "admin-access-of-a-marked-tenant": Case(
         LAB, quotas({"name": "vision", "adminAccess": True, "quotas": {"H100": {"nominal": 4}}}),
         [waiting(a_claim("w", "vision").request(count=4, selectors=(H100,)))],
