@@ -598,8 +598,12 @@ def token_create(
     if role not in ("admin", "viewer"):
         err.print("--role must be admin or viewer")
         raise typer.Exit(2)
+    from shared.ledger.tokens import MAX_TTL_S
+
     try:
         seconds = parse_duration(ttl) if ttl is not None else None
+        if seconds is not None and not 0 < seconds <= MAX_TTL_S:
+            raise ValueError("a token's ttl must be positive and at most ten years")
     except ValueError as error:
         err.print(f"--ttl: {error}")
         raise typer.Exit(2) from None

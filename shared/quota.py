@@ -65,6 +65,7 @@ class TenantQuota:
     pending_alert_after: float | None = None  # seconds; None: the broker's default
     quotas: Mapping[str, QuotaLimit] = field(default_factory=dict)
     admin_access: bool = False  # may submit adminAccess requests (Kubernetes' namespace label, per tenant)
+    max_pending: int | None = None  # waiting claims it may hold; a claim past it is Rejected; None: no limit
 
     def limit(self, flavor: str) -> QuotaLimit | None:
         return self.quotas.get(flavor)
@@ -78,8 +79,20 @@ class TenantQuota:
             out["pendingAlertAfter"] = f"{self.pending_alert_after:g}s"
         if self.admin_access:
             out["adminAccess"] = True
+        if self.max_pending is not None:
+            out["maxPending"] = self.max_pending
         out["quotas"] = {flavor: limit.to_json() for flavor, limit in sorted(self.quotas.items())}
         return out
+
+
+def pending_limit_problem(tenant: TenantQuota, waiting: int) -> str | None:
+    """Why one more waiting claim of this tenant is refused (it holds `waiting` already), or None. Flood
+    control: one tenant's thousands of queued claims would slow every cycle for all."""
+    if tenant.max_pending is None or waiting < tenant.max_pending:
+        return None
+    return (f"tenant {tenant.name} has {waiting:,} claims waiting, its maxPending of {tenant.max_pending:,}: this "
+            f"claim is not queued; submit it again once some are admitted or released, or ask a quota admin to "
+            f"raise maxPending")
 
 
 def _gpu_selector(model: GpuModel) -> str:
@@ -222,6 +235,11 @@ def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
         admin_access = raw.get("adminAccess", False)
         if not isinstance(admin_access, bool):
             raise QuotaFileError(f"{at}.adminAccess: expected true or false")
+        max_pending = raw.get("maxPending")
+        if max_pending is not None and (isinstance(max_pending, bool) or not isinstance(max_pending, int)
+                                        or not 0 <= max_pending <= 2**31 - 1):
+            raise QuotaFileError(f"{at}.maxPending: expected a whole number of claims, 0 or more")
         tenants[name] = TenantQuota(name, cohort, float(_number(raw.get("weight", 1.0), f"{at}.weight",
-                                                                minimum=0.001)), pending_s, quotas, admin_access)
+                                                                minimum=0.001)), pending_s, quotas, admin_access,
+                                    max_pending)
     return QuotaConfig(flavors, tuple(cohorts), tenants, tuple(listed))

@@ -45,6 +45,8 @@ class TenantIn(Input):
     admin_access: bool = Field(default=False, description=(
         "may submit adminAccess requests (monitoring access to devices in use), as Kubernetes allows only in "
         "namespaces labelled resource.kubernetes.io/admin-access"))
+    max_pending: int | None = Field(default=None, ge=0, le=INT32_MAX, description=(
+        "waiting claims the tenant may hold; a claim past it is Rejected with the number; none: no limit"))
 
 
 class TenantOut(Model):
@@ -53,6 +55,7 @@ class TenantOut(Model):
     weight: float
     pending_alert_after: float | None = Field(description="seconds")
     admin_access: bool
+    max_pending: int | None
 
 
 class QuotaIn(Input):
@@ -96,7 +99,7 @@ class FlavorOut(Model):
 
 def tenant_out(row: Tenant) -> TenantOut:
     return TenantOut(name=row.name, cohort=row.cohort, weight=row.weight, pending_alert_after=row.pending_alert_after_s,
-                     admin_access=bool(row.admin_access))
+                     admin_access=bool(row.admin_access), max_pending=row.max_pending)
 
 
 async def _tenant_or_404(s: AsyncSession, name: str) -> Tenant:
@@ -140,6 +143,7 @@ async def put_tenant(name: LabelName, body: TenantIn, s: Session, token: Caller)
         row.cohort, row.weight = body.cohort, body.weight
         row.pending_alert_after_s = body.pending_alert_after
         row.admin_access = body.admin_access
+        row.max_pending = body.max_pending
         after = tenant_out(row)
         audit(s, token, "put", f"tenant/{name}", before, dump(after))
     return after

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from services.admin_api.common import PROBLEMS, Caller, DnsLabel, Input, Model, Session, Stamp, admin
 from shared.ledger.schema import AuditEntry
-from shared.ledger.tokens import issue_token, list_tokens, revoke_token, token_json
+from shared.ledger.tokens import MAX_TTL_S, issue_token, list_tokens, revoke_token, token_json
 
 router = APIRouter(responses=PROBLEMS)
 
@@ -16,8 +16,8 @@ router = APIRouter(responses=PROBLEMS)
 class TokenIn(Input):
     role: Literal["admin", "viewer"]
     tenant: DnsLabel | None = Field(default=None, description="limits a viewer to one tenant")
-    ttl: float | None = Field(default=None, gt=0, allow_inf_nan=False,
-                              description="seconds until it stops working; none: until revoked")
+    ttl: float | None = Field(default=None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
+                              description="seconds until it stops working (at most ten years); none: until revoked")
 
 
 class TokenOut(Model):

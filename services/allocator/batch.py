@@ -21,6 +21,7 @@ from shared import dra, events, subjects
 from shared.allocation import State
 from shared.claims import InvalidClaim, claim_name_problem, read_submission, tenant_problem
 from shared.ledger.schema import Claim
+from shared.quota import QuotaConfig, pending_limit_problem
 
 MAX_MESSAGE_ID = 255  # the inbox's column
 
@@ -100,6 +101,8 @@ class _Applied:
     rows: dict[tuple[str, str], Claim]  # the current row of each claim the batch names that has one
     new: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # claims queued, not yet written
     released: list[int] = field(default_factory=list)  # rows whose devices go back
+    config: QuotaConfig = field(default_factory=QuotaConfig)
+    waiting: dict[str, int] = field(default_factory=dict)  # Pending claims of the tenants with a maxPending
 
     async def row(self, key: tuple[str, str]) -> Claim | None:
         """The claim's row; the claims queued earlier in the batch are written first, and all of them read
@@ -128,6 +131,12 @@ class _Applied:
             return False
         if row is not None and 0 < sequence < (row.released_seq or 0):
             return await self._released_before(row, claim)
+        if message.tenant in self.waiting:
+            problem = pending_limit_problem(self.config.tenant(message.tenant), self.waiting[message.tenant])
+            if problem is not None:
+                await self.refuse(message, InvalidClaim(problem, name=claim.metadata.name))
+                return False
+            self.waiting[message.tenant] += 1
         status_sequence, row_released = 0, None
         if row is not None:  # it ended: the new claim takes its name, and carries on its status sequence
             status_sequence = row.sequence  # (SQLite may give the new row the old id: status ids stay unique)
@@ -167,6 +176,8 @@ class _Applied:
         if 0 < message.sequence < (row.submitted_seq or 0):
             return False  # published before the claim's last submission: it concerned an earlier claim
         self.released.append(row.id)
+        if row.state == State.PENDING.value and message.tenant in self.waiting:
+            self.waiting[message.tenant] -= 1
         row.state, row.reason, row.allocation, row.node = State.RELEASED.value, "released by the tenant", None, None
         row.explain = None
         ops.emit_status(self.session, row)
@@ -201,10 +212,16 @@ class _Applied:
         )
 
 
-async def apply_messages(session: AsyncSession, messages: list[ClaimMessage]) -> bool:
-    """Apply the messages in order; whether any claim was queued or released (a cycle has work)."""
+async def apply_messages(session: AsyncSession, messages: list[ClaimMessage],
+                         config: QuotaConfig | None = None) -> bool:
+    """Apply the messages in order; whether any claim was queued or released (a cycle has work). With the
+    quota `config`, a tenant's submission past its maxPending is Rejected with the number."""
     named = {(m.tenant, m.name) for m in messages if m.name is not None}
-    applied = _Applied(session, await ops.claims_named(session, named))
+    applied = _Applied(session, await ops.claims_named(session, named), config=config or QuotaConfig())
+    limited = {m.tenant for m in messages if m.claim is not None and applied.config.tenant(m.tenant).max_pending
+               is not None}
+    if limited:  # one count per batch, only when a submitting tenant has a limit
+        applied.waiting = await ops.pending_counts(session, limited)
     changed = False
     # Queries do not flush what earlier messages wrote: it is in the rows in hand.
     with session.no_autoflush:

@@ -47,6 +47,16 @@ async def find_claim(session: AsyncSession, namespace: str, name: str) -> Claim 
 _UNREAD_BY_MESSAGES = tuple(defer(column, raiseload=True) for column in (Claim.spec, Claim.explain, Claim.allocation))
 
 
+async def pending_counts(session: AsyncSession, tenants: Iterable[str]) -> dict[str, int]:
+    """Waiting claims per tenant (every tenant asked has an entry)."""
+    wanted = sorted(set(tenants))
+    counts = dict.fromkeys(wanted, 0)
+    counts.update({namespace: int(n) for namespace, n in await session.execute(
+        select(Claim.namespace, func.count()).where(Claim.state == State.PENDING.value, Claim.namespace.in_(wanted))
+        .group_by(Claim.namespace))})
+    return counts
+
+
 async def claims_named(session: AsyncSession, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Claim]:
     """The rows of these claims (namespace, name) that exist, read in bulk. Asked as namespaces and names
     (a few rows more, dropped here), which the (namespace, name) index answers: SQLite scans the whole

@@ -53,6 +53,7 @@ from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, OutboxEvent
 from shared.messages import NodeInventory
+from shared.quota import QuotaConfig
 
 log = logging.getLogger("claimbroker.allocator")
 batch_log = logging.getLogger(BATCHES)  # one line per decision batch, in JSON logs
@@ -375,9 +376,11 @@ class Allocator:
                     fresh.append(read_message(message.subject, message.data, message_id,
                                               message.metadata.sequence.stream))
                 await inbox.record(session, CONSUMER, recorded)
-                if await apply_messages(session, fresh):
+                # the quotas, read once: submissions are checked against maxPending, the cycle decides on them
+                config = await load_quota_config(session) if any(m.claim is not None for m in fresh) else None
+                if await apply_messages(session, fresh, config):
                     self._waiting = True  # claims to place, or devices freed that may let waiting claims in
-                handled = await self._cycle(session)
+                handled = await self._cycle(session, config)
                 await ops.write_buffered(session)
                 self._decided.update(ops.states_written(session))
         except BaseException:
@@ -386,8 +389,9 @@ class Allocator:
         self.lost_nodes -= handled  # only once committed: a cycle that rolled back handles them again
         self._record_metrics(len(messages), time.perf_counter() - started)
 
-    async def _cycle(self, session: AsyncSession) -> set[str]:
-        """Send lost nodes' claims back to the queue, decide, write; returns the lost nodes it handled."""
+    async def _cycle(self, session: AsyncSession, config: QuotaConfig | None = None) -> set[str]:
+        """Send lost nodes' claims back to the queue, decide, write; returns the lost nodes it handled.
+        `config`: the quotas, when this transaction read them already."""
         lost = set(self.lost_nodes)
         if lost:
             stranded = await ops.claims_on_nodes(session, lost)
@@ -404,7 +408,7 @@ class Allocator:
             self._answered_at.clear()
             return lost
         self._refresh_stale_reasons(queue)
-        config = await load_quota_config(session)
+        config = config if config is not None else await load_quota_config(session)
         waiting, changes = queue.waiting.snapshot()
         if self._set_aside:  # compared in full, not by the changes recorded
             waiting = self._without_set_aside(waiting, queue)

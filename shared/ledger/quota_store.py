@@ -47,7 +47,8 @@ def flavor_json(row: FlavorRow) -> dict[str, Any]:
 
 def tenant_json(row: Tenant) -> dict[str, Any]:
     return {"name": row.name, "cohort": row.cohort, "weight": float(row.weight),
-            "pendingAlertAfter": row.pending_alert_after_s, "adminAccess": bool(row.admin_access)}
+            "pendingAlertAfter": row.pending_alert_after_s, "adminAccess": bool(row.admin_access),
+            "maxPending": row.max_pending}
 
 
 def quota_json(row: Quota) -> dict[str, Any]:
@@ -66,10 +67,11 @@ async def load_quota_config(session: AsyncSession) -> QuotaConfig:
             select(Quota.tenant, Quota.flavor, Quota.nominal, Quota.borrowing_limit, Quota.lending_limit)
             .order_by(Quota.tenant, Quota.flavor)):
         limits.setdefault(tenant, {})[flavor] = QuotaLimit(nominal, borrowing, lending)
-    tenants = {name: TenantQuota(name, cohort, float(weight), pending_after, limits.get(name, {}), bool(admin))
-               for name, cohort, weight, pending_after, admin in await session.execute(
+    tenants = {name: TenantQuota(name, cohort, float(weight), pending_after, limits.get(name, {}), bool(admin),
+                                 max_pending)
+               for name, cohort, weight, pending_after, admin, max_pending in await session.execute(
                    select(Tenant.name, Tenant.cohort, Tenant.weight, Tenant.pending_alert_after_s,
-                          Tenant.admin_access).order_by(Tenant.name))}
+                          Tenant.admin_access, Tenant.max_pending).order_by(Tenant.name))}
     return QuotaConfig(merge_flavors(listed), cohorts, tenants, listed)
 
 
@@ -132,6 +134,7 @@ async def apply_quota_config(session: AsyncSession, config: QuotaConfig, actor: 
         row_t.cohort, row_t.weight = wanted_tenant.cohort, float(wanted_tenant.weight)
         row_t.pending_alert_after_s = wanted_tenant.pending_alert_after
         row_t.admin_access = wanted_tenant.admin_access
+        row_t.max_pending = wanted_tenant.max_pending
         note(_diff("tenant", f"tenant/{name}", before, tenant_json(row_t)))
         await session.flush()
         changes.extend(await _apply_limits(session, actor, name, wanted_tenant.quotas, quotas))

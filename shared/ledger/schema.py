@@ -53,6 +53,7 @@ class Tenant(Base):
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     pending_alert_after_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     admin_access: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    max_pending: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Flavor(Base):

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from shared.ledger.schema import ApiToken, AuditEntry
 
 ROLES = ("admin", "viewer")
+MAX_TTL_S = 10 * 365 * 86400.0  # ten years: longer is "never", which is no ttl at all
 PREFIX = "cb_"
 
 
@@ -53,8 +54,8 @@ def issue_token(role: str, tenant: str | None, ttl: float | None = None) -> tupl
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if tenant is not None and role != "viewer":
         raise ValueError("only a viewer token can be limited to a tenant")
-    if ttl is not None and not ttl > 0:
-        raise ValueError("a token's ttl must be positive")
+    if ttl is not None and not 0 < ttl <= MAX_TTL_S:
+        raise ValueError(f"a token's ttl must be positive and at most ten years ({MAX_TTL_S:.0f}s)")
     token = generate_token()
     now = datetime.now(UTC)
     row = ApiToken(token_hash=hash_token(token), role=role, tenant=tenant, created_at=now,

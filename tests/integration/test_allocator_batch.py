@@ -19,7 +19,9 @@ from shared import subjects
 from shared.allocation import Allocation, Decision, DeviceResult, State
 from shared.classes import BUILTIN_CLASSES
 from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation, InboxMessage
+from shared.quota import parse_quotas
 from tests.builders import a_claim
 
 
@@ -119,5 +121,25 @@ async def test_a_decision_is_written_with_its_devices_and_revision(db_url: str) 
         assert (written.state, written.node, written.allocation, written.explain, written.sequence,
                 written.revision) == ("Allocated", "n1", allocation.to_json(), {"why": "kept"}, 1, revision)
         assert devices == [("gpu-0", "n1", "H100", 2.0)] and statuses == [(1, "Allocated")]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_tenant_past_its_max_pending_gets_its_new_claims_rejected_with_the_number(db_url: str) -> None:
+    """Flood control: with nothing to place them on, t may hold two waiting claims; a release makes room."""
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    allocator = Allocator(engine, BUILTIN_CLASSES)  # no inventory: every claim waits
+    try:
+        async with sessions(engine)() as session, session.begin():
+            await apply_quota_config(session, parse_quotas({"kind": "Quotas", "tenants": [
+                {"name": "t", "maxPending": 2}, {"name": "u"}]}), "test")
+        await allocator._decide_messages([_submit("a", "m1", 1), _submit("b", "m2", 2), _submit("c", "m3", 3)])
+        await allocator._decide_messages([_release("a", "m4", 4), _submit("d", "m5", 5), _submit("e", "m6", 6)])
+        async with sessions(engine)() as session:
+            rows = {r.name: r for r in await session.scalars(select(Claim))}
+        assert {n: r.state for n, r in rows.items()} == {
+            "a": "Released", "b": "Pending", "c": "Rejected", "d": "Pending", "e": "Rejected"}
+        assert rows["c"].reason is not None and "has 2 claims waiting, its maxPending of 2" in rows["c"].reason
     finally:
         await engine.dispose()

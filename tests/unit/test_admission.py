@@ -14,7 +14,7 @@ from shared.admission import Flavors, QuotaBook, Running, Snapshot, Waiting, _Cy
 from shared.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.classes import BUILTIN_CLASSES
 from shared.inventory import Fleet
-from shared.quota import QuotaConfig, parse_quotas
+from shared.quota import QuotaConfig, TenantQuota, parse_quotas, pending_limit_problem
 from shared.simulate import run_waves
 from tests.builders import ClaimBuilder, a_claim, fleet, node
 from tests.waves import Waves
@@ -168,12 +168,25 @@ def test_an_admin_access_refusal_names_the_rule_and_the_tenant() -> None:
     assert decided.decision.reason.endswith("tenant vision is not")
 
 
-def test_the_quotas_file_keeps_admin_access() -> None:
-    config = quotas({"name": "vision", "adminAccess": True}, {"name": "nlp"})
+def test_the_quotas_file_keeps_admin_access_and_max_pending() -> None:
+    config = quotas({"name": "vision", "adminAccess": True, "maxPending": 100}, {"name": "nlp"})
     assert config.tenant("vision").admin_access and not config.tenant("nlp").admin_access
+    assert (config.tenant("vision").max_pending, config.tenant("nlp").max_pending) == (100, None)
     assert parse_quotas(config.to_document()) == config
     with pytest.raises(ValueError, match=r"tenants\[0\]\.adminAccess: expected true or false"):
         quotas({"name": "vision", "adminAccess": "yes"})
+    for wrong in (-1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match=r"tenants\[0\]\.maxPending: expected a whole number"):
+            quotas({"name": "vision", "maxPending": wrong})
+
+
+@pytest.mark.parametrize(("limit", "waiting", "refused"), [(None, 10**6, False), (0, 0, True), (3, 2, False),
+                                                          (3, 3, True)])
+def test_max_pending_refuses_the_claim_past_it(limit: int | None, waiting: int, refused: bool) -> None:
+    problem = pending_limit_problem(TenantQuota("vision", max_pending=limit), waiting)
+    assert (problem is not None) == refused
+    if problem is not None:
+        assert f"has {waiting:,} claims waiting, its maxPending of {limit:,}" in problem
 
 
 def test_pending_claims_are_explained_with_quota_numbers_and_a_fix() -> None:
