@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -327,6 +328,9 @@ def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
 
 async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int | None) -> list[tuple[str, str]]:
     nc = await _connect(url)
+    # Ids unique to this invocation: a retry inside it is deduplicated, a later `submit` of the same file is
+    # a new submission (the broker ignores it while the claim waits or runs, and takes it once it ended).
+    run = uuid.uuid4().hex[:12]
     try:
         js = nc.jetstream()
         sent = []
@@ -337,7 +341,7 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
                                            "claimbroker.io/priority": str(priority)}
             tenant, name = document["metadata"]["namespace"], str(document["metadata"].get("name", ""))
             digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
-            await _publish(js, url, subjects.submit(tenant), document, f"submit:{tenant}:{name}:{digest}")
+            await _publish(js, url, subjects.submit(tenant), document, f"submit:{tenant}:{name}:{digest}:{run}")
             sent.append((tenant, name))
         return sent
     finally:
@@ -404,7 +408,10 @@ def submit(
     settings = _settings()
     url = _nats_url(settings)
     claims = _claim_documents(file, tenant)
-    started = time.time()
+    before: dict[tuple[str, str], dict[str, Any]] = {}  # with --wait: each claim's status before this submit
+    if wait is not None:
+        for tenant_name in sorted({str(c["metadata"]["namespace"]) for c in claims}):
+            before.update({(s["namespace"], s["name"]): s for s in asyncio.run(read_statuses(url, tenant_name))})
     sent = asyncio.run(_publish_claims(url, claims, priority))
     for tenant_name, name in sent:
         if wait is None:
@@ -420,7 +427,7 @@ def submit(
                 if (t, n) in found:
                     continue
                 statuses = await read_statuses(url, t, n)
-                if statuses and _parse_time(statuses[-1]["observedAt"]) >= started - 1:
+                if statuses and _answers(statuses[-1], before.get((t, n))):
                     found[(t, n)] = statuses[-1]
             if len(found) < len(sent):
                 await asyncio.sleep(0.2)
@@ -438,10 +445,11 @@ def submit(
         raise typer.Exit(1)
 
 
-def _parse_time(text: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+def _answers(status: dict[str, Any], before: dict[str, Any] | None) -> bool:
+    """Whether `status` answers this submission: a newer status than the claim had, or, for a claim that
+    still waits or runs (the broker keeps it and ignores the copy), the one it has."""
+    return (before is None or status["sequence"] > before["sequence"]
+            or before["state"] in ("Pending", "Allocated"))
 
 
 @app.command()

@@ -90,7 +90,8 @@ def pending_limit_problem(tenant: TenantQuota, waiting: int) -> str | None:
     control: one tenant's thousands of queued claims would slow every cycle for all."""
     if tenant.max_pending is None or waiting < tenant.max_pending:
         return None
-    return (f"tenant {tenant.name} has {waiting:,} claims waiting, its maxPending of {tenant.max_pending:,}: this "
+    claims = "claim" if waiting == 1 else "claims"
+    return (f"tenant {tenant.name} has {waiting:,} {claims} waiting, its maxPending of {tenant.max_pending:,}: this "
             f"claim is not queued; submit it again once some are admitted or released, or ask a quota admin to "
             f"raise maxPending")
 

@@ -56,6 +56,12 @@ async def test_submit_wait_status_release(nats_server: EmbeddedNats, tmp_path: P
                 break
         assert json.loads(out)[0]["state"] == "Released"
 
+        # the same file again: "one" ended, so it is a new claim (not a JetStream duplicate of the first)
+        code, out, err = await run("--nats", nats_server.url, "submit", str(claims), "--tenant", "vision",
+                                   "--wait", "20")
+        again = {s["name"]: s for s in map(json.loads, out.splitlines())}
+        assert again["one"]["state"] == "Allocated" and again["one"]["sequence"] > statuses["one"]["sequence"]
+
 
 async def test_without_a_nats_url_the_cli_says_so_instead_of_guessing(tmp_path: Path) -> None:
     code, out, err = await run("--data-dir", str(tmp_path / "none"), "status")
