@@ -1,9 +1,9 @@
 """API tokens over the API: admins list, create (shown once, optionally expiring) and revoke them. A
 revoked or expired token is refused at its next request: every request looks its token up."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Path
 from pydantic import Field
 
 from services.admin_api.common import PROBLEMS, Caller, DnsLabel, Input, Model, Session, Stamp, admin
@@ -55,7 +55,7 @@ async def post_token(body: TokenIn, s: Session, token: Caller) -> NewToken:
 
 
 @router.delete("/v1/tokens/{token_id}", status_code=204, tags=["tokens"])
-async def delete_token(token_id: int, s: Session, token: Caller) -> None:
+async def delete_token(token_id: Annotated[int, Path(ge=1, le=2**63 - 1)], s: Session, token: Caller) -> None:
     """Revoked at once; the row stays, so the audit log can name it."""
     admin(token)
     async with s.begin():

@@ -163,8 +163,8 @@ class FailsOnceAfterANodeIsLost(Allocator):
 
     failed = False
 
-    async def _cycle(self, session: AsyncSession) -> set[str]:
-        handled = await super()._cycle(session)
+    async def _cycle(self, session: AsyncSession, config: Any = None) -> set[str]:
+        handled = await super()._cycle(session, config)
         if handled and not FailsOnceAfterANodeIsLost.failed:
             FailsOnceAfterANodeIsLost.failed = True
             raise IntegrityError("a cycle", {}, Exception("simulated: a racing allocator committed first"))
