@@ -7,8 +7,7 @@ from fastapi import APIRouter, HTTPException, Path
 from pydantic import Field
 
 from services.admin_api.common import PROBLEMS, Caller, DnsLabel, Input, Model, Session, Stamp, admin
-from shared.ledger.schema import AuditEntry
-from shared.ledger.tokens import MAX_TTL_S, issue_token, list_tokens, revoke_token, token_json
+from shared.ledger.tokens import MAX_TTL_S, add_token, list_tokens, revoke_token
 
 router = APIRouter(responses=PROBLEMS)
 
@@ -45,12 +44,8 @@ async def post_token(body: TokenIn, s: Session, token: Caller) -> NewToken:
     admin(token)
     if body.tenant is not None and body.role != "viewer":
         raise HTTPException(422, "only a viewer token can be limited to a tenant")
-    plaintext, row = issue_token(body.role, body.tenant, body.ttl)
     async with s.begin():
-        s.add(row)
-        await s.flush()
-        s.add(AuditEntry(actor=token.actor, action="put", entity=f"token/{row.id}", before=None,
-                         after=token_json(row)))
+        plaintext, row = await add_token(s, body.role, body.tenant, body.ttl, actor=token.actor)
     return NewToken(token=plaintext, **TokenOut.model_validate(row).model_dump())
 
 

@@ -40,12 +40,19 @@ async def create_token(
     Only viewers may be scoped to a tenant: a tenant-scoped admin would suggest a write limit that the
     API does not enforce.
     """
-    token, row = issue_token(role, tenant, ttl)
     async with session_factory() as session, session.begin():
-        session.add(row)
-        await session.flush()
-        session.add(AuditEntry(actor=actor, action="put", entity=f"token/{row.id}", before=None, after=token_json(row)))
+        token, _ = await add_token(session, role, tenant, ttl, actor=actor)
     return token
+
+
+async def add_token(session: AsyncSession, role: str, tenant: str | None, ttl: float | None, *,
+                    actor: str) -> tuple[str, ApiToken]:
+    """A new token's row and its audit entry, in the caller's transaction; the plaintext and the row."""
+    token, row = issue_token(role, tenant, ttl)
+    session.add(row)
+    await session.flush()
+    session.add(AuditEntry(actor=actor, action="put", entity=f"token/{row.id}", before=None, after=token_json(row)))
+    return token, row
 
 
 def issue_token(role: str, tenant: str | None, ttl: float | None = None) -> tuple[str, ApiToken]:
