@@ -96,8 +96,11 @@ async def _connect(url: str) -> Any:
         if not failed.done():
             failed.set_result(error)
 
-    connecting: asyncio.Future[Any] = asyncio.ensure_future(
-        nats.connect(url, name="claimbroker-cli", connect_timeout=2, allow_reconnect=False, error_cb=first_failure))
+    from services.natsio import tls_context
+
+    connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(
+        url, name="claimbroker-cli", connect_timeout=2, allow_reconnect=False, error_cb=first_failure,
+        tls=tls_context(_settings().tls_ca)))
     futures: set[asyncio.Future[Any]] = {connecting, failed}
     await asyncio.wait(futures, timeout=NATS_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
     if connecting.done() and connecting.exception() is None:
@@ -253,7 +256,7 @@ def serve(
 
         engine = create_engine(settings.database_url())
         stack = Stack(nats_url=settings.nats_url or "", db_url=settings.database_url(), engine=engine)
-        setup = await connect(stack.nats_url, name=f"claimbroker-{service}-setup")
+        setup = await connect(stack.nats_url, name=f"claimbroker-{service}-setup", tls_ca=settings.tls_ca)
         try:
             await ensure_streams(setup.jetstream(), settings.stream_replicas)  # as many replicas as configured
         finally:
@@ -702,7 +705,9 @@ def _request(method: str, path: str, *, allow: tuple[int, ...] = (), **kwargs: A
     url, headers = _admin_api()
     headers.update(kwargs.pop("headers", {}))
     try:
-        response = httpx.request(method, url + path, headers=headers, timeout=API_TIMEOUT, **kwargs)
+        ca = _settings().tls_ca
+        response = httpx.request(method, url + path, headers=headers, timeout=API_TIMEOUT,
+                                 verify=str(ca) if ca is not None else True, **kwargs)
     except httpx.TimeoutException:
         raise Unreachable(f"cannot reach the admin API at {url}: no answer within {API_TIMEOUT:g}s") from None
     except httpx.HTTPError as error:
@@ -858,8 +863,9 @@ def top(
     url, headers = _admin_api()
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a live view ends
         try:
-            asyncio.run(view.run(url, headers, _nats_url(_settings()), console=console, once=once,
-                                 interval=interval))
+            settings = _settings()
+            asyncio.run(view.run(url, headers, _nats_url(settings), console=console, once=once,
+                                 interval=interval, tls_ca=settings.tls_ca))
         except view.Unavailable as error:
             raise Unreachable(str(error)) from None
 

@@ -21,10 +21,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from faststream import ExceptionMiddleware, FastStream
 from faststream.nats import NatsBroker, NatsRouter
+from faststream.security import BaseSecurity
 from nats.aio.client import Client
 from pydantic import ValidationError
 
@@ -53,14 +55,17 @@ class ServiceApp:
     connection; it calls `subscribe()` (through its outage handling) once the streams it needs exist,
     which starts the routers' subscribers."""
 
-    def __init__(self, name: str, nats_url: str, main: Main, *routers: NatsRouter,
-                 service: Any = None, not_ready: Callable[[], str | None] | None = None) -> None:
+    def __init__(self, name: str, nats_url: str, main: Main, *routers: NatsRouter, service: Any = None,
+                 not_ready: Callable[[], str | None] | None = None, tls_ca: Path | None = None) -> None:
         self.name = name
-        self.watch = ConnectionWatch(nats_url, f"claimbroker-{name}")
+        self.watch = ConnectionWatch(nats_url, f"claimbroker-{name}", tls_ca)
         # logger=None: FastStream would log every failed reconnect try with a trace, and each message;
         # the connection's outages are logged once each (ConnectionWatch), handler failures below.
-        self.broker = NatsBroker(**self.watch.options(), logger=None, middlewares=[
-            ExceptionMiddleware(handlers={ValidationError: _unreadable, Exception: _failed})])
+        options = self.watch.options()
+        tls = options.pop("tls", None)  # FastStream takes it as its security
+        self.broker = NatsBroker(**options, logger=None, security=BaseSecurity(ssl_context=tls) if tls else None,
+                                 middlewares=[ExceptionMiddleware(handlers={ValidationError: _unreadable,
+                                                                            Exception: _failed})])
         for router in routers:
             self.broker.include_router(router)
         self.app = FastStream(self.broker, logger=None)

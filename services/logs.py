@@ -30,6 +30,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+def _not_nats_tls_eof(record: logging.LogRecord) -> bool:
+    """nats-py's protocol returns True from eof_received, which asyncio's TLS transport warns about on every
+    TLS connection to NATS; it says nothing an operator can act on."""
+    return not record.getMessage().startswith("returning true from eof_received() has no effect when using ssl")
+
+
 def configure(verbose: bool, log_format: str = "text") -> None:
     handler = logging.StreamHandler()
     if log_format == "json":
@@ -39,3 +45,6 @@ def configure(verbose: bool, log_format: str = "text") -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger(BATCHES).setLevel(logging.WARNING)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
+    asyncio_log = logging.getLogger("asyncio")
+    if _not_nats_tls_eof not in asyncio_log.filters:
+        asyncio_log.addFilter(_not_nats_tls_eof)

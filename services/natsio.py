@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import sysconfig
@@ -58,15 +59,18 @@ class ConnectionWatch:
     reconnects forever, and says so once per outage in the log (nats-py's default logs a traceback for
     every failed try, twice a second). `client` is set once connected: a close is not an outage."""
 
-    def __init__(self, url: str, name: str) -> None:
-        self.url, self.name = url, name
+    def __init__(self, url: str, name: str, tls_ca: Path | None = None) -> None:
+        self.url, self.name, self.tls_ca = url, name, tls_ca
         self.client: Client | None = None
         self.lost = False
 
     def options(self) -> dict[str, Any]:
-        return {"servers": [self.url], "name": self.name, "max_reconnect_attempts": -1, "reconnect_time_wait": 0.5,
-                "disconnected_cb": self._disconnected, "reconnected_cb": self._reconnected,
-                "error_cb": self._failed_try}
+        options: dict[str, Any] = {
+            "servers": [self.url], "name": self.name, "max_reconnect_attempts": -1, "reconnect_time_wait": 0.5,
+            "disconnected_cb": self._disconnected, "reconnected_cb": self._reconnected, "error_cb": self._failed_try}
+        if (tls := tls_context(self.tls_ca)) is not None:
+            options["tls"] = tls
+        return options
 
     async def _disconnected(self) -> None:  # nats-py calls it again after each failed try, and on close
         if not self.lost and not (self.client is not None and self.client.is_closed):
@@ -87,9 +91,15 @@ class ConnectionWatch:
             log.error("%s: NATS client error: %r", self.name, error, exc_info=error)
 
 
-async def connect(url: str, *, name: str) -> Client:
+def tls_context(ca: Path | None) -> ssl.SSLContext | None:
+    """A client context that trusts `ca` (a PEM bundle), for a server whose certificate the system's CAs do
+    not sign; None without one (a tls:// URL then uses the system's CAs)."""
+    return ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+
+
+async def connect(url: str, *, name: str, tls_ca: Path | None = None) -> Client:
     """A connection of its own (the CLI, tests, setup); the services use their FastStream broker's."""
-    watch = ConnectionWatch(url, name)
+    watch = ConnectionWatch(url, name, tls_ca)
     client = watch.client = Client()
     await client.connect(**watch.options())
     return client
@@ -193,6 +203,8 @@ class EmbeddedNats:
     store: Path
     sync: str = "always"
     port: int = -1  # -1: one the server picks; a fixed one lets clients reconnect after a restart
+    tls_cert: Path | None = None  # with tls_key: clients must connect over TLS
+    tls_key: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     url: str = ""
 
@@ -201,8 +213,11 @@ class EmbeddedNats:
         jetstream = {"store_dir": str(self.store / "js")}
         if self.sync != "default":
             jetstream["sync_interval"] = self.sync
+        text = "jetstream " + json.dumps(jetstream) + "\n"
+        if self.tls_cert is not None and self.tls_key is not None:
+            text += "tls " + json.dumps({"cert_file": str(self.tls_cert), "key_file": str(self.tls_key)}) + "\n"
         path = self.store / "nats-server.conf"
-        path.write_text("jetstream " + json.dumps(jetstream) + "\n")
+        path.write_text(text)
         return path
 
     def start(self, timeout: float = 10.0) -> str:

@@ -122,7 +122,9 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
     from services.admin_api.app import create_app
 
     config = uvicorn.Config(create_app(stack.engine), host=settings.api_host, port=settings.api_port,
-                            log_level="warning", lifespan="on")
+                            log_level="warning", lifespan="on",
+                            ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,
+                            ssl_keyfile=str(settings.api_tls_key) if settings.api_tls_key else None)
     server = uvicorn.Server(config)
 
     async def serve() -> None:
@@ -153,20 +155,22 @@ async def running_stack(
     embedded = None
     nats_url = settings.nats_url
     if not nats_url:
-        embedded = EmbeddedNats(Path(settings.data_dir) / "nats", sync=settings.nats_sync)
+        embedded = EmbeddedNats(Path(settings.data_dir) / "nats", sync=settings.nats_sync,
+                                tls_cert=settings.nats_tls_cert, tls_key=settings.nats_tls_key)
         nats_url = await asyncio.to_thread(embedded.start)
     db_url = settings.database_url()
     await migrate(db_url)
     engine = create_engine(db_url)
     stack = Stack(nats_url=nats_url, db_url=db_url, engine=engine, embedded=embedded)
-    nc = await connect(nats_url, name="claimbroker-setup")
+    nc = await connect(nats_url, name="claimbroker-setup", tls_ca=settings.tls_ca)
     await ensure_streams(nc.jetstream(), settings.stream_replicas)
     await nc.close()
     try:
         for name in services:
             await start_service(stack, name, settings)
         if "admin-api" in services:
-            stack.api_url = f"http://{settings.api_host}:{settings.api_port}"
+            scheme = "https" if settings.api_tls_cert is not None else "http"
+            stack.api_url = f"{scheme}://{settings.api_host}:{settings.api_port}"
         yield stack
     finally:
         allocating = stack.tasks.get("allocator")

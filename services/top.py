@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -170,9 +171,11 @@ class Gatherer:
     """Reads the admin API and keeps the newest inventory of every node from the inventory stream; `changed`
     is set whenever a status or inventory message arrives."""
 
-    def __init__(self, api: str, headers: Mapping[str, str], nats_url: str | None) -> None:
-        self.client = httpx.AsyncClient(base_url=api.rstrip("/"), headers=dict(headers), timeout=10)
-        self.nats_url = nats_url
+    def __init__(self, api: str, headers: Mapping[str, str], nats_url: str | None,
+                 tls_ca: Path | None = None) -> None:
+        self.client = httpx.AsyncClient(base_url=api.rstrip("/"), headers=dict(headers), timeout=10,
+                                        verify=str(tls_ca) if tls_ca is not None else True)
+        self.nats_url, self.tls_ca = nats_url, tls_ca
         self.inventories: dict[str, NodeInventory] = {}
         self.changed = asyncio.Event()
         self._loaded = asyncio.Event()
@@ -191,7 +194,8 @@ class Gatherer:
             self._loaded.set()
             return
         try:
-            self._nc = await asyncio.wait_for(connect(self.nats_url, name="claimbroker-top"), load_timeout)
+            self._nc = await asyncio.wait_for(connect(self.nats_url, name="claimbroker-top", tls_ca=self.tls_ca),
+                                              load_timeout)
             js = self._nc.jetstream()
             info = await js.stream_info(subjects.INVENTORY_STREAM)
             if not info.state.messages:
@@ -264,11 +268,12 @@ class Unavailable(Exception):
 
 
 async def run(api: str, headers: Mapping[str, str], nats_url: str | None, *, console: Console,
-              once: bool = False, interval: float = 5.0) -> None:
-    """One frame with `once`; else a live view until cancelled (Ctrl-C)."""
+              once: bool = False, interval: float = 5.0, tls_ca: Path | None = None) -> None:
+    """One frame with `once`; else a live view until cancelled (Ctrl-C). `tls_ca`: the CA to trust for
+    the admin API and NATS."""
     from rich.live import Live
 
-    gatherer = Gatherer(api, headers, nats_url)
+    gatherer = Gatherer(api, headers, nats_url, tls_ca)
     try:
         await gatherer.start(load_timeout=5.0)
         if once:

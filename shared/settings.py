@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, field_validator
+from pydantic import BaseModel, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
@@ -55,6 +55,21 @@ class BrokerSettings(BaseSettings):
     data_dir: Path = Path(".claimbroker")
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # TLS. Clients (services, CLI) trust `tls_ca` (a PEM bundle) for NATS and the admin API; without it, the
+    # system's CAs. The admin API serves HTTPS with api_tls_cert/key; `up`'s embedded nats-server serves
+    # TLS with nats_tls_cert/key (an external server's TLS is its own configuration).
+    tls_ca: Path | None = None
+    api_tls_cert: Path | None = None
+    api_tls_key: Path | None = None
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> BrokerSettings:
+        for server in ("api", "nats"):
+            if (getattr(self, f"{server}_tls_cert") is None) != (getattr(self, f"{server}_tls_key") is None):
+                raise ValueError(f"{server}_tls_cert and {server}_tls_key go together: set both or neither")
+        return self
     inventory: list[Path] = []
     kube: bool = False
     pending_alert_after: float = 600.0

@@ -3,6 +3,8 @@ statuses it sends), and the allocator's batch loop on the broker's connection.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import channels
@@ -13,9 +15,9 @@ from shared.settings import BrokerSettings
 from shared.sources import load_inventory
 
 
-def allocator_app(nats_url: str, allocator: Allocator) -> ServiceApp:
+def allocator_app(nats_url: str, allocator: Allocator, tls_ca: Path | None = None) -> ServiceApp:
     return ServiceApp("allocator", nats_url, allocator.run, channels.allocator_router(allocator.on_inventory),
-                      service=allocator, not_ready=allocator.not_ready)
+                      service=allocator, not_ready=allocator.not_ready, tls_ca=tls_ca)
 
 
 def create_app(settings: BrokerSettings, engine: AsyncEngine, nats_url: str) -> ServiceApp:
@@ -23,4 +25,4 @@ def create_app(settings: BrokerSettings, engine: AsyncEngine, nats_url: str) -> 
     return allocator_app(nats_url, Allocator(
         engine, classes, batch=settings.allocator_batch, ack_wait=settings.allocator_ack_wait,
         max_deliver=settings.max_deliver, inventory_ttl=settings.inventory_ttl,
-        reason_refresh=settings.reason_refresh))
+        reason_refresh=settings.reason_refresh), settings.tls_ca)

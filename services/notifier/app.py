@@ -3,6 +3,8 @@ it sends), and the notifier's status loop on the broker's connection."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services import channels
@@ -11,10 +13,10 @@ from services.notifier.service import Notifier
 from shared.settings import BrokerSettings
 
 
-def notifier_app(nats_url: str, notifier: Notifier) -> ServiceApp:
+def notifier_app(nats_url: str, notifier: Notifier, tls_ca: Path | None = None) -> ServiceApp:
     return ServiceApp("notifier", nats_url, notifier.run, channels.notifier_router(notifier.on_inventory),
-                      service=notifier, not_ready=notifier.not_ready)
+                      service=notifier, not_ready=notifier.not_ready, tls_ca=tls_ca)
 
 
 def create_app(settings: BrokerSettings, engine: AsyncEngine, nats_url: str) -> ServiceApp:
-    return notifier_app(nats_url, Notifier(engine, settings))
+    return notifier_app(nats_url, Notifier(engine, settings), settings.tls_ca)

@@ -38,4 +38,4 @@ def create_app(settings: BrokerSettings, nats_url: str) -> ServiceApp:
                                  heartbeat_interval=settings.heartbeat_interval).run()
         await runner
 
-    return ServiceApp("watcher", nats_url, main, channels.watcher_router())
+    return ServiceApp("watcher", nats_url, main, channels.watcher_router(), tls_ca=settings.tls_ca)

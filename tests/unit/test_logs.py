@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from services.logs import BATCHES, JsonFormatter, configure
 
 
@@ -37,3 +39,11 @@ def test_batch_lines_are_written_in_json_and_left_out_in_text() -> None:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
         batches.setLevel(saved[2])
+
+
+def test_the_nats_tls_eof_warning_is_left_out(capsys: pytest.CaptureFixture[str]) -> None:
+    configure(False)
+    logging.getLogger("asyncio").warning("returning true from eof_received() has no effect when using ssl")
+    logging.getLogger("asyncio").warning("something else")
+    err = capsys.readouterr().err
+    assert "eof_received" not in err and "something else" in err
