@@ -64,6 +64,24 @@ def _settings(**overrides: Any) -> BrokerSettings:
     return BrokerSettings(**values)
 
 
+def _output_format(value: str) -> str:
+    if value not in ("table", "json", "yaml"):
+        raise typer.BadParameter(f"must be table, json or yaml, not {value!r}")
+    return value
+
+
+Output = Annotated[str, typer.Option("--output", "-o", help="table | json | yaml", callback=_output_format)]
+
+
+def _emit(data: Any, output: str) -> bool:
+    """Print `data` as JSON or YAML when asked (True); False: the caller prints its table."""
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    elif output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    return output != "table"
+
+
 class Unreachable(Exception):
     """A server the command needs cannot be reached or does not hold the broker: one line, exit 3."""
 
@@ -459,16 +477,14 @@ def _answers(status: dict[str, Any], before: dict[str, Any] | None) -> bool:
 def status(
     name: Annotated[str | None, typer.Argument()] = None,
     tenant: Annotated[str | None, typer.Option()] = None,
-    output: Annotated[str, typer.Option(help="table | json")] = "table",
+    output: Output = "table",
     watch: Annotated[bool, typer.Option(help="keep printing as statuses change")] = False,
 ) -> None:
     """Print claim states."""
     url = _nats_url(_settings())
     while True:
         statuses = asyncio.run(read_statuses(url, tenant or "*", name or "*"))
-        if output == "json":
-            print(json.dumps(statuses, indent=2))
-        else:
+        if not _emit(statuses, output):
             console.print(_status_table(statuses))
         if not watch:
             return
@@ -500,7 +516,7 @@ def simulate(
     inventory: Annotated[list[Path], typer.Option("--inventory", help="inventory file")],
     claims: Annotated[list[Path], typer.Option("--claims", help="claims file; each file is one wave")],
     quotas: Annotated[Path | None, typer.Option(help="Quotas file")] = None,
-    output: Annotated[str, typer.Option(help="json | table")] = "table",
+    output: Output = "table",
     tenant: Annotated[str, typer.Option(help="tenant of claims without a namespace")] = "default",
 ) -> None:
     """Run the allocation decisions offline: the same core the allocator runs."""
@@ -520,9 +536,7 @@ def simulate(
         raise typer.Exit(1) from None
     fleet = Fleet.from_slices(documents.slices, documents.labels)
     result = run_waves(fleet, merge_classes(documents.classes), waves, config).to_json()
-    if output == "json":
-        print(json.dumps(result, indent=2))
-    else:
+    if not _emit(result, output):
         console.print(_status_table(result["claims"]))
         for event in result["events"]:
             console.print(f"{event['claim']} {event['state']} by {event['by']} ({event['rule']}): {event['reason']}")
@@ -589,9 +603,6 @@ async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[dict[str
                 break
             await asyncio.sleep(0.1)
         return statuses, len(documents)
-
-
-Output = Annotated[str, typer.Option(help="table | json")]
 
 
 @token_app.command("create")
@@ -734,9 +745,7 @@ def _table(columns: list[str], rows: list[list[Any]]) -> Table:
 
 
 def _show(data: Any, output: str, columns: list[str], rows: list[list[Any]]) -> None:
-    if output == "json":
-        print(json.dumps(data, indent=2))
-    else:
+    if not _emit(data, output):
         console.print(_table(columns, rows))
 
 
@@ -789,8 +798,7 @@ def quota_import(
         raise typer.Exit(1) from None
     result = _request("POST", "/v1/quotas/import", content=content, params={"dryRun": str(dry_run).lower()},
                       headers={"Content-Type": "application/yaml"}).json()
-    if output == "json":
-        print(json.dumps(result, indent=2))
+    if _emit(result, output):
         return
     verb = "would change" if dry_run else "changed"
 
@@ -809,7 +817,7 @@ def quota_import(
 
 
 @quota_app.command("export")
-def quota_export(output: Annotated[str, typer.Option(help="yaml | json")] = "yaml") -> None:
+def quota_export(output: Annotated[str, typer.Option("--output", "-o", help="yaml | json")] = "yaml") -> None:
     """Print the Quotas document (what `quota import` reads)."""
     response = _request("GET", "/v1/quotas/export", params={"format": "json" if output == "json" else "yaml"})
     sys.stdout.write(response.text if output != "json" else json.dumps(response.json(), indent=2) + "\n")
@@ -822,10 +830,10 @@ def quota_usage(output: Output = "table") -> None:
     rows = [[r["tenant"], r["cohort"], r["flavor"] or "(none)", r["nominal"], r["used"], r["usedUnits"],
              r["borrowed"], r["lent"]] for r in usage["items"]]
     _show(usage, output, ["TENANT", "COHORT", "FLAVOR", "NOMINAL", "USED", "UNITS", "BORROWED", "LENT"], rows)
-    if output != "json" and usage["pending"]:
+    if output == "table" and usage["pending"]:
         console.print(_table(["TENANT", "PENDING CLAIMS", "DEVICES REQUESTED"],
                              [[p["tenant"], p["claims"], p["devices"]] for p in usage["pending"]]))
-    if output != "json" and not usage["enforced"]:
+    if output == "table" and not usage["enforced"]:
         console.print("no quota is set: the fleet is open to every tenant")
 
 
@@ -837,8 +845,7 @@ def explain(
 ) -> None:
     """Why a claim waits: its state, reason and the allocator's structured explanation."""
     result = _request("GET", f"/v1/claims/{tenant}/{claim}/explain").json()
-    if output == "json":
-        print(json.dumps(result, indent=2))
+    if _emit(result, output):
         return
     console.print(f"{result['namespace']}/{result['name']}: {result['state']}")
     if result["reason"]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 
+import yaml
 from typer.testing import CliRunner
 
 from services.cli import app
@@ -46,3 +48,19 @@ def test_simulate_refuses_an_unreadable_inventory_by_name(tmp_path: Path) -> Non
     result = runner.invoke(app, ["simulate", "--inventory", str(fleet), "--claims", str(claims)])
     assert result.exit_code == 1
     assert "fleet.yaml: document 1 (Topology): gpuModel 'T4' is not a known GPU" in result.output
+
+
+def test_every_printing_command_takes_o_yaml_and_refuses_an_unknown_format(tmp_path: Path) -> None:
+    """The contract: -o/--output table|json|yaml; a format it does not know is a usage error, not a table."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(LAB_NODE)
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(resources.files("shared.workloads").joinpath("lab.yaml").read_text())
+    base = ["simulate", "--inventory", str(fleet), "--claims", str(lab)]
+    as_yaml = runner.invoke(app, [*base, "-o", "yaml"])
+    as_json = runner.invoke(app, [*base, "--output", "json"])
+    assert as_yaml.exit_code == 0 and yaml.safe_load(as_yaml.output) == json.loads(as_json.output)
+    refused = runner.invoke(app, [*base, "-o", "xml"])
+    assert refused.exit_code == 2 and "must be table, json or yaml, not 'xml'" in refused.output
+    for command in (["status"], ["token", "list"], ["quota", "list"], ["quota", "usage"], ["explain", "c"]):
+        assert re.search(r"\s-o\s", runner.invoke(app, [*command, "--help"]).output), command
