@@ -892,12 +892,36 @@ def asyncapi(
     print(json.dumps(data, indent=2) if output == "json" else yaml.safe_dump(data, sort_keys=False), end="\n")
 
 
+GLOBAL_OPTIONS = ("--nats", "--api", "--token", "--data-dir")
+
+
+def globals_first(argv: list[str]) -> list[str]:
+    """kubectl's habit: the global options are accepted after the command too (`status --data-dir X`); they
+    are moved before it, with their values. What follows `--` is left as it is."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        if arg.split("=", 1)[0] in GLOBAL_OPTIONS:
+            taken = 1 if "=" in arg else 2
+            front.extend(argv[i:i + taken])
+            i += taken
+            continue
+        rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main() -> None:
     """Errors are one line on stderr, never a traceback (CLAIMBROKER_DEBUG=1 shows it)."""
     import os
 
     try:
-        app()
+        app(args=globals_first(sys.argv[1:]))
     except dra.DocumentError as error:
         err.print(str(error))
         sys.exit(1)

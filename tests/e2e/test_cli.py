@@ -139,7 +139,7 @@ async def test_tokens_expire_are_listed_and_revoked(tmp_path: Path) -> None:
     assert code == 0 and "revoked" in out
     code, _, err = await run("--data-dir", data, "token", "revoke", "7")
     assert code == 1 and "no token 7" in err
-    code, out, _ = await run("--data-dir", data, "token", "list", "--output", "json")
+    code, out, _ = await run("token", "list", "--data-dir", data, "-o", "json")  # global options after it too
     assert json.loads(out)[0]["revokedAt"] is not None
 
 

@@ -7,10 +7,11 @@ import re
 from importlib import resources
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
-from services.cli import app
+from services.cli import app, globals_first
 
 runner = CliRunner()
 LAB_NODE = """kind: Topology
@@ -64,3 +65,14 @@ def test_every_printing_command_takes_o_yaml_and_refuses_an_unknown_format(tmp_p
     assert refused.exit_code == 2 and "must be table, json or yaml, not 'xml'" in refused.output
     for command in (["status"], ["token", "list"], ["quota", "list"], ["quota", "usage"], ["explain", "c"]):
         assert re.search(r"\s-o\s", runner.invoke(app, [*command, "--help"]).output), command
+
+
+@pytest.mark.parametrize(("given", "moved"), [
+    (["status", "--data-dir", "d", "--tenant", "t"], ["--data-dir", "d", "status", "--tenant", "t"]),
+    (["--nats", "u", "status"], ["--nats", "u", "status"]),
+    (["quota", "list", "--api=http://a", "-o", "json"], ["--api=http://a", "quota", "list", "-o", "json"]),
+    (["up", "--nats", "u", "--db", "x"], ["--nats", "u", "up", "--db", "x"]),
+    (["submit", "f", "--", "--token", "t"], ["submit", "f", "--", "--token", "t"]),
+])
+def test_global_options_are_accepted_after_the_command(given: list[str], moved: list[str]) -> None:
+    assert globals_first(given) == moved
