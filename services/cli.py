@@ -888,8 +888,7 @@ def asyncapi(
     if output not in ("json", "yaml"):
         err.print(f"claimbroker: --output must be json or yaml, not {output!r}")
         raise typer.Exit(2)
-    data = document()
-    print(json.dumps(data, indent=2) if output == "json" else yaml.safe_dump(data, sort_keys=False), end="\n")
+    _emit(document(), output)
 
 
 GLOBAL_OPTIONS = ("--nats", "--api", "--token", "--data-dir")
