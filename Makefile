@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator bench-publish bench-e2e chaos clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator bench-publish bench-e2e bench-flood chaos clean
 
 help: ## show this help
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -52,6 +52,10 @@ bench-publish: $(STAMP) ## status publishing: FastStream per message or gathered
 bench-e2e: $(STAMP) ## claimbroker up end to end (SQLite, PostgreSQL): 10,000-claim burst and churn, claims/s vs an echo service
 	@scripts/ensure-postgres.sh
 	$(BIN)/python bench/e2e.py
+
+bench-flood: $(STAMP) ## one tenant floods 50,000 claims, another submits 100 steadily: its p99 to first status, with and without
+	@scripts/ensure-postgres.sh
+	$(BIN)/python bench/flood.py
 
 chaos: $(STAMP) ## one process per service on PostgreSQL, replicas killed, NATS restarted; invariant counts as JSON
 	@scripts/ensure-postgres.sh

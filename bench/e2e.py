@@ -60,7 +60,8 @@ import yaml  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig  # noqa: E402
 
-from shared import subjects  # noqa: E402
+from services.bus_authority import ADMIN_PASSWORD_FILE  # noqa: E402
+from shared import bus_auth, subjects  # noqa: E402
 
 SHARED_PG = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 MODELS = ("A100", "H100", "H200")
@@ -319,7 +320,10 @@ class Broker:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CLAIMBROKER_")} | self.extra_env
+        # the burst publishes every claim at once, far deeper than a tenant's backlog on the bus may be
+        # (settings.tenant_backlog): lifted here, so the figures measure the broker, not the limit
+        env = ({k: v for k, v in os.environ.items() if not k.startswith("CLAIMBROKER_")}
+               | {"CLAIMBROKER_TENANT_BACKLOG": "1000000"} | self.extra_env)
         command = [sys.executable, "-m", "services.cli", "--data-dir", str(self.data), "up",
                    "--inventory", str(self.inventory), "--api-port", str(free_port())]
         if self.db_url:
@@ -343,8 +347,9 @@ class Broker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.alive()
+            password = self.data / ADMIN_PASSWORD_FILE  # the data folder's bus admin, as its CLI uses it
             if path.exists() and (url := path.read_text().strip()):
-                return url
+                return bus_auth.url_with_user(url, bus_auth.admin_user(), password.read_text().strip())
             await asyncio.sleep(0.05)
         raise RuntimeError(f"no {path} after {timeout:.0f}s:\n{self.tail()}")
 
@@ -534,7 +539,7 @@ async def run_one(db: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         async def quiet(_: Exception) -> None:
             return None
 
-        nc = await nats.connect(url, error_cb=quiet)
+        nc = await nats.connect(url, error_cb=quiet, **bus_auth.client_options(url))
         js = nc.jetstream(publish_async_max_pending=args.claims + int(args.churn_rate * args.churn_seconds) * 2 + 100)
         await nc.subscribe(subjects.STATUS_ALL, cb=statuses.on_status)
         await nc.flush()

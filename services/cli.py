@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
+import secrets
 import signal
 import sys
 import time
@@ -32,6 +34,7 @@ token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 app.add_typer(token_app, name="token")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
+log = logging.getLogger("claimbroker")
 
 
 class Globals:
@@ -82,6 +85,10 @@ def _emit(data: Any, output: str) -> bool:
     return output != "table"
 
 
+class Refused(Exception):
+    """A server refused who we are (a revoked or wrong credential): one line, exit 1, like a 4xx."""
+
+
 class Unreachable(Exception):
     """A server the command needs cannot be reached or does not hold the broker: one line, exit 3."""
 
@@ -94,8 +101,15 @@ def _nats_url(settings: BrokerSettings) -> str:
     if settings.nats_url:
         return settings.nats_url
     url_file = settings.data_dir / "nats.url"
-    if url_file.exists():
-        return url_file.read_text().strip()
+    if url_file.exists():  # `up`'s server: its bus admin's credential, kept beside it, goes with it
+        from services.bus_authority import ADMIN_PASSWORD_FILE
+        from shared import bus_auth
+
+        url = url_file.read_text().strip()
+        password = settings.data_dir / ADMIN_PASSWORD_FILE
+        if password.exists() and bus_auth.user_of(url) is None:
+            url = bus_auth.url_with_user(url, bus_auth.admin_user(), password.read_text().strip())
+        return url
     err.print(f"no NATS URL: pass --nats URL (or CLAIMBROKER_NATS), or run where `claimbroker up` keeps its data "
               f"({url_file} does not exist)")
     raise typer.Exit(2)
@@ -115,10 +129,11 @@ async def _connect(url: str) -> Any:
             failed.set_result(error)
 
     from services.natsio import tls_context
+    from shared import bus_auth
 
     connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(
         url, name="claimbroker-cli", connect_timeout=2, allow_reconnect=False, error_cb=first_failure,
-        tls=tls_context(_settings().tls_ca)))
+        tls=tls_context(_settings().tls_ca), **bus_auth.client_options(url)))
     futures: set[asyncio.Future[Any]] = {connecting, failed}
     await asyncio.wait(futures, timeout=NATS_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
     if connecting.done() and connecting.exception() is None:
@@ -129,26 +144,55 @@ async def _connect(url: str) -> Any:
     if error is None and not connecting.cancelled():
         error = connecting.exception()
     why = _why(error) if error is not None else f"no answer within {NATS_TIMEOUT_S:g}s"
-    raise Unreachable(f"cannot reach NATS at {url}: {why}")
+    if error is not None and "authorization violation" in str(error).lower():
+        raise Refused(f"NATS at {bus_auth.redact(url)}: {why}")
+    raise Unreachable(f"cannot reach NATS at {bus_auth.redact(url)}: {why}")
 
 
 def _why(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
+    if "authorization violation" in text.lower():
+        return ("the server refused the credential (a bus credential from `claimbroker credentials create`, "
+                "as --nats nats://USER:PASSWORD@HOST:PORT)")
     return text if "no servers" not in text.lower() else "nothing answered there"
 
 
+def _no_streams(shown_url: str) -> Unreachable:
+    return Unreachable(f"NATS at {shown_url} has no claim-broker streams: is the broker running against it?")
+
+
+BACKLOG_WAIT_S = 60.0  # how long a publish waits on a full tenant backlog for the broker to take some
+
+
 async def _publish(js: Any, url: str, subject: str, payload: Any, message_id: str) -> None:
-    """Publish to the broker's stream; only `up`, `serve` and `migrate` create what the broker needs."""
-    from nats.js.errors import NoStreamResponseError
+    """Publish to the broker's stream; only `up`, `serve` and `migrate` create what the broker needs. A
+    tenant's backlog on the bus is bounded (settings.tenant_backlog): past it, wait for the broker."""
+    from nats.js.errors import APIError, NoStreamResponseError
 
-    from services.natsio import publish_json
+    from services.natsio import BACKLOG_FULL_CODE, publish_json
+    from shared import bus_auth
 
-    try:
-        await asyncio.wait_for(publish_json(js, subject, payload, msg_id=message_id), NATS_TIMEOUT_S)
-    except NoStreamResponseError:
-        raise Unreachable(f"NATS at {url} has no claim-broker streams: is the broker running against it?") from None
-    except TimeoutError:
-        raise Unreachable(f"NATS at {url} did not acknowledge within {NATS_TIMEOUT_S:g}s") from None
+    shown = bus_auth.redact(url)
+    deadline, pause = time.monotonic() + BACKLOG_WAIT_S, 0.02
+    while True:
+        try:
+            await asyncio.wait_for(publish_json(js, subject, payload, msg_id=message_id), NATS_TIMEOUT_S)
+            return
+        except NoStreamResponseError:
+            raise _no_streams(shown) from None
+        except TimeoutError:
+            raise Unreachable(f"NATS at {shown} did not acknowledge {subject} within {NATS_TIMEOUT_S:g}s "
+                              f"(may this credential publish there?)") from None
+        except APIError as error:
+            if error.err_code != BACKLOG_FULL_CODE:
+                raise
+            if time.monotonic() > deadline:
+                raise Unreachable(f"the bus still holds as many of {subject}'s messages as a tenant may after "
+                                  f"{BACKLOG_WAIT_S:g}s: is the allocator running?") from None
+            if pause == 0.64:  # said once a wait is long enough to notice
+                err.print(f"{subject}: the tenant's backlog on the bus is full; waiting for the broker to take some")
+            await asyncio.sleep(pause)
+            pause = min(1.28, pause * 2)
 
 
 def _logging(verbose: bool, log_format: str = "text") -> None:
@@ -174,13 +218,15 @@ def up(
         "--webhook", help="post alerts to this URL as JSON (repeatable); `slack:URL` posts Slack messages")] = None,
     stream_replicas: Annotated[int | None, typer.Option(help="servers of a NATS cluster keeping each stream")] = None,
     log_format: LogFormat = None,
+    insecure: Annotated[bool, typer.Option(
+        help="an open bus: the embedded NATS server asks no credential (labs only)")] = False,
 ) -> None:
     """Run watcher, allocator, notifier and admin API until Ctrl-C."""
     from shared.settings import Webhook
 
     tune_gc()
     settings = _settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
-                         nats_url=nats, api_port=api_port, stream_replicas=stream_replicas,
+                         nats_url=nats, api_port=api_port, stream_replicas=stream_replicas, insecure=insecure or None,
                          pending_alert_after=pending_alert_after, log_format=log_format,
                          webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
     _logging(True, settings.log_format)
@@ -210,6 +256,15 @@ async def _up(settings: BrokerSettings) -> bool:
             token_file.chmod(0o600)
             console.print(f"admin token (shown once, kept in {token_file}): {token}")
         console.print(f"NATS      {stack.nats_url}")
+        if stack.authority is not None:
+            console.print("          credentials required: a tenant's from `claimbroker credentials create "
+                          f"--tenant T`, as nats://USER:PASSWORD@{stack.nats_url.split('://', 1)[-1]}; the CLI run "
+                          "here uses this folder's bus admin")
+        elif stack.embedded is not None:
+            log.warning("the bus is open (--insecure): anyone who reaches %s may submit, release and read any "
+                        "tenant's claims, and delete the streams", stack.nats_url)
+            console.print("          [bold red]OPEN BUS (--insecure): no credential asked; anyone who reaches it "
+                          "acts as any tenant[/bold red]")
         console.print(f"admin API {stack.api_url}")
         console.print(f"ledger    {stack.db_url}")
         health = None
@@ -230,9 +285,48 @@ async def _up(settings: BrokerSettings) -> bool:
     return told
 
 
+def _serve_bus_auth(settings: BrokerSettings) -> None:
+    """Beside an external nats-server: keep the file its config includes equal to the ledger's credentials
+    and the services' own users, and reload the server on each change, until SIGTERM."""
+    from services.bus_authority import BusAuthority, FileTarget, own_identities
+    from shared import bus_auth
+    from shared.ledger.engine import create_engine
+
+    if settings.bus_auth_file is None or not settings.bus_passwords:
+        err.print("serve bus-auth needs CLAIMBROKER_BUS_AUTH_FILE and CLAIMBROKER_BUS_PASSWORDS")
+        raise typer.Exit(2)
+    target = FileTarget(settings.bus_auth_file, settings.nats_pid_file)
+    own = own_identities(settings.bus_passwords)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        if not settings.bus_auth_file or not settings.bus_auth_file.exists():
+            target(bus_auth.render_authorization(own))  # the server can start before the ledger answers
+        engine = create_engine(settings.database_url())
+        authority = BusAuthority(engine, own, target, settings.bus_auth_poll_interval)
+        try:
+            while not stop.is_set():
+                try:
+                    await authority.apply()
+                    break
+                except Exception as error:  # the ledger not there yet (not migrated, not up): keep trying
+                    log.warning("bus-auth: cannot read the ledger yet: %s", error)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 2.0)
+            follower = asyncio.create_task(authority.run())
+            await stop.wait()
+            follower.cancel()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
 @app.command()
 def serve(
-    service: Annotated[str, typer.Argument(help="watcher | allocator | notifier | admin-api")],
+    service: Annotated[str, typer.Argument(help="watcher | allocator | notifier | admin-api | bus-auth")],
     inventory: Annotated[list[Path] | None, typer.Option("--inventory")] = None,
     db: Annotated[str | None, typer.Option()] = None,
     nats: Annotated[str | None, typer.Option()] = None,
@@ -248,6 +342,9 @@ def serve(
                          kubeconfig=kubeconfig, nvml=nvml or None, stream_replicas=stream_replicas,
                          log_format=log_format)
     _logging(True, settings.log_format)
+    if service == "bus-auth":
+        _serve_bus_auth(settings)
+        return
     if not settings.nats_url:
         err.print("serve needs --nats or CLAIMBROKER_NATS_URL")
         raise typer.Exit(2)
@@ -276,7 +373,8 @@ def serve(
         stack = Stack(nats_url=settings.nats_url or "", db_url=settings.database_url(), engine=engine)
         setup = await connect(stack.nats_url, name=f"claimbroker-{service}-setup", tls_ca=settings.tls_ca)
         try:
-            await ensure_streams(setup.jetstream(), settings.stream_replicas)  # as many replicas as configured
+            # as many replicas, and as deep a tenant's backlog, as configured
+            await ensure_streams(setup.jetstream(), settings.stream_replicas, settings.tenant_backlog)
         finally:
             await setup.close()
         await start_service(stack, service, settings)
@@ -348,6 +446,8 @@ def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
 
 
 async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int | None) -> list[tuple[str, str]]:
+    for document in claims:
+        _own_tenant_only(url, str(document["metadata"]["namespace"]))
     nc = await _connect(url)
     # Ids unique to this invocation: a retry inside it is deduplicated, a later `submit` of the same file is
     # a new submission (the broker ignores it while the claim waits or runs, and takes it once it ended).
@@ -370,24 +470,20 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
 
 
 async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[dict[str, Any]]:
-    """The newest status of every matching claim, from the status stream."""
-    from nats.js.api import DeliverPolicy
-    from nats.js.errors import NotFoundError
+    """The newest status of every matching claim, from the status stream, through a consumer of this
+    reader's own: the one way to read statuses that a tenant's bus credential allows (bus_auth)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+    from shared import bus_auth
+
+    own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")
+    if own is not None and tenant == "*":
+        tenant = own
+    _own_tenant_only(url, tenant)
+    shown = bus_auth.redact(url)
     nc = await _connect(url)
     try:
-        js = nc.jetstream()
-        subject = f"{subjects.PREFIX}.claims.status.{tenant}.{name}"
         latest: dict[str, dict[str, Any]] = {}
-        try:
-            info = await asyncio.wait_for(js.stream_info(subjects.STATUS_STREAM, subjects_filter=subject),
-                                          NATS_TIMEOUT_S)
-        except NotFoundError:
-            raise Unreachable(f"NATS at {url} has no claim-broker streams: is the broker running against it?") from None
-        except TimeoutError:
-            raise Unreachable(f"NATS at {url} did not answer within {NATS_TIMEOUT_S:g}s") from None
-        if not info.state.subjects:
-            return []
         done = asyncio.Event()
 
         async def on_message(message: Any) -> None:
@@ -395,15 +491,46 @@ async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[di
             if message.metadata.num_pending == 0:
                 done.set()
 
-        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                                 cb=on_message)
+        deliver = nc.new_inbox()
+        sub = await nc.subscribe(deliver, cb=on_message)
         try:
+            consumer = f"cli-{secrets.token_hex(8)}"
+            wanted = bus_auth.status_filter(tenant, name if name != "*" else ">")
+            config = ConsumerConfig(name=consumer, deliver_subject=deliver, filter_subject=wanted,
+                                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE,
+                                    inactive_threshold=5.0, mem_storage=True)  # gone 5 s after this read
+            try:
+                reply = await nc.request(
+                    bus_auth.consumer_create_subject(subjects.STATUS_STREAM, consumer, wanted),
+                    json.dumps({"stream_name": subjects.STATUS_STREAM, "config": config.as_dict()}).encode(),
+                    timeout=NATS_TIMEOUT_S)
+            except TimeoutError:
+                raise Unreachable(f"NATS at {shown} did not answer within {NATS_TIMEOUT_S:g}s (may this "
+                                  f"credential read {wanted}?)") from None
+            created = json.loads(reply.data)
+            if "error" in created:
+                if created["error"].get("err_code") == 10059:  # stream not found
+                    raise _no_streams(shown)
+                raise Unreachable(f"NATS at {shown}: {created['error'].get('description')}")
+            if created["num_pending"] == 0 and created["delivered"]["consumer_seq"] == 0:
+                return []
             await asyncio.wait_for(done.wait(), 10)
         finally:
             await sub.unsubscribe()
         return sorted(latest.values(), key=lambda s: (s["namespace"], s["name"]))
     finally:
         await nc.close()
+
+
+def _own_tenant_only(url: str, tenant: str) -> None:
+    """A tenant's bus credential reaches only its tenant: said here in one line, before the server refuses
+    it without a word (a publish it forbids is dropped)."""
+    from shared import bus_auth
+
+    own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")
+    if own is not None and tenant != own:
+        err.print(f"claimbroker: this bus credential is tenant {own}'s: it cannot reach tenant {tenant}'s claims")
+        raise typer.Exit(1)
 
 
 def _status_table(statuses: list[dict[str, Any]]) -> Table:
@@ -444,12 +571,11 @@ def submit(
         deadline = time.monotonic() + wait
         found: dict[tuple[str, str], dict[str, Any]] = {}
         while time.monotonic() < deadline and len(found) < len(sent):
-            for t, n in sent:
-                if (t, n) in found:
-                    continue
-                statuses = await read_statuses(url, t, n)
-                if statuses and _answers(statuses[-1], before.get((t, n))):
-                    found[(t, n)] = statuses[-1]
+            for t in sorted({t for t, n in sent if (t, n) not in found}):  # one read a tenant, not a claim
+                latest = {(s["namespace"], s["name"]): s for s in await read_statuses(url, t)}
+                for key in sent:
+                    if key not in found and key in latest and _answers(latest[key], before.get(key)):
+                        found[key] = latest[key]
             if len(found) < len(sent):
                 await asyncio.sleep(0.2)
         return [found[k] for k in sent if k in found]
@@ -494,10 +620,15 @@ def status(
 @app.command()
 def release(
     name: Annotated[str, typer.Argument()],
-    tenant: Annotated[str, typer.Option(help="the claim's tenant")] = "default",
+    tenant: Annotated[str | None, typer.Option(help="the claim's tenant (default: a tenant credential's own)")]
+    = None,
 ) -> None:
     """Release an allocated or pending claim."""
+    from shared import bus_auth
+
     url = _nats_url(_settings())
+    tenant = tenant or bus_auth.tenant_of_user(bus_auth.user_of(url) or "") or "default"
+    _own_tenant_only(url, tenant)
 
     async def main() -> None:
         nc = await _connect(url)
@@ -594,11 +725,11 @@ async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[dict[str
         assert stack.allocator is not None
         if not await stack.allocator.wait_for_inventory(timeout):
             raise RuntimeError("no inventory arrived")
-        await _publish_claims(stack.nats_url, documents, None)
+        await _publish_claims(stack.admin_url, documents, None)
         deadline = time.monotonic() + timeout
         statuses: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            statuses = await read_statuses(stack.nats_url, "lab")
+            statuses = await read_statuses(stack.admin_url, "lab")
             if len(statuses) >= len(documents):
                 break
             await asyncio.sleep(0.1)
@@ -677,6 +808,52 @@ async def _with_ledger(db: str | None, work: Callable[[Any], Awaitable[T]]) -> T
         return await work(sessions(engine))
     finally:
         await engine.dispose()
+
+
+# --- bus credentials, over the admin API ------------------------------------------------------------------
+
+credentials_app = typer.Typer(help="Bus credentials (over the admin API: --api, --token).", no_args_is_help=True)
+app.add_typer(credentials_app, name="credentials")
+
+
+@credentials_app.command("create")
+def credentials_create(
+    tenant: Annotated[str | None, typer.Option(help="submit and release this tenant's claims, read its statuses")]
+    = None,
+    alerts: Annotated[bool, typer.Option("--alerts", help="read claimbroker.v1.alerts.> only")] = False,
+    output: Output = "table",
+) -> None:
+    """Create a bus credential and print its password once."""
+    from shared import bus_auth
+
+    if (tenant is None) == (not alerts):
+        err.print("claimbroker: give --tenant T or --alerts (one of them)")
+        raise typer.Exit(2)
+    body = {"role": "alerts"} if alerts else {"role": "tenant", "tenant": tenant}
+    created = _request("POST", "/v1/credentials", json=body).json()
+    nats_file = _settings().data_dir / "nats.url"
+    where = nats_file.read_text().strip() if nats_file.exists() else "nats://HOST:4222"
+    created["url"] = bus_auth.url_with_user(where, created["user"], created["password"])
+    if not _emit(created, output):
+        console.print(f"credential {created['id']} for {tenant or 'alerts'} (the password is shown this once):")
+        console.print(f"  user      {created['user']}")
+        console.print(f"  password  {created['password']}")
+        console.print(f"  use it as --nats {created['url']}", soft_wrap=True)
+
+
+@credentials_app.command("list")
+def credentials_list(output: Output = "table") -> None:
+    """Every bus credential (revoked ones too); never a password."""
+    rows = _request("GET", "/v1/credentials").json()
+    _show(rows, output, ["ID", "USER", "ROLE", "TENANT", "CREATED", "REVOKED"],
+          [[c["id"], c["user"], c["role"], c["tenant"] or "-", c["createdAt"], c["revokedAt"] or "-"] for c in rows])
+
+
+@credentials_app.command("revoke")
+def credentials_revoke(credential_id: Annotated[int, typer.Argument(help="the id `credentials list` shows")]) -> None:
+    """Revoke a bus credential: its connections are closed and it is refused from then on."""
+    _request("DELETE", f"/v1/credentials/{credential_id}")
+    print(f"credential {credential_id} revoked")
 
 
 # --- quota admins: `quota ...` and `explain`, over the admin API --------------------------------------------
@@ -927,6 +1104,9 @@ def main() -> None:
     except Unreachable as error:
         err.print(f"claimbroker: {error}")
         sys.exit(3)
+    except Refused as error:
+        err.print(f"claimbroker: {error}")
+        sys.exit(1)
     except Exception as error:
         if os.environ.get("CLAIMBROKER_DEBUG"):
             raise

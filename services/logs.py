@@ -45,6 +45,7 @@ def configure(verbose: bool, log_format: str = "text") -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger(BATCHES).setLevel(logging.WARNING)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a line per plugin, every start
     asyncio_log = logging.getLogger("asyncio")
     if _not_nats_tls_eof not in asyncio_log.filters:
         asyncio_log.addFilter(_not_nats_tls_eof)

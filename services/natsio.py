@@ -27,18 +27,24 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from shared import subjects
+from shared import bus_auth, subjects
 
 DUPLICATE_WINDOW_S = 600.0
+BACKLOG_FULL_CODE = 10077  # JetStream's answer to a publish past the claims stream's per-subject limit
 
 STREAMS = (
     StreamConfig(
         name=subjects.INVENTORY_STREAM, subjects=[subjects.INVENTORY_ALL], storage=StorageType.FILE,
         max_msgs_per_subject=1, duplicate_window=DUPLICATE_WINDOW_S,
     ),
+    # A work queue: a submission or release leaves once the allocator acked it (it committed to the ledger).
+    # At most `tenant_backlog` wait per subject, that is per tenant and kind, and a publish past that is
+    # refused (discard new, per subject): a tenant flooding the bus waits for its own backlog and cannot
+    # bury the others' claims under its own.
     StreamConfig(
         name=subjects.CLAIMS_STREAM, subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL],
-        storage=StorageType.FILE, retention=RetentionPolicy.LIMITS, duplicate_window=DUPLICATE_WINDOW_S,
+        storage=StorageType.FILE, retention=RetentionPolicy.WORK_QUEUE, duplicate_window=DUPLICATE_WINDOW_S,
+        max_msgs_per_subject=16, discard=DiscardPolicy.NEW, discard_new_per_subject=True,
     ),
     StreamConfig(
         name=subjects.STATUS_STREAM, subjects=[subjects.STATUS_ALL], storage=StorageType.FILE,
@@ -61,32 +67,34 @@ class ConnectionWatch:
 
     def __init__(self, url: str, name: str, tls_ca: Path | None = None) -> None:
         self.url, self.name, self.tls_ca = url, name, tls_ca
+        self.shown = bus_auth.redact(url)  # what the log says: never a password
         self.client: Client | None = None
         self.lost = False
 
     def options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
             "servers": [self.url], "name": self.name, "max_reconnect_attempts": -1, "reconnect_time_wait": 0.5,
-            "disconnected_cb": self._disconnected, "reconnected_cb": self._reconnected, "error_cb": self._failed_try}
+            "disconnected_cb": self._disconnected, "reconnected_cb": self._reconnected, "error_cb": self._failed_try,
+            **bus_auth.client_options(self.url)}
         if (tls := tls_context(self.tls_ca)) is not None:
             options["tls"] = tls
         return options
 
     async def _disconnected(self) -> None:  # nats-py calls it again after each failed try, and on close
         if not self.lost and not (self.client is not None and self.client.is_closed):
-            log.warning("%s: connection to NATS at %s lost; reconnecting", self.name, self.url)
+            log.warning("%s: connection to NATS at %s lost; reconnecting", self.name, self.shown)
         self.lost = True
 
     async def _reconnected(self) -> None:
         self.lost = False
-        log.info("%s: reconnected to NATS at %s", self.name, self.url)
+        log.info("%s: reconnected to NATS at %s", self.name, self.shown)
 
     async def _failed_try(self, error: Exception) -> None:
         """nats-py reports failed reconnect tries here, and also errors of subscription callbacks and
         slow-consumer drops: the first kind once per outage (above), the others always."""
         if self.lost or isinstance(error, OSError | nats_errors.UnexpectedEOF | nats_errors.StaleConnectionError
                                    | nats_errors.NoServersError):
-            log.debug("%s: NATS at %s: %r", self.name, self.url, error)
+            log.debug("%s: NATS at %s: %r", self.name, self.shown, error)
         else:
             log.error("%s: NATS client error: %r", self.name, error, exc_info=error)
 
@@ -105,16 +113,40 @@ async def connect(url: str, *, name: str, tls_ca: Path | None = None) -> Client:
     return client
 
 
-async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+async def ensure_streams(
+    js: JetStreamContext, replicas: int | None = None, tenant_backlog: int | None = None
+) -> None:
     """Create the contract's streams, or bring their config to ours (every limit lives here). `replicas`:
-    how many servers of a NATS cluster keep each stream (3 survives the loss of one); None keeps what an
-    existing stream has (1 for a new one), so a service never shrinks what the operator set."""
+    how many servers of a NATS cluster keep each stream (3 survives the loss of one); `tenant_backlog`: the
+    claims a tenant may have waiting on the bus. None keeps what an existing stream has (ours for a new one),
+    so a service never undoes what the operator set."""
     for config in STREAMS:
+        wanted = dataclasses.replace(config, num_replicas=replicas or 1)
+        if config.name == subjects.CLAIMS_STREAM and tenant_backlog is not None:
+            wanted.max_msgs_per_subject = tenant_backlog
         try:
-            await js.add_stream(dataclasses.replace(config, num_replicas=replicas or 1))
+            await js.add_stream(wanted)
         except BadRequestError:
-            kept = replicas or (await js.stream_info(str(config.name))).config.num_replicas
-            await js.update_stream(dataclasses.replace(config, num_replicas=kept))
+            existing = (await js.stream_info(str(config.name))).config
+            wanted.num_replicas = replicas or existing.num_replicas
+            if config.name == subjects.CLAIMS_STREAM:
+                wanted = _kept_claims_config(wanted, existing, tenant_backlog)
+            await js.update_stream(wanted)
+
+
+def _kept_claims_config(wanted: StreamConfig, existing: StreamConfig, tenant_backlog: int | None) -> StreamConfig:
+    """The claims stream keeps the operator's backlog limit; one made by an older version (limits
+    retention: JetStream cannot change a stream's retention) keeps working, without the limit, which
+    there would cap the stream's history instead of its backlog."""
+    if existing.retention != wanted.retention:
+        log.warning("the claims stream keeps every message (made by an older claim-broker): no per-tenant "
+                    "backlog limit until it is recreated (`nats stream rm %s` while the allocator is stopped and "
+                    "the stream empty of waiting claims)", subjects.CLAIMS_STREAM)
+        return dataclasses.replace(wanted, retention=existing.retention, max_msgs_per_subject=-1,
+                                   discard=existing.discard, discard_new_per_subject=False)
+    if tenant_backlog is None:
+        return dataclasses.replace(wanted, max_msgs_per_subject=existing.max_msgs_per_subject)
+    return wanted
 
 
 def raise_lost_cancel() -> None:
@@ -190,6 +222,17 @@ def nats_server_binary() -> str:
     return found
 
 
+RELOADED = b"Reloaded server configuration"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (one that exited and waits for its parent to notice)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @dataclass
 class EmbeddedNats:
     """A nats-server with JetStream in its own store folder, on a port it picks itself (no race).
@@ -205,6 +248,7 @@ class EmbeddedNats:
     port: int = -1  # -1: one the server picks; a fixed one lets clients reconnect after a restart
     tls_cert: Path | None = None  # with tls_key: clients must connect over TLS
     tls_key: Path | None = None
+    authorization: str | None = None  # nats-server's `authorization` block (shared/bus_auth.py); None: open
     process: subprocess.Popen[bytes] | None = None
     url: str = ""
 
@@ -216,12 +260,55 @@ class EmbeddedNats:
         text = "jetstream " + json.dumps(jetstream) + "\n"
         if self.tls_cert is not None and self.tls_key is not None:
             text += "tls " + json.dumps({"cert_file": str(self.tls_cert), "key_file": str(self.tls_key)}) + "\n"
+        if self.authorization is not None:
+            self._write_authorization(self.authorization)
+            text += "include auth.conf\n"  # relative to this file; rewritten on each reload
+        text += "pid_file " + json.dumps(str(self.store / "nats-server.pid")) + "\n"
         path = self.store / "nats-server.conf"
         path.write_text(text)
         return path
 
+    def _stop_orphan(self) -> None:
+        """A server of this store left running by a killed `up` (it runs in its own session, so a SIGKILL of
+        `up` does not reach it) holds the store and the port: stopped before a new one starts."""
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((self.store / "nats-server.pid").read_text().strip())
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if str(self.store / "nats-server.conf").encode() not in command:
+                return  # the pid is some other process's by now
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while _running(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            log.warning("stopped nats-server %d, left running by an earlier run on %s", pid, self.store)
+
+    def _write_authorization(self, text: str) -> None:
+        """Written whole, then renamed: the server never reads half a file."""
+        staged = self.store / "auth.conf.new"
+        staged.write_text(text)
+        staged.chmod(0o600)
+        staged.replace(self.store / "auth.conf")
+
+    def reload_authorization(self, text: str, timeout: float = 5.0) -> None:
+        """Apply a new `authorization` block: the server re-reads its config on SIGHUP and closes every
+        connection whose user is gone. Returns once the server logged the reload."""
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError("nats-server is not running")
+        self.authorization = text
+        self._write_authorization(text)
+        log_file = self.store / "nats-server.log"
+        before = log_file.read_bytes().count(RELOADED)
+        self.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if log_file.read_bytes().count(RELOADED) > before:
+                return
+            time.sleep(0.005)
+        raise RuntimeError(f"nats-server did not reload its config within {timeout:g}s; see {log_file}")
+
     def start(self, timeout: float = 10.0) -> str:
         self.store.mkdir(parents=True, exist_ok=True)
+        self._stop_orphan()
         ports_dir = self.store / "ports"
         ports_dir.mkdir(exist_ok=True)
         for stale in ports_dir.glob("*.ports"):

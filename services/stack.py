@@ -9,15 +9,19 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.allocator import app as allocator_app
 from services.allocator.service import Allocator
+from services.bus_authority import BusAuthority, Identity, admin_password
 from services.frame import ServiceApp
 from services.natsio import EmbeddedNats, connect, ensure_streams, wait_closed
 from services.notifier import app as notifier_app
 from services.watcher import app as watcher_app
+from shared import bus_auth
+from shared.ledger.bus_credentials import new_password
 from shared.ledger.engine import create_engine, migrate
 from shared.settings import BrokerSettings
 
@@ -33,7 +37,14 @@ class Stack:
     allocator: Allocator | None = None
     tasks: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     embedded: EmbeddedNats | None = None
+    authority: BusAuthority | None = None
+    # with bus auth: the data folder's admin (what `up` and the CLI there use) and each service's own URL
+    admin_url: str = ""
+    service_urls: dict[str, str] = field(default_factory=dict)
     readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)  # per service: why not ready
+
+    def __post_init__(self) -> None:
+        self.admin_url = self.admin_url or self.nats_url  # no bus auth here: the server's own business
 
     def not_ready(self, name: str) -> str | None:
         task = self.tasks.get(name)
@@ -93,12 +104,13 @@ async def supervise(stack: Stack, settings: BrokerSettings, stop: asyncio.Event,
 
 def _app(stack: Stack, name: str, settings: BrokerSettings) -> ServiceApp:
     """The service's app, from its app factory."""
+    url = stack.service_urls.get(name, stack.nats_url)
     if name == "watcher":
-        return watcher_app.create_app(settings, stack.nats_url)
+        return watcher_app.create_app(settings, url)
     if name == "allocator":
-        return allocator_app.create_app(settings, stack.engine, stack.nats_url)
+        return allocator_app.create_app(settings, stack.engine, url)
     if name == "notifier":
-        return notifier_app.create_app(settings, stack.engine, stack.nats_url)
+        return notifier_app.create_app(settings, stack.engine, url)
     raise ValueError(f"unknown service {name!r}")
 
 
@@ -121,7 +133,8 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
 
     from services.admin_api.app import create_app
 
-    config = uvicorn.Config(create_app(stack.engine), host=settings.api_host, port=settings.api_port,
+    apply = stack.authority.apply if stack.authority is not None else None
+    config = uvicorn.Config(create_app(stack.engine, apply), host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on",
                             ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,
                             ssl_keyfile=str(settings.api_tls_key) if settings.api_tls_key else None)
@@ -146,26 +159,55 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
 SERVICES = ("watcher", "allocator", "notifier", "admin-api")
 
 
+async def _start_embedded(embedded: EmbeddedNats, last_url: Path) -> str:
+    """On the port of its last run where that is free (the URLs handed to tenants keep working across
+    restarts), else on one the server picks."""
+    with contextlib.suppress(ValueError, OSError):
+        embedded.port = urlsplit(last_url.read_text().strip()).port or -1
+    try:
+        return await asyncio.to_thread(embedded.start)
+    except RuntimeError:
+        if embedded.port == -1:
+            raise
+        log.warning("NATS port %d of the last run is taken; the server picks another", embedded.port)
+        embedded.port = -1
+        return await asyncio.to_thread(embedded.start)
+
+
 @contextlib.asynccontextmanager
 async def running_stack(
     settings: BrokerSettings, *, services: tuple[str, ...] = SERVICES
 ) -> AsyncIterator[Stack]:
-    """Embedded NATS and SQLite unless settings name external ones; migrations run first."""
+    """Embedded NATS and SQLite unless settings name external ones; migrations run first. The embedded
+    server asks every client for a credential unless settings say `insecure`: the services and the data
+    folder's admin get identities of their own, tenants theirs from the ledger (services/bus_authority.py)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    embedded = None
+    db_url = settings.database_url()
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    embedded = authority = None
+    identities: dict[str, Identity] = {}
     nats_url = settings.nats_url
     if not nats_url:
         embedded = EmbeddedNats(Path(settings.data_dir) / "nats", sync=settings.nats_sync,
                                 tls_cert=settings.nats_tls_cert, tls_key=settings.nats_tls_key)
-        nats_url = await asyncio.to_thread(embedded.start)
-    db_url = settings.database_url()
-    await migrate(db_url)
-    engine = create_engine(db_url)
-    stack = Stack(nats_url=nats_url, db_url=db_url, engine=engine, embedded=embedded)
-    nc = await connect(nats_url, name="claimbroker-setup", tls_ca=settings.tls_ca)
-    await ensure_streams(nc.jetstream(), settings.stream_replicas)
+        if not settings.insecure:
+            identities = {name: Identity(bus_auth.service_user(name), new_password(), "service")
+                          for name in bus_auth.SERVICES}
+            identities["admin"] = Identity(bus_auth.admin_user(), admin_password(settings.data_dir), "admin")
+            own = await asyncio.to_thread(lambda: [identity.bus_user() for identity in identities.values()])
+            authority = BusAuthority(engine, own, embedded.reload_authorization, settings.bus_auth_poll_interval)
+            embedded.authorization = authority.applied = await authority.render()
+        nats_url = await _start_embedded(embedded, settings.data_dir / "nats.url")
+    urls = {name: bus_auth.url_with_user(nats_url, i.user, i.password) for name, i in identities.items()}
+    stack = Stack(nats_url=nats_url, db_url=db_url, engine=engine, embedded=embedded, authority=authority,
+                  admin_url=urls.pop("admin", nats_url), service_urls=urls)
+    nc = await connect(stack.admin_url, name="claimbroker-setup", tls_ca=settings.tls_ca)
+    await ensure_streams(nc.jetstream(), settings.stream_replicas, settings.tenant_backlog)
     await nc.close()
     try:
+        if authority is not None:
+            stack.tasks["bus-auth"] = asyncio.create_task(authority.run(), name="bus-auth")
         for name in services:
             await start_service(stack, name, settings)
         if "admin-api" in services:

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
@@ -51,6 +51,11 @@ class BrokerSettings(BaseSettings):
     nats_sync: str = "always"
     # How many servers of a NATS cluster keep each stream: 3 on a three-node cluster (deploy/k8s), 1 on one server.
     stream_replicas: int = 1
+    # Claims a tenant may have waiting on the bus (per tenant, for submissions and for releases); a publish
+    # past it is refused until the allocator takes some, so one tenant's flood cannot bury the others': what
+    # waits ahead of another tenant's claim is this many of each tenant's at most. Smaller is fairer, larger
+    # lets one tenant alone submit faster (`make bench-flood`, docs/performance.md).
+    tenant_backlog: int = Field(default=16, ge=1)
     db: str | None = None
     data_dir: Path = Path(".claimbroker")
     api_host: str = "127.0.0.1"
@@ -63,6 +68,17 @@ class BrokerSettings(BaseSettings):
     api_tls_key: Path | None = None
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
+    # The embedded nats-server asks every client for a credential (shared/bus_auth.py) unless `insecure`,
+    # which leaves the bus open to anyone who reaches it: labs only. The ledger's credentials are re-read
+    # this often (a credential created or revoked through the admin API of the same process applies at once).
+    insecure: bool = False
+    bus_auth_poll_interval: float = 0.5
+    # `serve bus-auth`, beside an external nats-server: the file its config includes, the server's pid file
+    # (SIGHUP reloads it), and the passwords of the services' and the admin's users, by name (JSON in
+    # CLAIMBROKER_BUS_PASSWORDS: {"allocator": ..., "notifier": ..., "watcher": ..., "admin": ...}).
+    bus_auth_file: Path | None = None
+    nats_pid_file: Path | None = None
+    bus_passwords: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> BrokerSettings:

@@ -6,6 +6,8 @@ application/problem+json. Every write is audited in the same transaction as the 
 live in one module per resource; this module wires them to an engine and maps errors to problems.
 """
 
+from collections.abc import Awaitable, Callable
+
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -13,17 +15,20 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.admin_api import claims, quotas, tenants, tokens
+from services.admin_api import claims, credentials, quotas, tenants, tokens
 from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
 from services.admin_api.page import USAGE_PAGE
 from shared.ledger.engine import sessions
 
 
-def create_app(engine: AsyncEngine) -> FastAPI:
-    """Everything the app needs comes in through `engine`; nothing is read from the environment here."""
+def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+    """Everything the app needs comes in through its arguments; nothing is read from the environment here.
+    `apply_bus_credentials`: where the embedded NATS server runs in this process, what applies a change of
+    bus credentials to it at once."""
     # storable_parameters runs first on every route: a NUL in a path or query parameter is a 422, not a 500.
     app = FastAPI(title="claim-broker admin API", version="1", dependencies=[Depends(storable_parameters)])
     app.state.sessions = sessions(engine)
+    app.state.apply_bus_credentials = apply_bus_credentials
 
     async def _http_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
@@ -80,4 +85,5 @@ def create_app(engine: AsyncEngine) -> FastAPI:
     app.include_router(quotas.router)
     app.include_router(claims.router)
     app.include_router(tokens.router)
+    app.include_router(credentials.router)
     return app

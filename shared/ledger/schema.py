@@ -155,6 +155,20 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+class BusCredential(Base):
+    """A credential for the NATS bus (shared/bus_auth.py): only a bcrypt hash of its password is kept, the
+    form nats-server itself checks, so the rendered server config holds no secret either."""
+
+    __tablename__ = "bus_credentials"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    user: Mapped[str] = mapped_column(String(300), unique=True)
+    role: Mapped[str] = mapped_column(String(16))  # tenant | alerts
+    tenant: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    password_hash: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
 class AuditEntry(Base):
     __tablename__ = "audit_log"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

@@ -52,9 +52,9 @@ async def test_the_stack_over_tls_and_a_client_without_the_ca_refused(tmp_path: 
     claims.write_text(yaml.safe_dump(a_claim("one", "vision").request().document()))
     async with running_stack(settings, services=("watcher", "allocator", "admin-api")) as stack:
         assert stack.allocator is not None and await stack.allocator.wait_for_inventory(20)  # its NATS is TLS
-        code, out, err = await cli("--nats", stack.nats_url, "submit", str(claims), "--wait", "20", ca=ca)
+        code, out, err = await cli("--nats", stack.admin_url, "submit", str(claims), "--wait", "20", ca=ca)
         assert code == 0 and json.loads(out)["state"] == "Allocated", err
-        code, _, err = await cli("--nats", stack.nats_url, "status", ca=None)
+        code, _, err = await cli("--nats", stack.admin_url, "status", ca=None)
         assert code == 3 and "cannot reach NATS" in err, err  # the server's certificate is not trusted
 
         assert stack.api_url is not None and stack.api_url.startswith("https://")

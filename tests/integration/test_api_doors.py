@@ -19,7 +19,7 @@ from shared.ledger.schema import AlertRecord, Claim
 from shared.ledger.tokens import create_token
 
 PUBLIC = {"/healthz", "/readyz"}
-ADMIN_READS = {"/v1/audit", "/v1/dead-letters", "/v1/tokens"}
+ADMIN_READS = {"/v1/audit", "/v1/dead-letters", "/v1/tokens", "/v1/credentials"}
 VALUES = {"name": "vision", "namespace": "vision", "flavor": "H100"}  # the other tenant's, for the limited viewer
 NAMED = {"/v1/cohorts/{name}": "research", "/v1/flavors/{name}": "custom"}
 BODIES = {
@@ -27,6 +27,7 @@ BODIES = {
     "/v1/tenants/{name}/quotas/{flavor}": {"nominal": 1},
     "/v1/quotas/import": {"kind": "Quotas", "tenants": [{"name": "vision"}]},
     "/v1/tokens": {"role": "viewer"},
+    "/v1/credentials": {"tenant": "vision"},
 }
 OTHER = "vision"  # the tenant the limited viewer (of "speech") must not see
 
@@ -70,7 +71,7 @@ async def doors(db_url: str) -> AsyncIterator[Doors]:
 
 def concrete(template: str, spare: int) -> str:
     """The template with the other tenant's names: its tenant, its claim (train), the cohort and flavor."""
-    path = template.replace("{token_id}", str(spare))
+    path = template.replace("{token_id}", str(spare)).replace("{credential_id}", "1")
     if "{namespace}" in template:
         path = path.replace("{name}", "train")
     path = path.replace("{name}", NAMED.get(template, "{name}"))
@@ -95,7 +96,7 @@ def expected(caller: str, method: str, template: str) -> set[int] | None:
 async def test_every_route_answers_each_caller_as_it_should(doors: Doors) -> None:
     spec = (await doors.client.get("/openapi.json")).json()
     routes = [(template, method) for template, operations in spec["paths"].items() for method in operations]
-    assert len(routes) >= 25 and ("/v1/tokens", "post") in routes
+    assert len(routes) >= 28 and ("/v1/tokens", "post") in routes and ("/v1/credentials", "post") in routes
     wrong = []
     for caller in ("none", "garbage", "viewer", "limited", "admin"):  # the admin last: it changes things
         for template, method in routes:

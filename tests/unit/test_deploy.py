@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -118,16 +119,42 @@ def test_network_policies_let_only_the_broker_reach_the_ledger() -> None:
     postgres = policies["postgres-from-the-broker"]
     assert postgres["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "postgres"}}
     broker = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "claim-broker"}}}
-    assert postgres["ingress"] == [{"from": [broker], "ports": [{"port": 5432, "protocol": "TCP"}]}]
+    bus_auth_sidecars = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "nats"}}}
+    assert postgres["ingress"] == [{"from": [broker, bus_auth_sidecars], "ports": [{"port": 5432, "protocol": "TCP"}]}]
     every_pod = [d for path in (ROOT / "deploy" / "k8s").glob("*.yaml") for d in documents(path)
                  if d["kind"] in ("Deployment", "StatefulSet", "Job")]
     ledger_clients = [d["metadata"]["name"] for d in every_pod
-                      if any(e.get("name") == "PGPASSWORD" for c in d["spec"]["template"]["spec"]["containers"]
-                             for e in c.get("env", []))]
-    assert sorted(ledger_clients) == ["admin-api", "allocator", "migrate", "notifier", "watcher"]
-    for name in ledger_clients:  # every pod that holds the ledger password carries the label the policy admits
+                      if any(e.get("name") == "PGPASSWORD" for c in containers(d) for e in c.get("env", []))]
+    assert sorted(ledger_clients) == ["admin-api", "allocator", "migrate", "nats", "notifier", "watcher"]
+    for name in ledger_clients:  # every pod that holds the ledger password carries a label the policy admits
         pod = next(d for d in every_pod if d["metadata"]["name"] == name)
         labels = pod["spec"]["template"]["metadata"]["labels"]
-        assert labels.get("app.kubernetes.io/name") in ("claim-broker", "postgres"), name
+        assert labels.get("app.kubernetes.io/name") in ("claim-broker", "nats"), name
     nats = policies["nats-clients-and-routes"]["ingress"]
     assert {p["port"] for rule in nats for p in rule["ports"]} == {4222, 6222, 8222}
+
+
+def containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = workload["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def test_every_client_of_the_bus_has_its_own_identity() -> None:
+    """The NATS servers include the users file their bus-auth sidecar renders from the ledger; each
+    service's URL carries its own user, its password from the generated Secret."""
+    k8s = ROOT / "deploy" / "k8s"
+    config = next(d for d in documents(k8s / "nats.yaml") if d["kind"] == "ConfigMap")["data"]["nats.conf"]
+    assert "include ../nats-auth/auth.conf" in config and "pid_file: /var/run/nats/nats.pid" in config
+    server = next(d for d in documents(k8s / "nats.yaml") if d["kind"] == "StatefulSet")
+    sidecar = server["spec"]["template"]["spec"]["initContainers"][0]
+    assert server["spec"]["template"]["spec"]["shareProcessNamespace"] is True
+    assert sidecar["args"] == ["serve", "bus-auth"] and sidecar["restartPolicy"] == "Always"
+    assert {e["name"] for e in sidecar["env"]} >= {"CLAIMBROKER_BUS_PASSWORDS", "CLAIMBROKER_BUS_AUTH_FILE",
+                                                    "CLAIMBROKER_NATS_PID_FILE"}
+    for service in ("allocator", "notifier", "watcher"):
+        workload = next(d for d in documents(k8s / f"{service}.yaml") if d["kind"] == "Deployment")
+        env = {e["name"]: e for e in containers(workload)[0]["env"]}
+        assert env["BUS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "claim-broker-bus", "key": service}
+        assert env["CLAIMBROKER_NATS_URL"]["value"] == f"nats://service.{service}:$(BUS_PASSWORD)@nats:4222"
+    script = (k8s / "create-secrets.sh").read_text()
+    assert "claim-broker-bus" in script and "passwords.json" in script

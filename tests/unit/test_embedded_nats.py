@@ -25,3 +25,18 @@ def test_the_embedded_server_runs_with_the_sync_asked_for(tmp_path: Path, sync: 
 
 def test_the_default_is_every_write_synced(tmp_path: Path) -> None:
     assert EmbeddedNats(tmp_path).sync == "always"
+
+
+def test_a_server_left_running_by_a_killed_run_is_stopped_and_its_port_reused(tmp_path: Path) -> None:
+    from urllib.parse import urlsplit
+
+    orphan = EmbeddedNats(tmp_path / "nats")
+    port = urlsplit(orphan.start()).port
+    assert orphan.process is not None
+    try:
+        successor = EmbeddedNats(tmp_path / "nats", port=port or -1)
+        assert urlsplit(successor.start()).port == port  # the orphan had it until it was stopped
+        successor.stop()
+        assert orphan.process.wait(timeout=10) is not None
+    finally:
+        orphan.kill()
