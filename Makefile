@@ -28,9 +28,10 @@ test: $(STAMP) ## start what the tests need (PostgreSQL) and run the whole suite
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	$(BIN)/pytest -q
 
-lint: $(STAMP) ## ruff and mypy
+lint: $(STAMP) ## ruff, mypy, and the import layers (lint-imports: the core imports no I/O, services not each other)
 	$(BIN)/ruff check shared services tests bench
 	$(BIN)/mypy shared services
+	$(BIN)/lint-imports
 
 bench: bench-core bench-quota bench-queue bench-allocator bench-publish ## every benchmark (print JSON lines; not timed tests)
 

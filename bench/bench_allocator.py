@@ -8,7 +8,7 @@ runs the decision cycle and writes every decision with its status events and his
 fleet is filled first (on PostgreSQL, then vacuumed and analysed, as autovacuum keeps a running ledger).
 Prints one JSON line per depth: admissions per second of transaction time, and the transaction's p50 and
 p99. After every measured transaction (outside the timing) the quota invariants are checked on what the
-ledger holds allocated (shared/quota_invariant.py): `quota_violations` counts the transactions that left one
+ledger holds allocated (shared/admission/invariant.py): `quota_violations` counts the transactions that left one
 broken, with the first messages.
 
 Run: `make bench-allocator` (SQLite in a temporary directory), or
@@ -36,14 +36,14 @@ from sqlalchemy import func, select  # noqa: E402
 
 from services.allocator import service  # noqa: E402
 from services.allocator.service import Allocator  # noqa: E402
-from shared import subjects  # noqa: E402
-from shared.admission import Flavors, Running  # noqa: E402
-from shared.allocation import Allocation, SelectorMemo, State  # noqa: E402
-from shared.classes import BUILTIN_CLASSES  # noqa: E402
+from shared.admission.cycle import Flavors, Running  # noqa: E402
+from shared.admission.invariant import violations  # noqa: E402
+from shared.contract import subjects  # noqa: E402
+from shared.dra.allocation import Allocation, SelectorMemo, State  # noqa: E402
+from shared.dra.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.ledger.engine import create_engine, migrate  # noqa: E402
 from shared.ledger.quota_store import apply_quota_config  # noqa: E402
 from shared.ledger.schema import Claim  # noqa: E402
-from shared.quota_invariant import violations  # noqa: E402
 
 MEASURED = 30
 RELEASES = 32  # half of the allocator's default batch

@@ -21,11 +21,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared import dra  # noqa: E402
-from shared.allocation import FleetState, SelectorMemo  # noqa: E402
-from shared.classes import BUILTIN_CLASSES  # noqa: E402
-from shared.inventory import Fleet  # noqa: E402
-from shared.sources import documents_from  # noqa: E402
+from shared.dra import model as dra  # noqa: E402
+from shared.dra.allocation import FleetState, SelectorMemo  # noqa: E402
+from shared.dra.classes import BUILTIN_CLASSES  # noqa: E402
+from shared.dra.inventory import Fleet  # noqa: E402
+from shared.fleet.sources import documents_from  # noqa: E402
 
 MODELS = ("A100-40GB", "A100", "H100", "H200", "B200", "B300")
 PRODUCTS = ("A100", "H100", "H200", "B200", "B300")
@@ -49,7 +49,7 @@ def build_fleet(nodes: int) -> Fleet:
 
 
 def _smallest_profile(model: str) -> str:
-    from shared.topology import lookup_model
+    from shared.fleet.topology import lookup_model
 
     return lookup_model(model).profiles[0].name
 

@@ -11,7 +11,7 @@ the Pending answers the cycles gave (a claim is answered once, then keeps its an
 its kind), and decisions_per_s is admissions and answers over that time: a deeper queue admits as many
 claims a cycle but answers more of the new ones, which wait instead of being admitted at once.
 After every cycle (outside the timing) the quota invariants are checked on what runs
-(shared/quota_invariant.py): `quota_violations` counts the cycles that broke one, of those checked, with the
+(shared/admission/invariant.py): `quota_violations` counts the cycles that broke one, of those checked, with the
 first messages (`--no-check` skips it); `decisions` is a digest of what the cycles admitted (claim, node,
 devices) and preempted, to compare two versions of the decision core on one workload.
 The workload is drawn from one seed (`--seed`, default 11): the gap between the depths depends on it (other
@@ -36,15 +36,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.runtime import CollectorPacing, tune_gc  # noqa: E402
-from shared import dra  # noqa: E402
-from shared.admission import Flavors, Running, Snapshot, Waiting, run_cycle  # noqa: E402
-from shared.allocation import SelectorMemo, State  # noqa: E402
-from shared.classes import BUILTIN_CLASSES  # noqa: E402
-from shared.inventory import Fleet  # noqa: E402
-from shared.quota import QuotaConfig, parse_quotas  # noqa: E402
-from shared.quota_invariant import violations  # noqa: E402
-from shared.sources import documents_from  # noqa: E402
-from shared.waiting_queue import WaitingQueue  # noqa: E402
+from shared.admission.cycle import Flavors, Running, Snapshot, Waiting, run_cycle  # noqa: E402
+from shared.admission.invariant import violations  # noqa: E402
+from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
+from shared.admission.waiting_queue import WaitingQueue  # noqa: E402
+from shared.dra import model as dra  # noqa: E402
+from shared.dra.allocation import SelectorMemo, State  # noqa: E402
+from shared.dra.classes import BUILTIN_CLASSES  # noqa: E402
+from shared.dra.inventory import Fleet  # noqa: E402
+from shared.fleet.sources import documents_from  # noqa: E402
 
 MODELS = ("A100", "H100", "H200", "B200", "B300")
 TENANTS = 100
@@ -116,7 +116,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = Tru
     collector = CollectorPacing()  # as the allocator runs: what a cycle keeps is frozen after it
     times, admitted, preempted, answered = [], 0, 0, 0
     checker = Flavors(quotas.flavors, SelectorMemo())  # its own memo: the cycles' stays as theirs
-    broken: list[str] = []  # quota invariants broken after a cycle (shared/quota_invariant.py), outside the timing
+    broken: list[str] = []  # quota invariants broken after a cycle (shared/admission/invariant.py), outside the timing
     broken_cycles = checked = 0
     digest = hashlib.sha256()  # what was decided: admissions (claim, node, devices) and preemptions, per cycle
     warming, index = True, 0

@@ -49,17 +49,17 @@ from sqlalchemy import select  # noqa: E402
 
 from services.allocator.ledger_ops import load_queue  # noqa: E402
 from services.natsio import EmbeddedNats, ensure_streams  # noqa: E402
-from shared import subjects  # noqa: E402
-from shared.admission import Running, Snapshot, run_cycle  # noqa: E402
-from shared.allocation import Allocation, State  # noqa: E402
-from shared.classes import merge_classes  # noqa: E402
-from shared.inventory import Fleet  # noqa: E402
+from shared.admission.cycle import Running, Snapshot, run_cycle  # noqa: E402
+from shared.admission.invariant import violations  # noqa: E402
+from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
+from shared.contract import subjects  # noqa: E402
+from shared.dra.allocation import Allocation, State  # noqa: E402
+from shared.dra.classes import merge_classes  # noqa: E402
+from shared.dra.inventory import Fleet  # noqa: E402
+from shared.fleet.sources import load_inventory  # noqa: E402
 from shared.ledger.engine import create_engine, migrate, sessions  # noqa: E402
 from shared.ledger.quota_store import apply_quota_config  # noqa: E402
 from shared.ledger.schema import Claim, DeadLetter, InboxMessage  # noqa: E402
-from shared.quota import QuotaConfig, parse_quotas  # noqa: E402
-from shared.quota_invariant import violations  # noqa: E402
-from shared.sources import load_inventory  # noqa: E402
 from tests.e2e.helpers import free_port  # noqa: E402
 from tests.private_postgres import PrivatePostgres  # noqa: E402
 

@@ -61,7 +61,7 @@ from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig  # noqa: E402
 
 from services.bus_authority import ADMIN_PASSWORD_FILE  # noqa: E402
-from shared import bus_auth, subjects  # noqa: E402
+from shared.contract import bus_auth, subjects  # noqa: E402
 
 SHARED_PG = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 MODELS = ("A100", "H100", "H200")
@@ -499,9 +499,9 @@ async def create_database() -> tuple[str, Callable[[], Awaitable[None]]]:
 
 
 async def load_quotas(db_url: str, document: dict[str, Any]) -> None:
+    from shared.admission.quota import parse_quotas
     from shared.ledger.engine import create_engine, migrate, sessions
     from shared.ledger.quota_store import apply_quota_config
-    from shared.quota import parse_quotas
 
     await migrate(db_url)
     engine = create_engine(db_url)

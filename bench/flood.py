@@ -46,7 +46,7 @@ from bench.e2e import (  # noqa: E402
     topology,
 )
 from services.natsio import BACKLOG_FULL_CODE  # noqa: E402
-from shared import bus_auth, subjects  # noqa: E402
+from shared.contract import bus_auth, subjects  # noqa: E402
 
 CALM, FLOOD = tenant_name(0), tenant_name(1)
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from faststream.nats import NatsBroker  # noqa: E402
 
 from services.natsio import EmbeddedNats, ensure_streams, publish_pipelined  # noqa: E402
-from shared import subjects  # noqa: E402
+from shared.contract import subjects  # noqa: E402
 
 
 def status(serial: int) -> dict[str, Any]:

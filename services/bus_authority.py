@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared import bus_auth
+from shared.contract import bus_auth
 from shared.ledger.bus_credentials import active_users, hash_password, new_password, revision
 from shared.ledger.engine import sessions
 

@@ -1,5 +1,5 @@
 """The broker's channels as FastStream routers, one per service: what it receives and what it sends, with
-the payload models of `shared.messages`. The running apps (`services/<name>/app.py`) include them with their
+the payload models of `shared.contract.messages`. The running apps (`services/<name>/app.py`) include them with their
 handlers; `services/asyncapi.py` includes them with none, so the AsyncAPI document describes the code that
 runs. Channels a service serves on its nats-py connection (services/frame.py says why) are declared here
 too, in `claims_channels`, and only the document includes them: declared on a running broker, FastStream
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from faststream.nats import JStream, NatsRouter
 from nats.js.api import DeliverPolicy
 
-from shared import messages, subjects
+from shared.contract import messages, subjects
 
 _P = subjects.PREFIX
 _IDS = ("Publish it with a Nats-Msg-Id header: a resend with the same id within the stream's duplicate "

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from services.runtime import tune_gc
-from shared import dra, subjects
+from shared.contract import subjects
+from shared.dra import model as dra
 from shared.settings import BrokerSettings
 
 T = TypeVar("T")
@@ -103,7 +104,7 @@ def _nats_url(settings: BrokerSettings) -> str:
     url_file = settings.data_dir / "nats.url"
     if url_file.exists():  # `up`'s server: its bus admin's credential, kept beside it, goes with it
         from services.bus_authority import ADMIN_PASSWORD_FILE
-        from shared import bus_auth
+        from shared.contract import bus_auth
 
         url = url_file.read_text().strip()
         password = settings.data_dir / ADMIN_PASSWORD_FILE
@@ -129,7 +130,7 @@ async def _connect(url: str) -> Any:
             failed.set_result(error)
 
     from services.natsio import tls_context
-    from shared import bus_auth
+    from shared.contract import bus_auth
 
     connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(
         url, name="claimbroker-cli", connect_timeout=2, allow_reconnect=False, error_cb=first_failure,
@@ -170,7 +171,7 @@ async def _publish(js: Any, url: str, subject: str, payload: Any, message_id: st
     from nats.js.errors import APIError, NoStreamResponseError
 
     from services.natsio import BACKLOG_FULL_CODE, publish_json
-    from shared import bus_auth
+    from shared.contract import bus_auth
 
     shown = bus_auth.redact(url)
     deadline, pause = time.monotonic() + BACKLOG_WAIT_S, 0.02
@@ -289,7 +290,7 @@ def _serve_bus_auth(settings: BrokerSettings) -> None:
     """Beside an external nats-server: keep the file its config includes equal to the ledger's credentials
     and the services' own users, and reload the server on each change, until SIGTERM."""
     from services.bus_authority import BusAuthority, FileTarget, own_identities
-    from shared import bus_auth
+    from shared.contract import bus_auth
     from shared.ledger.engine import create_engine
 
     if settings.bus_auth_file is None or not settings.bus_passwords:
@@ -474,7 +475,7 @@ async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[di
     reader's own: the one way to read statuses that a tenant's bus credential allows (bus_auth)."""
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-    from shared import bus_auth
+    from shared.contract import bus_auth
 
     own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")
     if own is not None and tenant == "*":
@@ -525,7 +526,7 @@ async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[di
 def _own_tenant_only(url: str, tenant: str) -> None:
     """A tenant's bus credential reaches only its tenant: said here in one line, before the server refuses
     it without a word (a publish it forbids is dropped)."""
-    from shared import bus_auth
+    from shared.contract import bus_auth
 
     own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")
     if own is not None and tenant != own:
@@ -624,7 +625,7 @@ def release(
     = None,
 ) -> None:
     """Release an allocated or pending claim."""
-    from shared import bus_auth
+    from shared.contract import bus_auth
 
     url = _nats_url(_settings())
     tenant = tenant or bus_auth.tenant_of_user(bus_auth.user_of(url) or "") or "default"
@@ -651,11 +652,11 @@ def simulate(
     tenant: Annotated[str, typer.Option(help="tenant of claims without a namespace")] = "default",
 ) -> None:
     """Run the allocation decisions offline: the same core the allocator runs."""
-    from shared.classes import merge_classes
-    from shared.inventory import Fleet
-    from shared.quota import QuotaConfig
-    from shared.simulate import read_claim_document, run_waves
-    from shared.sources import InventoryFileError, load_inventory, load_yaml_documents
+    from shared.admission.quota import QuotaConfig
+    from shared.admission.simulate import read_claim_document, run_waves
+    from shared.dra.classes import merge_classes
+    from shared.dra.inventory import Fleet
+    from shared.fleet.sources import InventoryFileError, load_inventory, load_yaml_documents
 
     try:
         documents = load_inventory(inventory)
@@ -675,9 +676,9 @@ def simulate(
 
 def _read_quotas(path: Path) -> Any:
     """A Quotas file, with every flavor selector compiled: errors name the file and the field."""
-    from shared.cel import SelectorError, compile_selector
-    from shared.quota import QuotaFileError, parse_quotas
-    from shared.sources import load_yaml_documents
+    from shared.admission.quota import QuotaFileError, parse_quotas
+    from shared.dra.cel import SelectorError, compile_selector
+    from shared.fleet.sources import load_yaml_documents
 
     documents = [d for d in load_yaml_documents(path) if d is not None]
     if len(documents) != 1:
@@ -824,7 +825,7 @@ def credentials_create(
     output: Output = "table",
 ) -> None:
     """Create a bus credential and print its password once."""
-    from shared import bus_auth
+    from shared.contract import bus_auth
 
     if (tenant is None) == (not alerts):
         err.print("claimbroker: give --tenant T or --alerts (one of them)")

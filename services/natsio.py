@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from shared import bus_auth, subjects
+from shared.contract import bus_auth, subjects
 
 DUPLICATE_WINDOW_S = 600.0
 BACKLOG_FULL_CODE = 10077  # JetStream's answer to a publish past the claims stream's per-subject limit
@@ -248,7 +248,7 @@ class EmbeddedNats:
     port: int = -1  # -1: one the server picks; a fixed one lets clients reconnect after a restart
     tls_cert: Path | None = None  # with tls_key: clients must connect over TLS
     tls_key: Path | None = None
-    authorization: str | None = None  # nats-server's `authorization` block (shared/bus_auth.py); None: open
+    authorization: str | None = None  # nats-server's `authorization` block (shared/contract/bus_auth.py); None: open
     process: subprocess.Popen[bytes] | None = None
     url: str = ""
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from services.natsio import publish_json
-from shared import events, subjects
+from shared.contract import events, subjects
 
 T = TypeVar("T")
 

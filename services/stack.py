@@ -20,7 +20,7 @@ from services.frame import ServiceApp
 from services.natsio import EmbeddedNats, connect, ensure_streams, wait_closed
 from services.notifier import app as notifier_app
 from services.watcher import app as watcher_app
-from shared import bus_auth
+from shared.contract import bus_auth
 from shared.ledger.bus_credentials import new_password
 from shared.ledger.engine import create_engine, migrate
 from shared.settings import BrokerSettings

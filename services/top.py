@@ -24,12 +24,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from shared import subjects
-from shared.admission import Flavors
-from shared.events import read_inventory
-from shared.inventory import NodeInventory
-from shared.matching import SelectorMemo
-from shared.quota import Flavor, QuotaConfig
+from shared.admission.cycle import Flavors
+from shared.admission.quota import Flavor, QuotaConfig
+from shared.contract import subjects
+from shared.contract.events import read_inventory
+from shared.dra.inventory import NodeInventory
+from shared.dra.matching import SelectorMemo
 
 MAX_REDRAWS_PER_SECOND = 4
 QUEUE_HEAD = 10  # pending claims listed with their reasons

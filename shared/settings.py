@@ -68,7 +68,7 @@ class BrokerSettings(BaseSettings):
     api_tls_key: Path | None = None
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
-    # The embedded nats-server asks every client for a credential (shared/bus_auth.py) unless `insecure`,
+    # The embedded nats-server asks every client for a credential (shared/contract/bus_auth.py) unless `insecure`,
     # which leaves the bus open to anyone who reaches it: labs only. The ledger's credentials are re-read
     # this often (a credential created or revoked through the admin API of the same process applies at once).
     insecure: bool = False

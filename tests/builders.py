@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import dra
-from shared.inventory import Fleet, FleetDevice, NodeInventory
-from shared.quantity import Quantity
+from shared.dra import model as dra
+from shared.dra.inventory import Fleet, FleetDevice, NodeInventory
+from shared.dra.quantity import Quantity
 
 
 @dataclass

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared.admission import CycleResult, Running, Waiting
-from shared.allocation import State
-from shared.waiting_queue import WaitingQueue
+from shared.admission.cycle import CycleResult, Running, Waiting
+from shared.admission.waiting_queue import WaitingQueue
+from shared.dra.allocation import State
 
 
 @dataclass

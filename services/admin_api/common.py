@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 from pydantic.alias_generators import to_camel
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared import dra
+from shared.dra import model as dra
 from shared.ledger.schema import AuditEntry
 from shared.ledger.tokens import lookup_token
 

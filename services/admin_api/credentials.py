@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Request
 from pydantic import Field, model_validator
 
 from services.admin_api.common import PROBLEMS, Caller, DnsLabel, Input, Model, Session, Stamp, admin
-from shared import bus_auth
+from shared.contract import bus_auth
 from shared.ledger.bus_credentials import add_credential, list_credentials, revoke_credential
 
 router = APIRouter(responses=PROBLEMS)

@@ -16,11 +16,11 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.admin_api.common import INT32_MAX, PROBLEMS, Caller, Model, Problem, Session, admin, problem_doc
-from shared import dra
-from shared.cel import SelectorError, compile_selector
+from shared.admission.quota import QuotaConfig, QuotaFileError, parse_quotas
+from shared.dra import model as dra
+from shared.dra.cel import SelectorError, compile_selector
 from shared.ledger.quota_store import apply_quota_config, load_quota_config
 from shared.ledger.schema import Claim, DeviceAllocation
-from shared.quota import QuotaConfig, QuotaFileError, parse_quotas
 
 router = APIRouter(tags=["quotas"], responses=PROBLEMS)
 YAML = "application/yaml"

@@ -28,11 +28,11 @@ from services.admin_api.common import (
     problem_doc,
     visible,
 )
-from shared.cel import SelectorError, compile_selector
+from shared.admission.quota import BUILTIN_FLAVORS
+from shared.dra.cel import SelectorError, compile_selector
 from shared.ledger.quota_store import cohort_json, flavor_json, load_quota_config, quota_json, tenant_json
 from shared.ledger.schema import Cohort, Quota, Tenant
 from shared.ledger.schema import Flavor as FlavorRow
-from shared.quota import BUILTIN_FLAVORS
 
 router = APIRouter(responses=PROBLEMS)
 BUILTIN = {f.name: f for f in BUILTIN_FLAVORS}

@@ -10,9 +10,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services import channels
 from services.allocator.service import Allocator
 from services.frame import ServiceApp
-from shared.classes import merge_classes
+from shared.dra.classes import merge_classes
+from shared.fleet.sources import load_inventory
 from shared.settings import BrokerSettings
-from shared.sources import load_inventory
 
 
 def allocator_app(nats_url: str, allocator: Allocator, tls_ca: Path | None = None) -> ServiceApp:

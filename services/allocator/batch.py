@@ -17,11 +17,12 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.allocator import ledger_ops as ops
-from shared import dra, events, subjects
-from shared.allocation import State
-from shared.claims import InvalidClaim, claim_name_problem, read_submission, tenant_problem
+from shared.admission.quota import QuotaConfig, pending_limit_problem
+from shared.contract import events, subjects
+from shared.dra import model as dra
+from shared.dra.allocation import State
+from shared.dra.claims import InvalidClaim, claim_name_problem, read_submission, tenant_problem
 from shared.ledger.schema import Claim
-from shared.quota import QuotaConfig, pending_limit_problem
 
 MAX_MESSAGE_ID = 255  # the inbox's column
 

@@ -14,10 +14,12 @@ from sqlalchemy import Table, bindparam, delete, event, func, insert, select, up
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, defer
 
-from shared import dra, events, subjects
-from shared.admission import Running, Waiting
-from shared.allocation import Allocation, Decision, DeviceKey, State
-from shared.claims import settings_of
+from shared.admission.cycle import Running, Waiting
+from shared.admission.waiting_queue import WaitingQueue
+from shared.contract import events, subjects
+from shared.dra import model as dra
+from shared.dra.allocation import Allocation, Decision, DeviceKey, State
+from shared.dra.claims import settings_of
 from shared.ledger.schema import (
     OUTSIDE,
     REVISION,
@@ -28,7 +30,6 @@ from shared.ledger.schema import (
     InboxMessage,
     OutboxEvent,
 )
-from shared.waiting_queue import WaitingQueue
 
 log = logging.getLogger("claimbroker.allocator")
 

@@ -44,16 +44,17 @@ from services.logs import BATCHES
 from services.natsio import ensure_streams, publish_pipelined
 from services.outage import Outage, publish_degraded, until_done
 from services.runtime import CollectorPacing
-from shared import dra, events, subjects
-from shared.admission import Snapshot, Waiting, run_cycle
-from shared.allocation import SelectorMemo, State
-from shared.inventory import Fleet
+from shared.admission.cycle import Snapshot, Waiting, run_cycle
+from shared.admission.quota import QuotaConfig
+from shared.contract import events, subjects
+from shared.contract.messages import NodeInventory
+from shared.dra import model as dra
+from shared.dra.allocation import SelectorMemo, State
+from shared.dra.inventory import Fleet
 from shared.ledger import inbox
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, OutboxEvent
-from shared.messages import NodeInventory
-from shared.quota import QuotaConfig
 
 log = logging.getLogger("claimbroker.allocator")
 batch_log = logging.getLogger(BATCHES)  # one line per decision batch, in JSON logs

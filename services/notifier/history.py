@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.alerting import Alert, Message
+from shared.alerts.book import Alert, Message
 from shared.ledger.schema import AlertRecord, Claim, Tenant, WebhookDeadLetter
 
 

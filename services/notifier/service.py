@@ -1,7 +1,7 @@
 """The notifier: claim statuses and inventory in, actionable alerts out on
 claimbroker.v1.alerts.<severity>.<kind>, into the ledger's alert history and to webhooks.
 
-Rules (shared/alert_rules.py) turn inputs into raise/resolve actions; the AlertBook (shared/alerting.py)
+Rules (shared/alerts/rules.py) turn inputs into raise/resolve actions; the AlertBook (shared/alerts/book.py)
 folds repeats, rate-limits floods and decides what is published. Statuses come from a durable pull
 consumer and are acked only after the alert history and the message's inbox id are committed; a
 redelivery finds its id and changes nothing. Messages go out after the commit with a Nats-Msg-Id made
@@ -36,8 +36,8 @@ from services.notifier import history
 from services.notifier.usage import FleetFlavors, read_figures
 from services.notifier.webhooks import WebhookDispatcher
 from services.outage import Outage, publish_degraded, until_done
-from shared import subjects
-from shared.alert_rules import (
+from shared.alerts.book import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
+from shared.alerts.rules import (
     IDLE_LARGER_FLAVOR,
     PENDING_TOO_LONG,
     QUOTA_NEAR_LIMIT,
@@ -48,10 +48,10 @@ from shared.alert_rules import (
     idle_larger_flavor,
     quota_near_limit,
 )
-from shared.alerting import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
+from shared.contract import subjects
+from shared.contract.messages import NodeInventory
 from shared.ledger import inbox
 from shared.ledger.engine import sessions
-from shared.messages import NodeInventory
 from shared.settings import BrokerSettings, parse_duration
 
 log = logging.getLogger("claimbroker.notifier")

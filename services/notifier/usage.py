@@ -18,14 +18,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared import events
-from shared.admission import Flavors
-from shared.alert_rules import QuotaUsage
-from shared.inventory import FleetDevice
+from shared.admission.cycle import Flavors
+from shared.admission.quota import Flavor, QuotaConfig
+from shared.alerts.rules import QuotaUsage
+from shared.contract import events
+from shared.dra.inventory import FleetDevice
+from shared.dra.matching import SelectorMemo
 from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import Claim, DeviceAllocation
-from shared.matching import SelectorMemo
-from shared.quota import Flavor, QuotaConfig
 
 log = logging.getLogger("claimbroker.notifier")
 

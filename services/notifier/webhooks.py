@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services import metrics
 from services.notifier import history
-from shared.alerting import Message, severity_rank
+from shared.alerts.book import Message, severity_rank
 from shared.settings import Webhook
 
 log = logging.getLogger("claimbroker.notifier.webhooks")

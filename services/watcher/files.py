@@ -15,8 +15,9 @@ from nats.js import JetStreamContext
 from services.natsio import ensure_streams
 from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher
-from shared import dra, events
-from shared.sources import InventoryDocuments, InventoryFileError, load_inventory
+from shared.contract import events
+from shared.dra import model as dra
+from shared.fleet.sources import InventoryDocuments, InventoryFileError, load_inventory
 
 log = logging.getLogger("claimbroker.watcher")
 

@@ -11,7 +11,7 @@ backoff and no bookmarks; `stream` retries a 410 once with the same stale versio
 one connection (`timeout_seconds`), and this module decides what happens when it ends.
 
 Per node: its ResourceSlices (grouped by spec.nodeName) or, on a node without a DRA driver, the devices
-the device plugin and GPU feature discovery describe (shared/device_plugin.py). A node's full inventory
+the device plugin and GPU feature discovery describe (shared/fleet/device_plugin.py). A node's full inventory
 is published when it changes; a node that is deleted or loses its GPUs publishes `removed: true`.
 """
 
@@ -32,7 +32,8 @@ from kubernetes.aio.client.exceptions import ApiException
 from services.natsio import ensure_streams
 from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher, heartbeat_loop
-from shared import device_plugin, dra
+from shared.dra import model as dra
+from shared.fleet import device_plugin
 
 log = logging.getLogger("claimbroker.watcher.kube")
 

@@ -2,8 +2,8 @@
 
 For a GPU host that runs no DRA driver, or to add health to the inventory: the devices get the names and
 attributes NVIDIA's DRA driver gives them (`gpu-<i>`, `gpu-<i>-mig-<profile>-<giProfileId>-<start>`,
-same attribute names as shared/topology.py), and every device carries telemetry (temperature, clock
-throttle reasons, volatile uncorrected ECC errors) with the health verdict of shared/telemetry.py.
+same attribute names as shared/fleet/topology.py), and every device carries telemetry (temperature, clock
+throttle reasons, volatile uncorrected ECC errors) with the health verdict of shared/fleet/telemetry.py.
 
 `pynvml` is imported lazily, so machines without a GPU or a driver can import this module; NVML is read
 in a worker thread because its calls block. The module object is injectable, which is how it is tested.
@@ -23,7 +23,8 @@ from typing import Any
 from services.natsio import ensure_streams
 from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher
-from shared import dra, telemetry, topology
+from shared.dra import model as dra
+from shared.fleet import telemetry, topology
 
 log = logging.getLogger("claimbroker.watcher.nvml")
 

@@ -25,7 +25,8 @@ from nats.js import JetStreamContext
 from services import metrics
 from services.natsio import DUPLICATE_WINDOW_S, publish_json
 from services.outage import Outage
-from shared import dra, events, subjects
+from shared.contract import events, subjects
+from shared.dra import model as dra
 
 log = logging.getLogger("claimbroker.watcher")
 

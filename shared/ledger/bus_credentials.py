@@ -14,7 +14,7 @@ import bcrypt
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared import bus_auth
+from shared.contract import bus_auth
 from shared.ledger.schema import AuditEntry, BusCredential
 
 BCRYPT_ROUNDS = 10  # what the server pays per connection: a few ms

@@ -1,4 +1,4 @@
-"""The quota configuration in the ledger, as the pure model in shared/quota.py has it.
+"""The quota configuration in the ledger, as the pure model in shared/admission/quota.py has it.
 
 `load_quota_config` is what the allocator reads at every decision cycle (four small SELECTs, no joins),
 so a write through the admin API reaches the next decision without a restart. `apply_quota_config` makes
@@ -15,9 +15,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from shared.admission.quota import Flavor, QuotaConfig, QuotaLimit, TenantQuota, merge_flavors
 from shared.ledger.schema import AuditEntry, Cohort, Quota, Tenant
 from shared.ledger.schema import Flavor as FlavorRow
-from shared.quota import Flavor, QuotaConfig, QuotaLimit, TenantQuota, merge_flavors
 
 
 @dataclass(frozen=True)

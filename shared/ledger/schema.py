@@ -156,7 +156,7 @@ class ApiToken(Base):
 
 
 class BusCredential(Base):
-    """A credential for the NATS bus (shared/bus_auth.py): only a bcrypt hash of its password is kept, the
+    """A credential for the NATS bus (shared/contract/bus_auth.py): only a bcrypt hash of its password is kept, the
     form nats-server itself checks, so the rendered server config holds no secret either."""
 
     __tablename__ = "bus_credentials"

@@ -10,7 +10,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from shared import subjects
+from shared.contract import subjects
 
 
 def free_port() -> int:

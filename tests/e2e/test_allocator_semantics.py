@@ -16,8 +16,8 @@ from services.allocator.app import allocator_app
 from services.allocator.service import Allocator
 from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json
 from services.watcher.files import FileWatcher
-from shared import subjects
-from shared.classes import BUILTIN_CLASSES
+from shared.contract import subjects
+from shared.dra.classes import BUILTIN_CLASSES
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import Claim, DeviceAllocation, InboxMessage
 from tests.builders import a_claim

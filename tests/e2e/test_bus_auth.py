@@ -20,7 +20,7 @@ from services.admin_api.app import create_app
 from services.cli import read_statuses
 from services.natsio import BACKLOG_FULL_CODE, encode
 from services.stack import Stack, running_stack
-from shared import bus_auth, subjects
+from shared.contract import bus_auth, subjects
 from shared.ledger.engine import sessions
 from shared.ledger.tokens import create_token
 from shared.settings import BrokerSettings

@@ -32,12 +32,12 @@ async def test_the_stuck_check_finds_a_claim_the_allocator_should_have_admitted(
     that asks more than the fleet has waits rightly and is not."""
     from sqlalchemy import update
 
-    from shared.classes import BUILTIN_CLASSES
-    from shared.inventory import Fleet
+    from shared.admission.quota import QuotaConfig
+    from shared.dra.classes import BUILTIN_CLASSES
+    from shared.dra.inventory import Fleet
+    from shared.fleet.sources import load_inventory
     from shared.ledger.engine import create_engine, migrate, sessions
     from shared.ledger.schema import Claim
-    from shared.quota import QuotaConfig
-    from shared.sources import load_inventory
     from tests.builders import a_claim
     from tests.e2e.test_allocator_semantics import SLICE
 

@@ -13,7 +13,7 @@ import nats
 import pytest
 
 from services.natsio import ensure_streams, nats_server_binary, publish_json
-from shared import subjects
+from shared.contract import subjects
 from tests.builders import a_claim
 from tests.e2e.helpers import free_port
 

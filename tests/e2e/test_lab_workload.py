@@ -12,7 +12,7 @@ import yaml
 
 from services.natsio import EmbeddedNats, connect, publish_json
 from services.stack import running_stack
-from shared import subjects
+from shared.contract import subjects
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import free_port, statuses
 

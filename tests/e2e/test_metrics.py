@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from services.logs import BATCHES
 from services.natsio import EmbeddedNats, connect, publish_json
-from shared import subjects
+from shared.contract import subjects
 from tests.e2e.helpers import statuses
 from tests.e2e.test_allocator_semantics import broker, claim, submit
 

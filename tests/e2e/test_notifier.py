@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from services.natsio import EmbeddedNats, connect, publish_json
 from services.stack import running_stack
-from shared import subjects
+from shared.contract import subjects
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
 from tests.e2e.helpers import alerts, statuses

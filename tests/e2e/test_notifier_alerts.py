@@ -18,8 +18,8 @@ from sqlalchemy import select
 from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, wait_closed
 from services.notifier.app import notifier_app
 from services.notifier.service import Notifier
-from shared import events, subjects
-from shared.alert_rules import QuotaUsage
+from shared.alerts.rules import QuotaUsage
+from shared.contract import events, subjects
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import AlertRecord, Tenant, WebhookDeadLetter
 from shared.settings import BrokerSettings

@@ -17,12 +17,13 @@ from sqlalchemy import delete, select, update
 from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, wait_closed
 from services.notifier.app import notifier_app
 from services.notifier.service import Notifier
-from shared import dra, events, subjects
-from shared.alerting import Message
+from shared.admission.quota import parse_quotas
+from shared.alerts.book import Message
+from shared.contract import events, subjects
+from shared.dra import model as dra
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import AlertRecord, Claim, DeviceAllocation
-from shared.quota import parse_quotas
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import T0, Collector, FakeClock, alerts
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from services.allocator import service
 from services.natsio import EmbeddedNats, connect, publish_json
 from services.stack import running_stack
-from shared import events, subjects
+from shared.contract import events, subjects
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import alerts, failing_first, free_port, statuses
 from tests.e2e.test_allocator_semantics import SLICE, broker, claim, submit

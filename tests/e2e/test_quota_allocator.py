@@ -18,11 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.allocator.service import Allocator
 from services.natsio import EmbeddedNats, connect, publish_json
 from services.watcher.files import FileWatcher
-from shared import subjects
+from shared.admission.quota import parse_quotas
+from shared.contract import subjects
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation
-from shared.quota import parse_quotas
 from tests.builders import a_claim
 from tests.e2e.helpers import statuses
 from tests.e2e.test_allocator_semantics import broker

@@ -14,7 +14,7 @@ from rich.console import Console
 from services.natsio import EmbeddedNats, connect, publish_json
 from services.stack import running_stack
 from services.top import FlavorLine, Gatherer, Snapshot, TenantLine, Waiting, render, snapshot_of
-from shared import subjects
+from shared.contract import subjects
 from shared.ledger.engine import sessions
 from shared.ledger.tokens import create_token
 from shared.settings import BrokerSettings

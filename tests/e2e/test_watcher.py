@@ -9,7 +9,7 @@ import pytest
 
 from services.natsio import EmbeddedNats, connect, ensure_streams
 from services.watcher.files import FileWatcher
-from shared import subjects
+from shared.contract import subjects
 from tests.e2e.helpers import Collector
 
 pytestmark = pytest.mark.e2e

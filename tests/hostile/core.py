@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from shared import dra
-from shared.admission import ClaimDecision, Running, Snapshot, Waiting, run_cycle
-from shared.allocation import SelectorMemo, State
-from shared.claims import read_submission, settings_of
-from shared.classes import merge_classes
-from shared.inventory import Fleet
-from shared.quota import QuotaConfig
-from shared.sources import BUILTIN_TOPOLOGY, documents_from
+from shared.admission.cycle import ClaimDecision, Running, Snapshot, Waiting, run_cycle
+from shared.admission.quota import QuotaConfig
+from shared.dra import model as dra
+from shared.dra.allocation import SelectorMemo, State
+from shared.dra.claims import read_submission, settings_of
+from shared.dra.classes import merge_classes
+from shared.dra.inventory import Fleet
+from shared.fleet.sources import BUILTIN_TOPOLOGY, documents_from
 from tests.hostile.corpus import TENANT, normal_claim
 
 MAX_REASON = 16 * 1024  # a reason that quotes a huge input cannot be published (NATS caps messages at 1 MiB)

@@ -4,7 +4,7 @@ Every case is built here, in code, deterministically (no large files in the repo
 every run, in the same order. A case is a message as a tenant would publish it: the tenant token of its
 subject, the exact payload bytes, and what the broker must make of it:
 
-- "invalid": `shared.claims.read_submission` refuses it (InvalidClaim): not a claim, or a claim that
+- "invalid": `shared.dra.claims.read_submission` refuses it (InvalidClaim): not a claim, or a claim that
   Kubernetes' API validation would refuse as written (schema, names, types, annotations);
 - "rejected": refused either way, by read_submission or by the decision core with a Rejected state and a
   reason (CEL errors, limits: the broker may find these at read time or at decision time);

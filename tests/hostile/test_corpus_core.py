@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from services.allocator.batch import ClaimMessage, read_message
-from shared import dra
-from shared.admission import Snapshot, run_cycle
-from shared.allocation import SelectorMemo
-from shared.claims import InvalidClaim, read_submission
+from shared.admission.cycle import Snapshot, run_cycle
+from shared.dra import model as dra
+from shared.dra.allocation import SelectorMemo
+from shared.dra.claims import InvalidClaim, read_submission
 from tests.hostile import corpus
 from tests.hostile.core import (
     DEVICE_CLASSES,

@@ -32,11 +32,11 @@ from services.allocator.batch import inbox_id
 from services.allocator.service import Allocator
 from services.natsio import EmbeddedNats, connect, ensure_streams
 from services.watcher.files import FileWatcher
-from shared import subjects
-from shared.classes import BUILTIN_CLASSES
+from shared.contract import subjects
+from shared.dra.classes import BUILTIN_CLASSES
+from shared.fleet.sources import BUILTIN_TOPOLOGY
 from shared.ledger import schema
 from shared.ledger.engine import create_engine, migrate, sessions
-from shared.sources import BUILTIN_TOPOLOGY
 from tests.e2e.helpers import Collector, alerts, statuses
 from tests.hostile.corpus import TENANT, Case, live_cases, normal_claim
 

@@ -21,11 +21,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.admin_api.app import create_app
 from services.admin_api.quotas import requested_devices
+from shared.admission.quota import BUILTIN_FLAVORS, parse_quotas
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.quota_store import apply_quota_config, load_quota_config
 from shared.ledger.schema import ApiToken, AuditEntry, Claim, ClaimEvent, DeviceAllocation
 from shared.ledger.tokens import create_token, hash_token
-from shared.quota import BUILTIN_FLAVORS, parse_quotas
 
 PROBLEM = "application/problem+json"
 

@@ -10,7 +10,7 @@ import pytest
 
 from services.admin_api.app import create_app
 from services.notifier import history
-from shared.alerting import Alert, Message
+from shared.alerts.book import Alert, Message
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.tokens import create_token
 

@@ -15,13 +15,13 @@ from sqlalchemy import func, select
 
 from services.allocator import ledger_ops as ops
 from services.allocator.service import Allocator
-from shared import subjects
-from shared.allocation import Allocation, Decision, DeviceResult, State
-from shared.classes import BUILTIN_CLASSES
+from shared.admission.quota import parse_quotas
+from shared.contract import subjects
+from shared.dra.allocation import Allocation, Decision, DeviceResult, State
+from shared.dra.classes import BUILTIN_CLASSES
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation, InboxMessage
-from shared.quota import parse_quotas
 from tests.builders import a_claim
 
 

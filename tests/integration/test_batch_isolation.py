@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from services.allocator import batch
 from services.allocator.service import Allocator
-from shared import subjects
-from shared.classes import BUILTIN_CLASSES
+from shared.contract import subjects
+from shared.dra.classes import BUILTIN_CLASSES
 from shared.ledger.engine import create_engine, migrate
 from shared.ledger.schema import Claim, DeadLetter, InboxMessage, OutboxEvent
 from tests.builders import a_claim

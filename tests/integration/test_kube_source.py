@@ -26,7 +26,7 @@ from services.natsio import EmbeddedNats, connect, ensure_streams, wait_closed
 from services.stack import Stack, start_service
 from services.watcher.kube import NODES, SLICES, Backoff, KubeWatcher
 from services.watcher.publish import InventoryPublisher
-from shared import subjects
+from shared.contract import subjects
 from shared.ledger.engine import create_engine
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import Collector

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import delete, event
 
 from services.allocator import ledger_ops as ops
-from shared.admission import QueueChanges, Running, Waiting
-from shared.allocation import Allocation, Decision, DeviceResult, State
+from shared.admission.cycle import QueueChanges, Running, Waiting
+from shared.dra.allocation import Allocation, Decision, DeviceResult, State
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import Claim
 from tests.builders import a_claim

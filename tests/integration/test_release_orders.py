@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import select
 
 from services.allocator.service import Allocator
-from shared import subjects
-from shared.classes import BUILTIN_CLASSES
+from shared.contract import subjects
+from shared.dra.classes import BUILTIN_CLASSES
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import Claim
 from tests.builders import a_claim

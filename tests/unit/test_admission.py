@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import Flavors, QuotaBook, Running, Snapshot, Waiting, _Cycle, run_cycle
-from shared.allocation import Allocation, DeviceResult, SelectorMemo, State
-from shared.classes import BUILTIN_CLASSES
-from shared.inventory import Fleet
-from shared.quota import QuotaConfig, TenantQuota, parse_quotas, pending_limit_problem
-from shared.simulate import run_waves
+from shared.admission.cycle import Flavors, QuotaBook, Running, Snapshot, Waiting, AdmissionState, run_cycle
+from shared.admission.quota import QuotaConfig, TenantQuota, parse_quotas, pending_limit_problem
+from shared.admission.simulate import run_waves
+from shared.dra.allocation import Allocation, DeviceResult, SelectorMemo, State
+from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.inventory import Fleet
 from tests.builders import ClaimBuilder, a_claim, fleet, node
 from tests.waves import Waves
 
@@ -305,7 +305,7 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
         snapshot = Snapshot(f, BUILTIN_CLASSES, config, tuple(shell.running.values()), tuple(shell.queue.values()))
         result = run_cycle(snapshot, kept)
         state = kept.states["admission"]
-        fresh = _Cycle(snapshot, SelectorMemo())
+        fresh = AdmissionState(snapshot, SelectorMemo())
         fresh.begin(snapshot)
         state.begin(snapshot)  # the kept state, brought back to the snapshot (the cycle moved it on)
         assert {k: n for k, n in state.book.used.items() if n} == {k: n for k, n in fresh.book.used.items() if n}
@@ -356,7 +356,7 @@ def test_claims_of_one_spec_in_many_tenants_are_each_explained_with_their_own_te
 
 
 def _allocation_on(f: Fleet, node_name: str, count: int) -> Any:
-    from shared.allocation import FleetState
+    from shared.dra.allocation import FleetState
     claim = a_claim("probe", "a").request(count=count, selectors=(H100,)).build()
     decision = FleetState(f, BUILTIN_CLASSES, ()).decide(claim)
     assert decision.allocation is not None and decision.allocation.node == node_name
@@ -476,7 +476,7 @@ def test_a_placement_needs_room_and_idle_devices_of_one_flavor_set(u_holds: int,
     memo = SelectorMemo()
     run_cycle(Snapshot(f, BUILTIN_CLASSES, config, running, ()), memo)
     cycle = memo.states["admission"]
-    assert isinstance(cycle, _Cycle)
+    assert isinstance(cycle, AdmissionState)
     facts = cycle.plan_facts(cycle.state.plan(claim.claim))
     assert facts.flavors == {"H100", "B200"}
     assert (cycle.quota_short("t", facts, idle=True) is None) is may

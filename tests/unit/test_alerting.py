@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import alert_rules as rules
-from shared.alerting import Action, Alert, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
+from shared.alerts import rules
+from shared.alerts.book import Action, Alert, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
 
 W = 300.0  # fold window of the tables
 

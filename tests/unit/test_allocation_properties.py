@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.allocation import State, settle
-from shared.classes import BUILTIN_CLASSES
+from shared.dra.allocation import State, settle
+from shared.dra.classes import BUILTIN_CLASSES
 from tests.builders import a_claim, fleet, gpu
 
 MODELS = ("A100", "H100", "H200")

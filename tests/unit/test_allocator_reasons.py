@@ -6,8 +6,8 @@ from typing import Any
 
 from services.allocator.ledger_ops import Queue
 from services.allocator.service import Allocator, Heard
-from shared.admission import Waiting
-from shared.waiting_queue import WaitingQueue
+from shared.admission.cycle import Waiting
+from shared.admission.waiting_queue import WaitingQueue
 from tests.builders import a_claim
 
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from services.asyncapi import document
-from shared import events, messages
-from shared.allocation import Allocation, DeviceResult
-from shared.sources import load_inventory
+from shared.contract import events, messages
+from shared.dra.allocation import Allocation, DeviceResult
+from shared.fleet.sources import load_inventory
 
 CONTRACT = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
 

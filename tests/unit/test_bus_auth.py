@@ -1,4 +1,4 @@
-"""Bus identities' permissions and the server's users block (shared/bus_auth.py); what the server does
+"""Bus identities' permissions and the server's users block (shared/contract/bus_auth.py); what the server does
 with them is tests/e2e/test_bus_auth.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from shared import bus_auth, subjects
+from shared.contract import bus_auth, subjects
 
 
 @pytest.mark.parametrize(("url", "user", "password", "expected"), [

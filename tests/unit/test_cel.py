@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.cel import SelectorError, SemVer, compile_selector, device_activation, evaluate
-from shared.quantity import Quantity
+from shared.dra.cel import SelectorError, SemVer, compile_selector, device_activation, evaluate
+from shared.dra.quantity import Quantity
 
 DEVICE = device_activation(
     "gpu.nvidia.com",

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from shared import cel
-from shared.cel import EvaluationBudget, SelectorError, SemVer, compile_selector, device_activation, evaluate
-from shared.cel_rewrite import rewrite
-from shared.quantity import Quantity
+from shared.dra import cel
+from shared.dra.cel import EvaluationBudget, SelectorError, SemVer, compile_selector, device_activation, evaluate
+from shared.dra.cel_rewrite import rewrite
+from shared.dra.quantity import Quantity
 
 # A device as NVIDIA's DRA driver publishes it.
 DEVICE = device_activation(

@@ -8,11 +8,14 @@ from typing import Any
 
 import pytest
 
-from shared import admission, allocation, dra, explain
-from shared.admission import Snapshot, Waiting, run_cycle
-from shared.allocation import SelectorMemo, State
-from shared.classes import BUILTIN_CLASSES
-from shared.quota import QuotaConfig
+from shared.admission import cycle as admission
+from shared.admission import explain
+from shared.admission.cycle import Snapshot, Waiting, run_cycle
+from shared.admission.quota import QuotaConfig
+from shared.dra import allocation
+from shared.dra import model as dra
+from shared.dra.allocation import SelectorMemo, State
+from shared.dra.classes import BUILTIN_CLASSES
 from tests.builders import a_claim, fleet, gpu, node
 
 FLEET = fleet(*node("h100", "H100", 4), *node("b200", "B200", 4))
@@ -56,8 +59,8 @@ def failing(function: Callable[..., Any], error: BaseException) -> Callable[...,
 # answer, its explanation.
 STEPS = {
     "plan": (allocation.FleetState, "plan"),
-    "placement": (admission._Cycle, "_decide"),
-    "answer": (admission._Cycle, "answer"),
+    "placement": (admission.AdmissionState, "_decide"),
+    "answer": (admission.AdmissionState, "answer"),
     "explanation": (explain, "explain_pending"),
 }
 
@@ -118,7 +121,7 @@ def test_a_cycle_that_fails_for_every_claim_raises_instead_of_looping(monkeypatc
         raise RuntimeError("broken")
 
     monkeypatch.setattr(admission, "MAX_FAULTS_PER_CYCLE", 2)
-    monkeypatch.setattr(admission._Cycle, "_decide", always)
+    monkeypatch.setattr(admission.AdmissionState, "_decide", always)
     with pytest.raises(admission.ClaimFault):
         decide(GOOD)
 
@@ -126,10 +129,10 @@ def test_a_cycle_that_fails_for_every_claim_raises_instead_of_looping(monkeypatc
 def test_kept_state_is_built_anew_after_a_fault_so_the_next_cycle_agrees_with_a_fresh_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     memo = SelectorMemo()
-    original = admission._Cycle._decide
-    monkeypatch.setattr(admission._Cycle, "_decide", failing(original, ZeroDivisionError("boom")))
+    original = admission.AdmissionState._decide
+    monkeypatch.setattr(admission.AdmissionState, "_decide", failing(original, ZeroDivisionError("boom")))
     decide([waiting("poison", arrival=-1), *GOOD[:1]], memo)
-    monkeypatch.setattr(admission._Cycle, "_decide", original)
+    monkeypatch.setattr(admission.AdmissionState, "_decide", original)
 
     later = [*GOOD[1:], waiting("late", count=4, arrival=9)]
     assert states(decide(later, memo)) == states(decide(later))

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from services.allocator.ledger_ops import claim_values
-from shared import dra
-from shared.claims import INT32_MAX, INT32_MIN, InvalidClaim, read_submission, settings_of
+from shared.dra import model as dra
+from shared.dra.claims import INT32_MAX, INT32_MIN, InvalidClaim, read_submission, settings_of
 
 TENANT = "t1"
 GPU = "gpu.nvidia.com"

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from shared import dra
-from shared.device_plugin import node_slices, pack_mig, product_name
-from shared.inventory import devices_from_slices
-from shared.topology import lookup_model
+from shared.dra import model as dra
+from shared.dra.inventory import devices_from_slices
+from shared.fleet.device_plugin import node_slices, pack_mig, product_name
+from shared.fleet.topology import lookup_model
 
 H100_LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
                "nvidia.com/gpu.count": "8", "nvidia.com/mig.strategy": "none"}

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from shared import dra
-from shared.claims import InvalidClaim, read_submission
-from shared.inventory import Fleet
-from shared.sources import InventoryFileError, documents_from
-from shared.topology import lookup_model, topology_to_resource_slices
+from shared.dra import model as dra
+from shared.dra.claims import InvalidClaim, read_submission
+from shared.dra.inventory import Fleet
+from shared.fleet.sources import InventoryFileError, documents_from
+from shared.fleet.topology import lookup_model, topology_to_resource_slices
 
 TRAINING_GPU = {
     "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "training-gpu"},

@@ -14,11 +14,11 @@ from services.allocator.service import Allocator
 from services.notifier.app import notifier_app
 from services.notifier.service import Notifier
 from services.watcher.files import node_payloads
-from shared import subjects
-from shared.classes import BUILTIN_CLASSES
+from shared.contract import subjects
+from shared.dra.classes import BUILTIN_CLASSES
+from shared.fleet.sources import load_inventory
 from shared.ledger.engine import create_engine
 from shared.settings import BrokerSettings
-from shared.sources import load_inventory
 
 URL = "nats://127.0.0.1:1"  # never dialled: the test broker stands in
 

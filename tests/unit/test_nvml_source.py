@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from services.watcher.nvml import NvmlReader, NvmlWatcher
-from shared import dra, telemetry
-from shared.inventory import devices_from_slices
+from shared.dra import model as dra
+from shared.dra.inventory import devices_from_slices
+from shared.fleet import telemetry
 
 
 class NVMLError(Exception):

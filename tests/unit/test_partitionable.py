@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared import dra
-from shared.allocation import State, settle
-from shared.classes import BUILTIN_CLASSES
-from shared.inventory import Fleet
+from shared.dra import model as dra
+from shared.dra.allocation import State, settle
+from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.inventory import Fleet
 from tests.builders import a_claim
 
 

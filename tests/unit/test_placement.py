@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared import cel
-from shared.allocation import FleetState, State, decide, settle
-from shared.classes import BUILTIN_CLASSES
-from shared.inventory import THROTTLED, UNHEALTHY, Fleet, NodeInventory
-from shared.sources import documents_from
+from shared.dra import cel
+from shared.dra.allocation import FleetState, State, decide, settle
+from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.inventory import THROTTLED, UNHEALTHY, Fleet, NodeInventory
+from shared.fleet.sources import documents_from
 from tests.builders import a_claim, fleet, gpu, node
 
 

@@ -1,4 +1,4 @@
-"""The contract's quota invariants (shared/quota_invariant.py) after every cycle of random waves over
+"""The contract's quota invariants (shared/admission/invariant.py) after every cycle of random waves over
 random fleets (whole GPUs, static and dynamic MIG), cohorts and quotas; and the reported scenario, a
 cohort over its members' nominal quota, as table rows."""
 
@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import Flavors, Running, Snapshot, Waiting, run_cycle
-from shared.allocation import Allocation, DeviceResult, SelectorMemo, State
-from shared.classes import BUILTIN_CLASSES
-from shared.inventory import Fleet
-from shared.quota import QuotaConfig, parse_quotas
-from shared.quota_invariant import held_per_flavor, violations
-from shared.sources import documents_from
+from shared.admission.cycle import Flavors, Running, Snapshot, Waiting, run_cycle
+from shared.admission.invariant import held_per_flavor, violations
+from shared.admission.quota import QuotaConfig, parse_quotas
+from shared.dra.allocation import Allocation, DeviceResult, SelectorMemo, State
+from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.inventory import Fleet
+from shared.fleet.sources import documents_from
 from tests.builders import a_claim, fleet, node
 from tests.waves import Waves
 

@@ -9,12 +9,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission import QueueChanges, Snapshot, Waiting, run_cycle
-from shared.allocation import SelectorMemo
-from shared.classes import BUILTIN_CLASSES
-from shared.inventory import Fleet
-from shared.quota import QuotaConfig
-from shared.waiting_queue import WaitingQueue
+from shared.admission.cycle import QueueChanges, Snapshot, Waiting, run_cycle
+from shared.admission.quota import QuotaConfig
+from shared.admission.waiting_queue import WaitingQueue
+from shared.dra.allocation import SelectorMemo
+from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.inventory import Fleet
 from tests.builders import a_claim
 from tests.unit.test_admission import arriving, scenarios
 from tests.waves import Waves

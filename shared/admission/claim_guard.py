@@ -3,7 +3,7 @@ outcome, never the cycle's.
 
 The core's methods that work on one waiting claim are marked with `per_claim`: an exception escaping
 one of them is re-raised as a `ClaimFault` naming the claim. The cycle's single guard
-(`shared.admission.run_cycle`) catches it, sets the claim aside with `fault_decision`, forgets the
+(`shared.admission.cycle.run_cycle`) catches it, sets the claim aside with `fault_decision`, forgets the
 state it had kept (it may be half updated) and decides the cycle again without that claim, so every
 other claim is decided as if the faulty one were not there.
 
@@ -18,9 +18,9 @@ import functools
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from shared import dra
-from shared.allocation import Decision, Rejected, State
-from shared.cel import SelectorError
+from shared.dra import model as dra
+from shared.dra.allocation import Decision, Rejected, State
+from shared.dra.cel import SelectorError
 
 P = ParamSpec("P")
 R = TypeVar("R")

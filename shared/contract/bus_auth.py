@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from shared import subjects
+from shared.contract import subjects
 
 INBOX = "_I"
 ROLES = ("tenant", "alerts")

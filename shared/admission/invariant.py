@@ -21,10 +21,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from fractions import Fraction
 
-from shared.admission import Flavors, Running
-from shared.inventory import Fleet
-from shared.matching import SelectorMemo
-from shared.quota import QuotaConfig
+from shared.admission.cycle import Flavors, Running
+from shared.admission.quota import QuotaConfig
+from shared.dra.inventory import Fleet
+from shared.dra.matching import SelectorMemo
 
 
 def violations(fleet: Fleet, quotas: QuotaConfig, running: Iterable[Running],

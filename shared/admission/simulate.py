@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared import dra
-from shared.admission import Running, Snapshot, Waiting, run_cycle
-from shared.allocation import Decision, SelectorMemo, State
-from shared.claims import InvalidClaim, settings_of, with_namespace
-from shared.inventory import Fleet
-from shared.quota import QuotaConfig
-from shared.waiting_queue import WaitingQueue
+from shared.admission.cycle import Running, Snapshot, Waiting, run_cycle
+from shared.admission.quota import QuotaConfig
+from shared.admission.waiting_queue import WaitingQueue
+from shared.dra import model as dra
+from shared.dra.allocation import Decision, SelectorMemo, State
+from shared.dra.claims import InvalidClaim, settings_of, with_namespace
+from shared.dra.inventory import Fleet
 
 MAX_CYCLES_PER_WAVE = 8  # a wave settles when a cycle changes nothing; preemption victims retry next cycle
 

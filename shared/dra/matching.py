@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.cel import CompiledSelector, SelectorError, evaluate
-from shared.inventory import IDENTITY_ATTRIBUTES, FleetDevice, NodeInventory
+from shared.dra.cel import CompiledSelector, SelectorError, evaluate
+from shared.dra.inventory import IDENTITY_ATTRIBUTES, FleetDevice, NodeInventory
 
 _CACHE_LIMIT = 200_000
 
@@ -28,7 +28,7 @@ class SelectorMemo:
     results: dict[tuple[str, Any], bool] = field(default_factory=dict)
     signatures: dict[tuple[frozenset[str], int], Any] = field(default_factory=dict)
     shapes: dict[tuple[tuple[str, ...], int], tuple[int, ...] | SelectorError] = field(default_factory=dict)
-    plans: dict[Any, Any] = field(default_factory=dict)  # prepared claims per spec (shared/allocation.py)
+    plans: dict[Any, Any] = field(default_factory=dict)  # prepared claims per spec (shared/dra/allocation.py)
     plan_of: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(claim) -> (claim, plan)
     states: dict[str, Any] = field(default_factory=dict)  # the last cycle's FleetState, for the next one
     plans_cleared: int = 0  # times `plans` was emptied: caches keyed by a plan's id are void after

@@ -3,13 +3,13 @@
 A pure function over an immutable snapshot (the fleet, the quotas, what runs, what waits); the
 allocator service and `claimbroker simulate --quotas` run the same code.
 
-- Flavors: every device counts against the first flavor whose selector accepts it (shared/quota.py).
+- Flavors: every device counts against the first flavor whose selector accepts it (shared/admission/quota.py).
 - Quotas (Kueue's arithmetic, flat cohorts): a tenant may use its nominal quota of a flavor, less what
   cohort-mates borrow of what it lends (it takes that back by reclaim, not by being admitted beside
   them: the cohort would then hold more than its members' nominal); beyond it it borrows what its cohort
   lends (each member lends its unused nominal up to its lendingLimit) and the flavor's free capacity
   (devices no tenant's nominal covers), within its borrowingLimit. With no quota anywhere the fleet is
-  open. `shared.quota_invariant` checks what users rely on.
+  open. `shared.admission.invariant` checks what users rely on.
 - Order: tenants by share (GPU units in use over weight, lowest first), then priority, then arrival.
   Claims of one tenant and spec form a group tried from its head (see `_admission_pass`), so a deep
   queue never stalls admission and costs a cycle O(groups + admissions), not O(claims).
@@ -38,13 +38,14 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, NamedTuple, cast
 
-from shared import dra
-from shared.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
-from shared.cel import CompiledSelector, SelectorError, compile_selector
-from shared.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault_decision, per_claim
-from shared.inventory import Fleet, FleetDevice
-from shared.matching import SelectorMemo
-from shared.quota import Flavor, QuotaConfig
+from shared.admission.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault_decision, per_claim
+from shared.admission.explain import explain_pending
+from shared.admission.quota import Flavor, QuotaConfig
+from shared.dra import model as dra
+from shared.dra.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
+from shared.dra.cel import CompiledSelector, SelectorError, compile_selector
+from shared.dra.inventory import Fleet, FleetDevice
+from shared.dra.matching import SelectorMemo
 
 ClaimKey = tuple[str, str]  # tenant, name
 MAX_PREEMPTION_NODES = 8  # nodes tried per preempting claim, most promising first
@@ -88,7 +89,7 @@ class Waiting:
 @dataclass(frozen=True)
 class QueueChanges:
     """What came into and went out of the waiting queue between two snapshots of it, as the shell that
-    keeps the queue recorded it (`shared.waiting_queue.WaitingQueue`). Versions are unique per process."""
+    keeps the queue recorded it (`shared.admission.waiting_queue.WaitingQueue`). Versions are unique per process."""
 
     since: int  # the version of the snapshot these changes follow (0: none)
     version: int  # this snapshot's
@@ -479,7 +480,7 @@ def _entry(waiting: Waiting) -> tuple[int, int, str]:
     return (-waiting.priority, waiting.arrival, waiting.name)
 
 
-class _Cycle:
+class AdmissionState:
     """The admission state of one fleet, classes and quotas, kept across cycles and brought up to date
     with each snapshot in O(what changed): usage per tenant and flavor, what runs on each node, the
     waiting claims in groups, and the answers cached per fleet and quota version."""
@@ -940,9 +941,7 @@ class _Cycle:
     @per_claim
     def settle(self, waiting: Waiting, decision: Decision, blocks: list[Block], alike: Any
                ) -> tuple[Decision, Mapping[str, Any] | None]:
-        """The answer a decided claim is given and, when it waits, why (`shared.explain`)."""
-        from shared.explain import explain_pending
-
+        """The answer a decided claim is given and, when it waits, why (`shared.admission.explain`)."""
         decision, blocks = self.answer(waiting, decision, blocks)
         if decision.state is State.PENDING:
             return decision, explain_pending(self, waiting, decision, blocks, alike)
@@ -1327,10 +1326,10 @@ def _fleet_state(snapshot: Snapshot, memo: SelectorMemo, in_use: Sequence[Device
     return state
 
 
-def _cycle_for(snapshot: Snapshot, memo: SelectorMemo) -> _Cycle:
+def _cycle_for(snapshot: Snapshot, memo: SelectorMemo) -> AdmissionState:
     kept = memo.states.get("admission")
-    if not (isinstance(kept, _Cycle) and kept.fits(snapshot, memo)):
-        kept = memo.states["admission"] = _Cycle(snapshot, memo)
+    if not (isinstance(kept, AdmissionState) and kept.fits(snapshot, memo)):
+        kept = memo.states["admission"] = AdmissionState(snapshot, memo)
     kept.begin(snapshot)
     return kept
 
@@ -1402,7 +1401,7 @@ class _Heads:
 _LAST = cast(_Head, ((float("inf"),),))  # compares greater than every head
 
 
-def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int]]:
+def _admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int]]:
     """Lowest share first, re-ranked after every admission; within a tenant priority, then arrival.
 
     Only group heads are tried: a head that fits is admitted and the next claim of its group becomes the
@@ -1486,7 +1485,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
         decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
 
     open_specs = set(cycle.specs)  # plan ids of the specs some node may still have room for
-    cycle.shrinking = {}  # failed placements (see _Cycle.shrinking)
+    cycle.shrinking = {}  # failed placements (see AdmissionState.shrinking)
     try:
         while tenants:
             if not open_specs:  # no node has room for any spec: every head left would be dropped
@@ -1524,7 +1523,7 @@ def _admission_pass(cycle: _Cycle) -> tuple[list[tuple[Waiting, Decision, list[B
     return decided, first_seen
 
 
-def _dropped_unanswered(cycle: _Cycle, position: Mapping[tuple[str, int], int],
+def _dropped_unanswered(cycle: AdmissionState, position: Mapping[tuple[str, int], int],
                         tried: Collection[tuple[str, int]]) -> list[tuple[str, tuple[int, int, str], tuple[str, int]]]:
     """The groups the pass dropped without a trial that hold claims with no answer yet, with their heads,
     in tenant order, then head order (the rest of the dropped groups keep their answers)."""
@@ -1538,7 +1537,7 @@ def _dropped_unanswered(cycle: _Cycle, position: Mapping[tuple[str, int], int],
     return sorted(pending)
 
 
-def _preemptors(cycle: _Cycle, order: Mapping[str, int]) -> Iterable[Waiting]:
+def _preemptors(cycle: AdmissionState, order: Mapping[str, int]) -> Iterable[Waiting]:
     """Pending claims that have a victim candidate, in fair-share order: tenants in the order the
     admission pass took them, each tenant's claims by priority, then arrival. Per tenant the walk stops
     at the first claim that can preempt nothing, when no claim after it could either."""
@@ -1565,7 +1564,7 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     Decisions cover every claim admitted, Rejected or tried, and every claim without an answer yet;
     a claim that keeps waiting behind a head of its kind keeps its last answer.
 
-    The one guarded place per claim: when deciding a claim fails (`shared.claim_guard`), that claim gets
+    The one guarded place per claim: when deciding a claim fails (`shared.admission.claim_guard`), that claim gets
     its fault's decision and the cycle is decided again without it, on state built anew (what was kept
     may be half updated), so no claim can stop the others."""
     memo = memo or SelectorMemo()
@@ -1599,7 +1598,7 @@ def _decide_cycle(snapshot: Snapshot, memo: SelectorMemo) -> CycleResult:
         preempted = cycle.try_preempt(waiting)
         if preempted is not None:
             decided.append((waiting, preempted, []))
-    from shared.explain import Alike
+    from shared.admission.explain import Alike
 
     final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer
     results = []

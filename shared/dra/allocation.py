@@ -5,7 +5,7 @@ request selectors, ExactCount and All, firstAvailable tried in order (the first 
 node can satisfy wins), matchAttribute and distinctAttribute constraints, NoSchedule/NoExecute taints,
 shared counters of partitionable devices (MIG), adminAccess, 32 requests and 32 devices per claim.
 
-Where DRA is first-fit we place best-fit, deterministically (see shared/fleet_index.py): the smallest
+Where DRA is first-fit we place best-fit, deterministically (see shared/dra/fleet_index.py): the smallest
 adequate healthy device first, then the group (node, or node and matchAttribute value) with the fewest
 free devices that still has room, so partly used nodes fill before empty ones; MIG partitions are
 placed where they leave the most other partitions possible. Unhealthy devices and nodes with stale
@@ -26,12 +26,13 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
-from shared import dra
-from shared.cel import CompiledSelector, SelectorError, compile_selector
-from shared.fleet_index import IN_USE, DeviceIndex, Group
-from shared.inventory import UNHEALTHY, CounterKey, Fleet, FleetDevice
-from shared.matching import SelectorMemo
-from shared.quantity import exact
+from shared.dra import model as dra
+from shared.dra.cel import CompiledSelector, SelectorError, compile_selector
+from shared.dra.fleet_index import IN_USE, DeviceIndex, Group
+from shared.dra.inventory import UNHEALTHY, CounterKey, Fleet, FleetDevice
+from shared.dra.matching import SelectorMemo
+from shared.dra.quantity import exact
+from shared.dra.reasons import pending_reason
 
 DeviceKey = tuple[str, str, str]
 Amount = int | Fraction
@@ -651,8 +652,6 @@ class FleetState:
                 "combinations on the free devices; simplify them or ask for fewer devices"))
         if not explain:
             return Decision(State.PENDING)
-        from shared.reasons import pending_reason  # reasons read the indexes; they import this module
-
         try:
             reason, unsatisfiable = pending_reason(self, plan)
         except Rejected as rejected:

@@ -30,9 +30,9 @@ import celpy.celtypes as ct
 from celpy.evaluation import CELEvalError, Context, Evaluator
 from lark import Tree
 
-from shared.cel_rewrite import rewrite
-from shared.dra import MAX_CEL_LENGTH
-from shared.quantity import Quantity, parse_quantity
+from shared.dra.cel_rewrite import rewrite
+from shared.dra.model import MAX_CEL_LENGTH
+from shared.dra.quantity import Quantity, parse_quantity
 
 GUARD_HINT = (
     "consider using CEL optional chaining (.? followed by orValue()) or guarding the check with has() "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from shared.topology import GPU_MODELS, GpuModel
+from shared.fleet.topology import GPU_MODELS, GpuModel
 
 KIND = "Quotas"
 # GPU units per whole device: what each generation is worth next to an A100 80GB (1.0), roughly its
@@ -186,7 +186,7 @@ def _limit(value: Any, where: str) -> QuotaLimit:
 
 def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
     """Read a Quotas document; raises QuotaFileError naming the field. CEL selectors are checked by the
-    caller (shared.cel.compile_selector), which knows how to report them."""
+    caller (shared.dra.cel.compile_selector), which knows how to report them."""
     from shared.settings import parse_duration
 
     if not isinstance(document, Mapping) or document.get("kind") != KIND:

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared import telemetry
-from shared.alerting import Action, Alert, Raise, Resolve, alert_key
+from shared.alerts.book import Action, Alert, Raise, Resolve, alert_key
+from shared.fleet import telemetry
 
 CLAIM_REJECTED = "claim-rejected"
 PENDING_TOO_LONG = "claim-pending-too-long"
@@ -184,7 +184,7 @@ def _number(value: Any, default: float) -> float:
 
 
 def _device_actions(node: str, payload: Any) -> list[Action]:
-    """Health per device (verdict from shared.telemetry): Unhealthy is critical, Throttled a warning,
+    """Health per device (verdict from shared.fleet.telemetry): Unhealthy is critical, Throttled a warning,
     Healthy ends both. Unreadable telemetry raises nothing rather than guessing."""
     try:
         devices = telemetry.from_json(payload if isinstance(payload, Mapping) else None)

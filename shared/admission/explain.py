@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shared.allocation import Decision, Rejected
+from shared.dra.allocation import Decision, Rejected
 
 if TYPE_CHECKING:
-    from shared.admission import Block, Waiting, _Cycle
-    from shared.fleet_index import DeviceIndex
+    from shared.admission.cycle import Block, Waiting, AdmissionState
+    from shared.dra.fleet_index import DeviceIndex
 
 
-def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
+def _capacity(cycle: AdmissionState, waiting: Waiting) -> list[dict[str, Any]]:
     """Per request: what matches, what is free and why the rest is not; the same for every claim of one
     spec while the fleet's state stays the same, so worked out once per spec and state."""
     state = cycle.state
@@ -43,7 +43,7 @@ def _capacity(cycle: _Cycle, waiting: Waiting) -> list[dict[str, Any]]:
     return out
 
 
-def _index_figures(cycle: _Cycle, index: DeviceIndex) -> dict[str, Any]:
+def _index_figures(cycle: AdmissionState, index: DeviceIndex) -> dict[str, Any]:
     """What an index holds and why the rest is not free: the same for every claim it serves, so worked
     out once per index while its free devices stay the same."""
     kept = cycle.index_figures.get(id(index))
@@ -104,7 +104,7 @@ class Alike:
     tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block],
+def explain_pending(cycle: AdmissionState, waiting: Waiting, decision: Decision, blocks: list[Block],
                     alike: Alike) -> dict[str, Any]:
     """Why the claim waits, as structured data, from the cycle that decided; what it shares with other
     claims' explanations comes from (and goes to) `alike`."""
@@ -132,7 +132,7 @@ def explain_pending(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks:
     return found
 
 
-def _spec_parts(cycle: _Cycle, waiting: Waiting, decision: Decision, blocks: list[Block], candidates: int
+def _spec_parts(cycle: AdmissionState, waiting: Waiting, decision: Decision, blocks: list[Block], candidates: int
                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """An explanation but for the tenant's figures and the claim's priority (which go between the two)."""
     preemption = {

@@ -9,8 +9,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from shared import dra, telemetry
-from shared.inventory import NodeInventory, counters_from_slices, devices_from_slices
+from shared.dra import model as dra
+from shared.dra.inventory import NodeInventory, counters_from_slices, devices_from_slices
+from shared.fleet import telemetry
 
 
 def now_iso(timestamp: float | None = None) -> str:

@@ -13,9 +13,9 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
-from shared import dra
-from shared.cel import SemVer, device_activation
-from shared.quantity import Quantity, exact, parse_quantity
+from shared.dra import model as dra
+from shared.dra.cel import SemVer, device_activation
+from shared.dra.quantity import Quantity, exact, parse_quantity
 
 AttributeValue = int | bool | str | SemVer
 HEALTHY, THROTTLED, UNHEALTHY = "Healthy", "Throttled", "Unhealthy"

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from shared import dra
+from shared.dra import model as dra
 
 
 class InventoryFileError(ValueError):
@@ -56,7 +56,7 @@ def documents_from(raw: Iterable[Any], origin: str) -> InventoryDocuments:
         if document is None:
             continue
         if isinstance(document, dict) and document.get("kind") == "Topology":
-            from shared import topology
+            from shared.fleet import topology
 
             try:
                 generated = topology.topology_to_resource_slices(document)

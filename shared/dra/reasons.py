@@ -10,9 +10,12 @@ except for the hints of a claim that nothing matches.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from shared.allocation import Alternative, FleetState, Plan
-from shared.fleet_index import DeviceIndex
+from shared.dra.fleet_index import DeviceIndex
+
+if TYPE_CHECKING:  # the allocation module calls these with its state and plans
+    from shared.dra.allocation import Alternative, FleetState, Plan
 
 _EQUALITY = re.compile(r"""attributes\[\s*["']([^"']+)["']\s*\]\s*\.\s*([A-Za-z_][\w-]*)\s*==\s*["']([^"']*)["']""")
 _HELD = (("stale inventory", "on nodes with stale inventory"), ("unhealthy", "unhealthy"),

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import events
+from shared.contract import events
 
 SEVERITIES = ("info", "warning", "critical")
 

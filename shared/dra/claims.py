@@ -1,6 +1,6 @@
 """Reading a tenant's claim: namespace as tenant, broker annotations, and what makes one invalid.
 
-Everything that reaches the ledger is checked here or in shared.dra first: names fit their columns and
+Everything that reaches the ledger is checked here or in shared.dra.model first: names fit their columns and
 NATS subject tokens, the priority fits the 32-bit column, and no string holds what PostgreSQL refuses.
 One bad value in a batch would otherwise make the database refuse the whole batch.
 """
@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from shared import dra
+from shared.dra import model as dra
 
 PRIORITY_ANNOTATION = "claimbroker.io/priority"
 PREEMPTIBLE_ANNOTATION = "claimbroker.io/preemptible"

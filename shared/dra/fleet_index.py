@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from shared import dra
-from shared.cel import CompiledSelector
-from shared.inventory import IDENTITY_ATTRIBUTES, UNHEALTHY, Fleet, FleetDevice
-from shared.matching import SelectorMemo
+from shared.dra import model as dra
+from shared.dra.cel import CompiledSelector
+from shared.dra.inventory import IDENTITY_ATTRIBUTES, UNHEALTHY, Fleet, FleetDevice
+from shared.dra.matching import SelectorMemo
 
 IN_USE = "in use"  # the one reason an index also counts by subtraction, on nodes where it is the only one
 GroupKey = tuple[str, str | None]  # node, value of the grouping attribute (None: the whole node)

@@ -4,7 +4,7 @@
   `device.attributes[...]` or `device.capacity[...]` lookup: the optional-chaining idiom DRA documents.
   X is a fixed-form lookup, so the text grows by a bounded amount per use, never exponentially.
 
-`cel.bind(v, init, body)` parses as it is and is evaluated natively by shared.cel (v holds the value of
+`cel.bind(v, init, body)` parses as it is and is evaluated natively by shared.dra.cel (v holds the value of
 init once): substituting init's text for v made the text grow exponentially with nested binds.
 """
 
