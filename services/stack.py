@@ -42,6 +42,7 @@ class Stack:
     admin_url: str = ""
     service_urls: dict[str, str] = field(default_factory=dict)
     readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)  # per service: why not ready
+    api_ready: asyncio.Event = field(default_factory=asyncio.Event)  # the admin API listens, at api_url
 
     def __post_init__(self) -> None:
         self.admin_url = self.admin_url or self.nats_url  # no bus auth here: the server's own business
@@ -148,6 +149,13 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
                                     f"(is the port in use? uvicorn exited with {stop.code})") from None
 
     serving = asyncio.create_task(serve())
+    while not server.started and not serving.done():  # then the port it listens on, also when asked for 0
+        await asyncio.sleep(0.01)
+    if server.started:
+        port = server.servers[0].sockets[0].getsockname()[1]
+        scheme = "https" if settings.api_tls_cert is not None else "http"
+        stack.api_url = f"{scheme}://{settings.api_host}:{port}"
+        stack.api_ready.set()
     try:
         await asyncio.shield(serving)
     except asyncio.CancelledError:
@@ -210,9 +218,10 @@ async def running_stack(
             stack.tasks["bus-auth"] = asyncio.create_task(authority.run(), name="bus-auth")
         for name in services:
             await start_service(stack, name, settings)
-        if "admin-api" in services:
-            scheme = "https" if settings.api_tls_cert is not None else "http"
-            stack.api_url = f"{scheme}://{settings.api_host}:{settings.api_port}"
+        if "admin-api" in services:  # its URL once it listens (the port it got, when asked for 0)
+            waiting = asyncio.create_task(stack.api_ready.wait())
+            await asyncio.wait([waiting, stack.tasks["admin-api"]], timeout=30, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
         yield stack
     finally:
         allocating = stack.tasks.get("allocator")

@@ -1,0 +1,5 @@
+"""`python -m services.cli`."""
+
+from services.cli.main import main
+
+main()

@@ -1,0 +1,198 @@
+"""Quota admins' commands over the admin API: `quota ...`, `explain` and `top`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from services.cli.bus import _nats_url, _why
+from services.cli.common import Output, Unreachable, _emit, _settings, _show, _table, app, console, err, options
+
+quota_app = typer.Typer(help="Quotas over the admin API (--api, --token; see `claimbroker --help`).",
+                        no_args_is_help=True)
+
+
+app.add_typer(quota_app, name="quota")
+
+
+API_TIMEOUT = 10.0  # seconds a command waits for the admin API, never longer
+
+
+def _admin_api() -> tuple[str, dict[str, str]]:
+    """--api (or CLAIMBROKER_API), else the URL `up` wrote in the data folder, never a guess; --token,
+    else the admin token `up` kept there."""
+    data_dir = _settings().data_dir
+    url = options().api
+    if not url:
+        url_file = data_dir / "api.url"
+        if not url_file.exists():
+            err.print(f"claimbroker: no admin API URL: pass --api URL (or CLAIMBROKER_API), or run where "
+                      f"`claimbroker up` keeps its data ({url_file} does not exist)")
+            raise typer.Exit(2)
+        url = url_file.read_text().strip()
+    token = options().token
+    if not token:
+        kept = data_dir / "admin.token"
+        token = kept.read_text().strip() if kept.exists() else None
+    return url.rstrip("/"), ({"Authorization": f"Bearer {token}"} if token else {})
+
+
+def _request(method: str, path: str, *, allow: tuple[int, ...] = (), **kwargs: Any) -> Any:
+    """One call; a problem response (unless its status is in `allow`) is printed as `status title:
+    detail` and exits 1."""
+    import httpx
+
+    url, headers = _admin_api()
+    headers.update(kwargs.pop("headers", {}))
+    try:
+        ca = _settings().tls_ca
+        response = httpx.request(method, url + path, headers=headers, timeout=API_TIMEOUT,
+                                 verify=str(ca) if ca is not None else True, **kwargs)
+    except httpx.TimeoutException:
+        raise Unreachable(f"cannot reach the admin API at {url}: no answer within {API_TIMEOUT:g}s") from None
+    except httpx.HTTPError as error:
+        raise Unreachable(f"cannot reach the admin API at {url}: {_why(error)}") from None
+    if response.status_code >= 400 and response.status_code not in allow:
+        try:
+            body = response.json()
+            title, detail = body.get("title"), body.get("detail")
+            message = detail if title == detail or not title else f"{title}: {detail}"
+        except ValueError:
+            message = response.text
+        err.print(f"{method} {path}: {response.status_code} {message}")
+        raise typer.Exit(1)
+    return response
+
+
+@quota_app.command("list")
+def quota_list(output: Output = "table") -> None:
+    """Every tenant's quotas, per flavor."""
+    tenants = {t["name"]: t for t in _request("GET", "/v1/tenants").json()}
+    quotas = _request("GET", "/v1/quotas").json()
+    rows = [[q["tenant"], tenants.get(q["tenant"], {}).get("cohort"), tenants.get(q["tenant"], {}).get("weight"),
+             q["flavor"], q["nominal"], q["borrowingLimit"], q["lendingLimit"]] for q in quotas]
+    _show(quotas, output, ["TENANT", "COHORT", "WEIGHT", "FLAVOR", "NOMINAL", "BORROWING", "LENDING"], rows)
+
+
+@quota_app.command("set")
+def quota_set(
+    tenant: Annotated[str, typer.Argument()],
+    flavor: Annotated[str, typer.Argument(help="a flavor name, e.g. H100 or H100-3g.40gb")],
+    nominal: Annotated[int, typer.Option(min=0, help="devices of the flavor the tenant is guaranteed")],
+    borrowing_limit: Annotated[int | None, typer.Option(min=0, help="at most this many beyond nominal")] = None,
+    lending_limit: Annotated[int | None, typer.Option(min=0, help="lend at most this much unused nominal")] = None,
+    output: Output = "table",
+) -> None:
+    """Set a tenant's quota for one flavor; a tenant named for the first time is created."""
+    if _request("GET", f"/v1/tenants/{tenant}", allow=(404,)).status_code == 404:
+        _request("PUT", f"/v1/tenants/{tenant}", json={})
+    quota = _request("PUT", f"/v1/tenants/{tenant}/quotas/{flavor}", json={
+        "nominal": nominal, "borrowingLimit": borrowing_limit, "lendingLimit": lending_limit}).json()
+    _show(quota, output, ["TENANT", "FLAVOR", "NOMINAL", "BORROWING", "LENDING"],
+          [[quota["tenant"], quota["flavor"], quota["nominal"], quota["borrowingLimit"], quota["lendingLimit"]]])
+
+
+@quota_app.command("delete")
+def quota_delete(tenant: Annotated[str, typer.Argument()], flavor: Annotated[str, typer.Argument()]) -> None:
+    """Remove a tenant's quota for one flavor."""
+    _request("DELETE", f"/v1/tenants/{tenant}/quotas/{flavor}")
+    console.print(f"deleted quota {tenant}/{flavor}")
+
+
+@quota_app.command("import")
+def quota_import(
+    file: Annotated[Path, typer.Argument(help="a Quotas YAML (or JSON) document")],
+    dry_run: Annotated[bool, typer.Option(help="show what would change, write nothing")] = False,
+    output: Output = "table",
+) -> None:
+    """Make the ledger hold exactly FILE's quotas; what it does not name is deleted (see --dry-run)."""
+    try:
+        content = file.read_bytes()
+    except OSError as error:
+        err.print(f"{file}: {error}")
+        raise typer.Exit(1) from None
+    result = _request("POST", "/v1/quotas/import", content=content, params={"dryRun": str(dry_run).lower()},
+                      headers={"Content-Type": "application/yaml"}).json()
+    if _emit(result, output):
+        return
+    verb = "would change" if dry_run else "changed"
+
+    def brief(row: dict[str, Any] | None) -> str:
+        keys = ("nominal", "borrowingLimit", "lendingLimit", "cohort", "weight", "selector", "value")
+        return ", ".join(f"{k}={row[k]}" for k in keys if row is not None and row.get(k) is not None) or "-"
+
+    console.print(_table(["ACTION", "ENTITY", "BEFORE", "AFTER"],
+                         [[c["action"], c["entity"], brief(c["before"]) if c["before"] else "",
+                           brief(c["after"]) if c["after"] else ""] for c in result["changes"]]))
+    console.print(f"{len(result['changes'])} row(s) {verb}")
+    for over in result["exceeding"]:
+        holders = ", ".join(f"{c['namespace']}/{c['name']} ({c['devices']})" for c in over["claims"])
+        err.print(f"{over['tenant']} holds {over['used']} {over['flavor']}, over its new quota "
+                  f"{over['nominal']} + {over['borrowingLimit']} borrowing: {holders}")
+
+
+@quota_app.command("export")
+def quota_export(output: Annotated[str, typer.Option("--output", "-o", help="yaml | json")] = "yaml") -> None:
+    """Print the Quotas document (what `quota import` reads)."""
+    response = _request("GET", "/v1/quotas/export", params={"format": "json" if output == "json" else "yaml"})
+    sys.stdout.write(response.text if output != "json" else json.dumps(response.json(), indent=2) + "\n")
+
+
+@quota_app.command("usage")
+def quota_usage(output: Output = "table") -> None:
+    """Used, borrowed and lent devices per tenant and flavor, and the pending demand."""
+    usage = _request("GET", "/v1/usage").json()
+    rows = [[r["tenant"], r["cohort"], r["flavor"] or "(none)", r["nominal"], r["used"], r["usedUnits"],
+             r["borrowed"], r["lent"]] for r in usage["items"]]
+    _show(usage, output, ["TENANT", "COHORT", "FLAVOR", "NOMINAL", "USED", "UNITS", "BORROWED", "LENT"], rows)
+    if output == "table" and usage["pending"]:
+        console.print(_table(["TENANT", "PENDING CLAIMS", "DEVICES REQUESTED"],
+                             [[p["tenant"], p["claims"], p["devices"]] for p in usage["pending"]]))
+    if output == "table" and not usage["enforced"]:
+        console.print("no quota is set: the fleet is open to every tenant")
+
+
+@app.command()
+def explain(
+    claim: Annotated[str, typer.Argument(help="the claim's name")],
+    tenant: Annotated[str, typer.Option(help="the claim's tenant (namespace)")] = "default",
+    output: Output = "table",
+) -> None:
+    """Why a claim waits: its state, reason and the allocator's structured explanation."""
+    result = _request("GET", f"/v1/claims/{tenant}/{claim}/explain").json()
+    if _emit(result, output):
+        return
+    console.print(f"{result['namespace']}/{result['name']}: {result['state']}")
+    if result["reason"]:
+        console.print(f"reason: {result['reason']}", highlight=False)
+    if result["explain"] is None:
+        console.print("no structured explanation recorded")
+    else:
+        console.print_json(data=result["explain"])
+
+
+@app.command()
+def top(
+    once: Annotated[bool, typer.Option(help="print one frame and exit")] = False,
+    interval: Annotated[float, typer.Option(min=0.5, help="redraw at least this often, in seconds")] = 5.0,
+) -> None:
+    """A live view of the fleet per flavor and tenant (used, free, pending, borrowed) and the Pending queue,
+    redrawn as statuses and inventory arrive; the admin API (--api, --token) and NATS (--nats)."""
+
+    from services import top as view
+
+    url, headers = _admin_api()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a live view ends
+        try:
+            settings = _settings()
+            asyncio.run(view.run(url, headers, _nats_url(settings), console=console, once=once,
+                                 interval=interval, tls_ca=settings.tls_ca))
+        except view.Unavailable as error:
+            raise Unreachable(str(error)) from None

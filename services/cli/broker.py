@@ -1,0 +1,299 @@
+"""Running the broker: `up`, `serve`, `migrate`, `demo`, and the AsyncAPI document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from services.cli.bus import _publish_claims, _status_table, _why, read_statuses
+from services.cli.common import LogFormat, Unreachable, _emit, _logging, _settings, app, console, err, log
+from services.runtime import tune_gc
+from shared.settings import BrokerSettings
+
+
+@app.command()
+def up(
+    inventory: Annotated[list[Path] | None, typer.Option("--inventory", help="inventory file")] = None,
+    kube: Annotated[bool, typer.Option(help="take the fleet from the Kubernetes cluster only")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for --kube (default: in-cluster)")] = None,
+    db: Annotated[str | None, typer.Option(help="ledger URL (default: SQLite in the data folder)")] = None,
+    nats: Annotated[str | None, typer.Option(help="external NATS URL (default: embedded)")] = None,
+    api_port: Annotated[int | None, typer.Option(help="admin API port")] = None,
+    pending_alert_after: Annotated[str | None, typer.Option(help="alert after a claim waits this long")] = None,
+    webhook: Annotated[list[str] | None, typer.Option(
+        "--webhook", help="post alerts to this URL as JSON (repeatable); `slack:URL` posts Slack messages")] = None,
+    stream_replicas: Annotated[int | None, typer.Option(help="servers of a NATS cluster keeping each stream")] = None,
+    log_format: LogFormat = None,
+    insecure: Annotated[bool, typer.Option(
+        help="an open bus: the embedded NATS server asks no credential (labs only)")] = False,
+) -> None:
+    """Run watcher, allocator, notifier and admin API until Ctrl-C."""
+    from shared.settings import Webhook
+
+    tune_gc()
+    settings = _settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
+                         nats_url=nats, api_port=api_port, stream_replicas=stream_replicas, insecure=insecure or None,
+                         pending_alert_after=pending_alert_after, log_format=log_format,
+                         webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
+    _logging(True, settings.log_format)
+    if not asyncio.run(_up(settings)):
+        raise typer.Exit(1)  # a service ended on its own: everything it started is stopped
+
+
+async def _up(settings: BrokerSettings) -> bool:
+    """Whether it stopped because it was told to (False: a service failed for good; see supervise)."""
+    from services.natsio import wait_closed
+    from services.stack import running_stack, supervise
+    from shared.ledger.engine import sessions
+    from shared.ledger.tokens import create_token
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_stack(settings) as stack:
+        (settings.data_dir / "nats.url").write_text(stack.nats_url)  # where the other commands find it
+        if stack.api_url:
+            (settings.data_dir / "api.url").write_text(stack.api_url)
+        token_file = settings.data_dir / "admin.token"
+        if not token_file.exists():
+            token = await create_token(sessions(stack.engine), "admin", None, actor="up")
+            token_file.write_text(token)
+            token_file.chmod(0o600)
+            console.print(f"admin token (shown once, kept in {token_file}): {token}")
+        console.print(f"NATS      {stack.nats_url}")
+        if stack.authority is not None:
+            console.print("          credentials required: a tenant's from `claimbroker credentials create "
+                          f"--tenant T`, as nats://USER:PASSWORD@{stack.nats_url.split('://', 1)[-1]}; the CLI run "
+                          "here uses this folder's bus admin")
+        elif stack.embedded is not None:
+            log.warning("the bus is open (--insecure): anyone who reaches %s may submit, release and read any "
+                        "tenant's claims, and delete the streams", stack.nats_url)
+            console.print("          [bold red]OPEN BUS (--insecure): no credential asked; anyone who reaches it "
+                          "acts as any tenant[/bold red]")
+        console.print(f"admin API {stack.api_url}")
+        console.print(f"ledger    {stack.db_url}")
+        health = None
+        if settings.health_port is not None:  # /healthz, /readyz (every service ready) and /metrics
+            from services.health import serve_health
+
+            def not_ready() -> str | None:
+                return next((why for name in stack.tasks if (why := stack.not_ready(name))), None)
+
+            health = asyncio.create_task(serve_health(settings.health_host, settings.health_port, not_ready))
+            console.print(f"health    http://{settings.health_host}:{settings.health_port} (/healthz /readyz /metrics)")
+        try:
+            told = await supervise(stack, settings, stop)
+        finally:
+            if health is not None:
+                await wait_closed(health)
+    console.print("stopped")
+    return told
+
+
+def _serve_bus_auth(settings: BrokerSettings) -> None:
+    """Beside an external nats-server: keep the file its config includes equal to the ledger's credentials
+    and the services' own users, and reload the server on each change, until SIGTERM."""
+    from services.bus_authority import BusAuthority, FileTarget, own_identities
+    from shared.contract import bus_auth
+    from shared.ledger.engine import create_engine
+
+    if settings.bus_auth_file is None or not settings.bus_passwords:
+        err.print("serve bus-auth needs CLAIMBROKER_BUS_AUTH_FILE and CLAIMBROKER_BUS_PASSWORDS")
+        raise typer.Exit(2)
+    target = FileTarget(settings.bus_auth_file, settings.nats_pid_file)
+    own = own_identities(settings.bus_passwords)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        if not settings.bus_auth_file or not settings.bus_auth_file.exists():
+            target(bus_auth.render_authorization(own))  # the server can start before the ledger answers
+        engine = create_engine(settings.database_url())
+        authority = BusAuthority(engine, own, target, settings.bus_auth_poll_interval)
+        try:
+            while not stop.is_set():
+                try:
+                    await authority.apply()
+                    break
+                except Exception as error:  # the ledger not there yet (not migrated, not up): keep trying
+                    log.warning("bus-auth: cannot read the ledger yet: %s", error)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 2.0)
+            follower = asyncio.create_task(authority.run())
+            await stop.wait()
+            follower.cancel()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
+@app.command()
+def serve(
+    service: Annotated[str, typer.Argument(help="watcher | allocator | notifier | admin-api | bus-auth")],
+    inventory: Annotated[list[Path] | None, typer.Option("--inventory")] = None,
+    db: Annotated[str | None, typer.Option()] = None,
+    nats: Annotated[str | None, typer.Option()] = None,
+    kube: Annotated[bool, typer.Option(help="watcher: the fleet from the Kubernetes cluster")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="watcher: kubeconfig (default: in-cluster)")] = None,
+    nvml: Annotated[bool, typer.Option(help="watcher: this host's GPUs, read with NVML")] = False,
+    stream_replicas: Annotated[int | None, typer.Option(help="servers of a NATS cluster keeping each stream")] = None,
+    log_format: LogFormat = None,
+) -> None:
+    """Run one service against external NATS and database (compose, Kubernetes)."""
+    tune_gc()
+    settings = _settings(inventory=inventory or None, db=db, nats_url=nats, kube=kube or None,
+                         kubeconfig=kubeconfig, nvml=nvml or None, stream_replicas=stream_replicas,
+                         log_format=log_format)
+    _logging(True, settings.log_format)
+    if service == "bus-auth":
+        _serve_bus_auth(settings)
+        return
+    if not settings.nats_url:
+        err.print("serve needs --nats or CLAIMBROKER_NATS_URL")
+        raise typer.Exit(2)
+    if service == "watcher" and settings.kube and settings.nvml:
+        err.print("serve watcher takes one source: --kube (the cluster) or --nvml (this host), not both")
+        raise typer.Exit(2)
+    if service == "watcher" and not (settings.kube or settings.nvml or settings.inventory):
+        err.print("serve watcher needs --kube, --nvml or --inventory FILE "
+                  "(a deployed watcher never publishes the demo fleet)")
+        raise typer.Exit(2)
+
+    from shared.ledger.engine import LedgerNotReady, require_sqlite_file
+
+    try:
+        require_sqlite_file(settings.database_url())
+    except LedgerNotReady as error:
+        err.print(f"claimbroker: {error}")
+        raise typer.Exit(3) from None
+
+    async def main() -> bool:
+        from services.natsio import connect, ensure_streams, wait_closed
+        from services.stack import Stack, start_service
+        from shared.ledger.engine import create_engine
+
+        engine = create_engine(settings.database_url())
+        stack = Stack(nats_url=settings.nats_url or "", db_url=settings.database_url(), engine=engine)
+        setup = await connect(stack.nats_url, name=f"claimbroker-{service}-setup", tls_ca=settings.tls_ca)
+        try:
+            # as many replicas, and as deep a tenant's backlog, as configured
+            await ensure_streams(setup.jetstream(), settings.stream_replicas, settings.tenant_backlog)
+        finally:
+            await setup.close()
+        await start_service(stack, service, settings)
+        health = None
+        if settings.health_port is not None:
+            from services.health import serve_health
+
+            health = asyncio.create_task(serve_health(settings.health_host, settings.health_port,
+                                                      lambda: stack.not_ready(service)))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        task = stack.tasks[service]
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        told = waiter.done()
+        if not told:
+            failure = task.exception() if not task.cancelled() else None
+            logging.getLogger("claimbroker").error("service %s %s", service,
+                                                   f"failed: {failure!r}" if failure else "ended", exc_info=failure)
+        await wait_closed(task)
+        if health is not None:
+            await wait_closed(health)
+        await engine.dispose()
+        return told
+
+    if not asyncio.run(main()):
+        raise typer.Exit(1)  # it ended without being told to: a supervisor restarts it
+
+
+@app.command()
+def migrate(db: Annotated[str | None, typer.Option()] = None) -> None:
+    """Bring the ledger schema to the newest revision."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    from shared.ledger.engine import migrate as run_migrations
+
+    settings = _settings(db=db)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    shown = make_url(settings.database_url()).render_as_string(hide_password=True)
+    try:
+        asyncio.run(run_migrations(settings.database_url()))
+    except (OSError, DBAPIError) as error:
+        raise Unreachable(f"cannot reach the ledger at {shown}: {_why(error)}") from None
+    console.print(f"ledger at head: {shown}")
+
+
+@app.command()
+def demo(
+    timeout: Annotated[float, typer.Option(help="seconds to wait for all statuses")] = 60.0,
+) -> None:
+    """Start the embedded stack, replay the lab workload (and a MIG, a NUMA and an unsatisfiable claim)
+    over NATS, print a summary and stop."""
+    import tempfile
+
+    _logging(False)
+    with tempfile.TemporaryDirectory(prefix="claimbroker-demo-") as folder:
+        settings = _settings(data_dir=Path(folder), api_port=0).model_copy(update={"data_dir": Path(folder)})
+        statuses, expected = asyncio.run(_demo(settings, timeout))
+    console.print(_status_table(statuses))
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s["state"]] = counts.get(s["state"], 0) + 1
+    console.print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    if len(statuses) < expected:
+        err.print("demo: not every claim got a status in time")
+        raise typer.Exit(1)
+
+
+async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[dict[str, Any]], int]:
+    from services.stack import running_stack
+
+    workloads = resources.files("shared.workloads")
+    documents = [d for name in ("lab.yaml", "showcase.yaml")
+                 for d in yaml.safe_load_all(workloads.joinpath(name).read_text()) if d]
+    for d in documents:
+        d["metadata"]["namespace"] = "lab"
+    async with running_stack(settings, services=("watcher", "allocator", "notifier")) as stack:
+        assert stack.allocator is not None
+        if not await stack.allocator.wait_for_inventory(timeout):
+            raise RuntimeError("no inventory arrived")
+        await _publish_claims(stack.admin_url, documents, None)
+        deadline = time.monotonic() + timeout
+        statuses: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            statuses = await read_statuses(stack.admin_url, "lab")
+            if len(statuses) >= len(documents):
+                break
+            await asyncio.sleep(0.1)
+        return statuses, len(documents)
+
+
+@app.command()
+def asyncapi(
+    output: Annotated[str, typer.Option("--output", "-o", help="json | yaml")] = "json",
+) -> None:
+    """The AsyncAPI 3.0 document of every subject and payload (the same the admin API serves at
+    /asyncapi.json): enough to write a client."""
+    from services.asyncapi import document
+
+    if output not in ("json", "yaml"):
+        err.print(f"claimbroker: --output must be json or yaml, not {output!r}")
+        raise typer.Exit(2)
+    _emit(document(), output)

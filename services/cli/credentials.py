@@ -1,0 +1,56 @@
+"""Bus credentials over the admin API: `credentials create|list|revoke`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from services.cli.admin import _request
+from services.cli.common import Output, _emit, _settings, _show, app, console, err
+
+credentials_app = typer.Typer(help="Bus credentials (over the admin API: --api, --token).", no_args_is_help=True)
+
+
+app.add_typer(credentials_app, name="credentials")
+
+
+@credentials_app.command("create")
+def credentials_create(
+    tenant: Annotated[str | None, typer.Option(help="submit and release this tenant's claims, read its statuses")]
+    = None,
+    alerts: Annotated[bool, typer.Option("--alerts", help="read claimbroker.v1.alerts.> only")] = False,
+    output: Output = "table",
+) -> None:
+    """Create a bus credential and print its password once."""
+    from shared.contract import bus_auth
+
+    if (tenant is None) == (not alerts):
+        err.print("claimbroker: give --tenant T or --alerts (one of them)")
+        raise typer.Exit(2)
+    body = {"role": "alerts"} if alerts else {"role": "tenant", "tenant": tenant}
+    created = _request("POST", "/v1/credentials", json=body).json()
+    nats_file = _settings().data_dir / "nats.url"
+    where = nats_file.read_text().strip() if nats_file.exists() else "nats://HOST:4222"
+    created["url"] = bus_auth.url_with_user(where, created["user"], created["password"])
+    if not _emit(created, output):
+        console.print(f"credential {created['id']} for {tenant or 'alerts'} (the password is shown this once):")
+        console.print(f"  user      {created['user']}")
+        console.print(f"  password  {created['password']}")
+        console.print(f"  use it as --nats {created['url']}", soft_wrap=True)
+
+
+@credentials_app.command("list")
+def credentials_list(output: Output = "table") -> None:
+    """Every bus credential (revoked ones too); never a password."""
+    rows = _request("GET", "/v1/credentials").json()
+    _show(rows, output, ["ID", "USER", "ROLE", "TENANT", "CREATED", "REVOKED"],
+          [[c["id"], c["user"], c["role"], c["tenant"] or "-", c["createdAt"], c["revokedAt"] or "-"] for c in rows])
+
+
+@credentials_app.command("revoke")
+def credentials_revoke(credential_id: Annotated[int, typer.Argument(help="the id `credentials list` shows")]) -> None:
+    """Revoke a bus credential: its connections are closed and it is refused from then on."""
+    _request("DELETE", f"/v1/credentials/{credential_id}")
+    print(f"credential {credential_id} revoked")
