@@ -109,6 +109,11 @@ def release(
     url = _nats_url(_settings())
     tenant = tenant or bus_auth.tenant_of_user(bus_auth.user_of(url) or "") or "default"
     _own_tenant_only(url, tenant)
+    known = asyncio.run(read_statuses(url, tenant, name))
+    if not known or known[-1]["state"] not in ("Pending", "Allocated"):
+        what = f"its last status is {known[-1]['state']}" if known else "it has no status (yet)"
+        err.print(f"claimbroker: {tenant}/{name} is neither waiting nor allocated: {what}; nothing to release")
+        raise typer.Exit(1)
 
     async def main() -> None:
         nc = await _connect(url)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from shared.dra.allocation import Decision, Rejected
 
 if TYPE_CHECKING:
-    from shared.admission.cycle import Block, Waiting, AdmissionState
+    from shared.admission.cycle import AdmissionState, Block, Waiting
     from shared.dra.fleet_index import DeviceIndex
 
 

@@ -158,3 +158,26 @@ async def test_an_unreachable_ledger_is_one_line_without_the_password(tmp_path: 
     code, out, err = await run("--data-dir", str(tmp_path), *command, "--db", url)
     assert code == 3 and out == "" and err.startswith("claimbroker: cannot reach the ledger at postgresql")
     assert len(err.strip().splitlines()) == 1 and "secret" not in err and "127.0.0.1:" in err
+
+
+async def test_refusals_and_usage_errors_exit_as_the_contract_says(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump({**a_claim("one", "vision").request().document(), "kind": "ResourceClam"}))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here\n")
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(a_claim("one", "research").request().document()))
+    cases = [  # (arguments, exit status, what stderr says)
+        (["release", "nobody", "--tenant", "vision"], 1, "neither waiting nor allocated"),
+        (["submit", str(typo)], 2, "document 1 is a 'ResourceClam', not a ResourceClaim: nothing was submitted"),
+        (["submit", str(empty)], 2, "no ResourceClaim in it: nothing was submitted"),
+        (["submit", str(other), "--tenant", "vision"], 2, "is in namespace 'research', not --tenant 'vision'"),
+        (["status", "-o", "xml"], 2, "must be table, json or yaml"),
+    ]
+    async with running_stack(settings, services=("allocator",)):
+        for arguments, status, said in cases:
+            code, out, err = await run("--nats", nats_server.url, *arguments)
+            assert (code, said in err, "Traceback" in err) == (status, True, False), (arguments, code, err)
+    code, out, _ = await run("--version")
+    assert code == 0 and out.startswith("claimbroker ")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission.cycle import Flavors, QuotaBook, Running, Snapshot, Waiting, AdmissionState, run_cycle
+from shared.admission.cycle import AdmissionState, Flavors, QuotaBook, Running, Snapshot, Waiting, run_cycle
 from shared.admission.quota import QuotaConfig, TenantQuota, parse_quotas, pending_limit_problem
 from shared.admission.simulate import run_waves
 from shared.dra.allocation import Allocation, DeviceResult, SelectorMemo, State
