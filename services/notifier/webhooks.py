@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import stamina
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services import metrics
@@ -40,6 +41,10 @@ def slack_body(payload: dict[str, Any]) -> dict[str, Any]:
     ]}
 
 
+class _Refused(Exception):
+    """The receiver answered, but not with success: retried like a network error."""
+
+
 @dataclass(frozen=True)
 class _Delivery:
     key: str
@@ -56,14 +61,14 @@ class WebhookDispatcher:
         attempts: int = 5,
         base_delay: float = 0.5,
         client: httpx.AsyncClient | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        max_delay: float = 60.0,
         timeout: float = 10.0,
     ) -> None:
         self.sinks = list(sinks)
         self.sessions = sessions
         self.attempts = max(1, attempts)
         self.base_delay = base_delay
-        self.sleep = sleep
+        self.max_delay = max_delay
         self._own_client = client is None
         self.client = client or httpx.AsyncClient(timeout=timeout)
         self._queues: list[asyncio.Queue[_Delivery]] = [asyncio.Queue(QUEUE_LIMIT) for _ in self.sinks]
@@ -114,18 +119,18 @@ class WebhookDispatcher:
         body = slack_body(delivery.payload) if sink.format == "slack" else delivery.payload
         # Receivers that dedupe can use the same id JetStream uses.
         headers = {"Idempotency-Key": delivery.msg_id}
-        error = ""
-        for attempt in range(1, self.attempts + 1):
-            try:
-                response = await self.client.post(sink.url, json=body, headers=headers)
-                if response.is_success:
-                    self.delivered += 1
-                    return
-                error = f"HTTP {response.status_code}: {response.text[:200]}"
-            except httpx.HTTPError as failure:
-                error = f"{type(failure).__name__}: {failure}"
-            if attempt < self.attempts:
-                await self.sleep(self.base_delay * 2 ** (attempt - 1))
+        try:  # stamina: exponential backoff from base_delay, jittered by as much again, within max_delay
+            async for attempt in stamina.retry_context(
+                    on=(httpx.HTTPError, _Refused), attempts=self.attempts, timeout=None,
+                    wait_initial=self.base_delay, wait_jitter=self.base_delay, wait_max=self.max_delay):
+                with attempt:
+                    response = await self.client.post(sink.url, json=body, headers=headers)
+                    if not response.is_success:
+                        raise _Refused(f"HTTP {response.status_code}: {response.text[:200]}")
+            self.delivered += 1
+            return
+        except (httpx.HTTPError, _Refused) as failure:
+            error = str(failure) if isinstance(failure, _Refused) else f"{type(failure).__name__}: {failure}"
         log.warning("webhook %s failed %d times (%s); dead-lettered %s", sink.url, self.attempts, error,
                     delivery.key)
         metrics.WEBHOOK_FAILURES.labels(httpx.URL(sink.url).host).inc()  # the host: a Slack URL's path is its secret

@@ -4,12 +4,14 @@ at least every heartbeat interval (see publish.py for why)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import watchfiles
 from nats.js import JetStreamContext
 
 from services.natsio import ensure_streams
@@ -71,21 +73,41 @@ class FileWatcher:
 
     async def run(self) -> None:
         """Publish the files' fleet, then republish on each change and keep every node fresh. An invalid
-        file at start stops the watcher (there is no good fleet to keep); NATS away only pauses it."""
+        file at start stops the watcher (there is no good fleet to keep); NATS away only pauses it.
+
+        Changes come as file system events (watchfiles: inotify, so an edit is published within a fraction
+        of a second, not at the next poll) on the files' folders (editors and Kubernetes' ConfigMap mounts
+        replace a file rather than write it); at least every poll interval it wakes anyway, for heartbeats."""
         nats = Outage("NATS", log)
         await until_done(lambda: ensure_streams(self.js), nats)
         self._stamps = self._stamp()
         await until_done(self.publish_once, nats, fatal=(InventoryFileError,))
         log.info("watcher published %d node(s)", len(self.published))
-        while True:
-            await asyncio.sleep(nats.wait if nats.since is not None
-                                else min(self.poll_interval, self.publisher.due_in()))
-            try:
-                await self._publish_changes()
-            except Exception as error:  # noqa: BLE001 - NATS restarting or gone: the next pass tries again
-                await nats.failed(error)
-            else:
-                nats.ok()
+        folders = sorted({p.resolve().parent for p in self.paths} | {p.absolute().parent for p in self.paths})
+        changes = watchfiles.awatch(*folders, debounce=50, rust_timeout=int(self.poll_interval * 1000),
+                                    yield_on_timeout=True, recursive=False, ignore_permission_denied=True)
+        woken = asyncio.ensure_future(anext(changes))
+        await asyncio.sleep(0)  # the generator's first step sets the watch up; from here no edit is missed
+        try:
+            while True:
+                await self._pass(nats)  # the first catches what changed before the watch was set up
+                await woken
+                woken = asyncio.ensure_future(anext(changes))
+                if nats.since is not None:
+                    await asyncio.sleep(nats.wait)
+        finally:  # the watch stops within its step (50 ms) of the cancel
+            woken.cancel()
+            with contextlib.suppress(BaseException):
+                await woken
+            await changes.aclose()
+
+    async def _pass(self, nats: Outage) -> None:
+        try:
+            await self._publish_changes()
+        except Exception as error:  # noqa: BLE001 - NATS restarting or gone: the next pass tries again
+            await nats.failed(error)
+        else:
+            nats.ok()
 
     async def _publish_changes(self) -> None:
         stamps = self._stamp()

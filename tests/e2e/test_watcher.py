@@ -109,3 +109,30 @@ async def test_a_restart_republishing_the_same_content_is_a_duplicate_but_flappi
     back = await js.get_last_msg(subjects.INVENTORY_STREAM, "claimbroker.v1.inventory.a")
     assert json.loads(back.data or b"{}")["removed"] is False
     await nc.close()
+
+
+async def test_an_edit_is_published_as_it_happens_not_at_the_next_poll(nats_server: EmbeddedNats,
+                                                                        tmp_path: Path) -> None:
+    """The poll interval is a minute here: the edit arrives as a file system event. The file is replaced
+    (written beside it, then renamed over it), as editors and Kubernetes' ConfigMap mounts do."""
+    import asyncio
+
+    from services.natsio import wait_closed
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("kind: Topology\nnodes:\n- {name: a, gpuModel: H100, gpuCount: 1}\n")
+    nc = await connect(nats_server.url, name="test")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    seen = await Collector().start(nc, subjects.INVENTORY_ALL)
+    running = asyncio.create_task(FileWatcher(js, [fleet], poll_interval=60.0).run())
+    try:
+        await seen.wait_for(lambda: len(seen.messages) == 1)
+        staged = tmp_path / "fleet.yaml.new"
+        staged.write_text("kind: Topology\nnodes:\n- {name: a, gpuModel: H100, gpuCount: 4}\n")
+        staged.replace(fleet)
+        await seen.wait_for(lambda: len(seen.messages) == 2, timeout=10)
+        assert len(seen.messages[-1][1]["slices"][0]["spec"]["devices"]) == 4
+    finally:
+        await wait_closed(running)
+        await nc.close()
