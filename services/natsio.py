@@ -176,7 +176,7 @@ PUBLISH_ACK_TIMEOUT_S = 5.0
 
 async def publish_pipelined(js: JetStreamContext, messages: Sequence[tuple[str, Any, str]]) -> None:
     """Publish (subject, payload, Nats-Msg-Id) in order, every message sent before any acknowledgement is
-    awaited: one round trip for the lot instead of one each (0.3 ms a message here). Raises unless every
+    awaited: one round trip for the lot instead of one each. Raises unless every
     one is acknowledged within PUBLISH_ACK_TIMEOUT_S; a resend is harmless, the ids dedupe it."""
     pending: list[asyncio.Future[Any]] = []
     try:
@@ -240,8 +240,7 @@ class EmbeddedNats:
     `sync`: how often JetStream syncs its files to disk. "always" (the default) fsyncs every write before
     it is acknowledged, so an acknowledged claim survives a power failure; nats-server's own default
     ("default", every 2 minutes) lost acknowledged writes after one in Jepsen's analysis of 2.12.1. It
-    costs a publish about 0.25 ms more on this project's VMs (a publisher awaiting each ack: 4,000 to
-    1,700 a second; see README, Reliability). A duration ("10s") syncs that often."""
+    makes a publisher that awaits each ack slower (docs/reliability.md). A duration ("10s") syncs that often."""
 
     store: Path
     sync: str = "always"

@@ -23,10 +23,9 @@ def tune_gc() -> None:
 
 class CollectorPacing:
     """What a decision cycle keeps (the queue's claims, the fleet's indexes, placement plans) lives on: after
-    each cycle it is frozen, so the collector's young and middle passes never walk it again. Measured on
-    `make bench-quota` at a queue depth of 10,000: a middle-generation pass over what 70 cycles kept took
-    about 130 ms, inside whichever cycle it fell in; frozen, the collector's time inside cycles fell from
-    5.3 ms to 0.3 ms a cycle. Reference counting still frees frozen objects; only reference cycles among
+    each cycle it is frozen, so the collector's young and middle passes never walk it again: at a deep
+    queue a middle-generation pass over what many cycles kept stalls whichever cycle it falls in
+    (`make bench-quota` shows it). Reference counting still frees frozen objects; only reference cycles among
     them wait, for the full collection this runs at most every `full_every_s` seconds."""
 
     def __init__(self, full_every_s: float = FULL_COLLECTION_INTERVAL_S,

@@ -89,7 +89,7 @@ class BrokerSettings(BaseSettings):
     inventory: list[Path] = []
     kube: bool = False
     pending_alert_after: float = 600.0
-    inventory_poll_interval: float = 2.0  # the file watcher wakes at least this often (heartbeats); edits come as events
+    inventory_poll_interval: float = 2.0  # the file watcher wakes this often (heartbeats); edits come as events
     # Claim messages decided per transaction at most: a backlog is taken in large batches (fixed costs
     # per transaction amortised: 2.5 times the claims/s of 64 under a burst), a trickle as it comes.
     allocator_batch: int = 512

@@ -4,7 +4,7 @@ Every message is parsed first; the claim rows the batch names are read in one qu
 are applied in order, each seeing what the earlier ones did through the rows in hand (a claim submitted,
 released and submitted again in one batch), without a query or a flush per message. The new claims are
 inserted in one statement and the released claims' devices freed in another. A query and a flush per
-message cost most of a batch: a submission took 2 to 4 ms, nearly all of it the flush of its insert."""
+message cost most of a batch, nearly all of it the flush of each insert."""
 
 from __future__ import annotations
 

@@ -329,14 +329,13 @@ async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> 
 
     In a decision transaction (`lock_shard`) with a cache of an earlier one, only the claim rows written
     since are read, whatever their state: a cycle at a depth of 10,000 reads its few hundred changes, not
-    the 10,000 rows (on SQLite 8 to 16 ms a cycle, where reading every queued row's columns took 80 to 125
-    ms). A count of the queued rows checks the result (a mismatch, which no writer taking the shard's
-    turn can cause, falls back to a full read). Otherwise every queued row's columns are read. Either way
-    documents and allocations are read only for rows the cache does not hold as they are (new, or their
-    sequence moved).
+    the 10,000 rows (reading every queued row's columns was most of a cycle's time). A count of the
+    queued rows checks the result (a mismatch, which no writer taking the shard's turn can cause, falls
+    back to a full read). Otherwise every queued row's columns are read. Either way documents and
+    allocations are read only for rows the cache does not hold as they are (new, or their sequence moved).
 
-    What comes back is the queue the cache holds, not a copy (copying a deep queue's dicts took 2 ms a cycle
-    at a depth of 10,000): a claim the caller puts into its `waiting` is a change like one read from the
+    What comes back is the queue the cache holds, not a copy (a deep queue's dicts are not copied each
+    cycle): a claim the caller puts into its `waiting` is a change like one read from the
     ledger, and the row read next time brings the cache back to what the ledger holds."""
     cache = cache if cache is not None else QueueCache()
     revision = session.info.get(REVISION)
@@ -346,8 +345,8 @@ async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> 
                                              .order_by(Claim.id))).all())
     else:
         # OUTSIDE rows too. Sorted here, not by the database: asked to order by id, SQLite scans the whole
-        # table in id order instead of searching the revision index (7 ms at a depth of 10,000, against
-        # 3 at 1,000, for the same hundred rows)
+        # table in id order instead of searching the revision index (a cost that grows with the
+        # depth, for the same hundred rows)
         listed = sorted((await session.execute(select(*_COLUMNS).where(Claim.revision > since))).all(),
                         key=lambda row: row[0])
     cache.rows_read = len(listed)

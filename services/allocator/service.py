@@ -504,7 +504,7 @@ class Allocator:
         times are kept oldest first, so only the stale ones are looked at, not every waiting claim; a
         stale one no longer waiting is forgotten then. Once a refresh period the answer times are matched
         against every waiting claim (claims this allocator did not answer, after a restart or by another
-        allocator, count as answered now): at 10,000 waiting that match took 5 ms, too much for every cycle."""
+        allocator, count as answered now): a walk over every waiting claim, too much for every cycle."""
         now = self.clock()
         answered_at, waiting = self._answered_at, queue.waiting
         if now >= self._matched_at + self.reason_refresh:
