@@ -6,68 +6,19 @@ The database fixture is `db_url` from tests/conftest.py: a SQLite file under tmp
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.admin_api.app import create_app
-from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.engine import create_engine
 from shared.ledger.quota_store import load_quota_config
-from shared.ledger.schema import ApiToken, AuditEntry, Claim, Cohort, Quota
+from shared.ledger.schema import ApiToken, Claim, Cohort, Quota
 from shared.ledger.tokens import create_token, generate_token, hash_token
-
-PROBLEM = "application/problem+json"
-
-
-@dataclass
-class Api:
-    client: httpx.AsyncClient
-    factory: async_sessionmaker[AsyncSession]
-    admin: dict[str, str]
-    viewer: dict[str, str]
-    scoped: dict[str, str]  # a viewer limited to tenant "vision"
-    admin_id: int
-
-    async def audit(self) -> list[AuditEntry]:
-        async with self.factory() as s:
-            return list(await s.scalars(select(AuditEntry).where(AuditEntry.entity.not_like("token/%"))  # the fixture's
-                                        .order_by(AuditEntry.id)))
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM
-    body: dict[str, Any] = response.json()
-    assert set(body) == {"type", "title", "status", "detail"}
-    assert body["status"] == status
-    return body
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    await migrate(db_url)
-    engine = create_engine(db_url)
-    factory = sessions(engine)
-    admin = await create_token(factory, "admin", None)
-    viewer = await create_token(factory, "viewer", None)
-    scoped = await create_token(factory, "viewer", "vision")
-    async with factory() as s:
-        admin_id = await s.scalar(select(ApiToken.id).where(ApiToken.token_hash == hash_token(admin)))
-    assert admin_id is not None
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
-        yield Api(client, factory, bearer(admin), bearer(viewer), bearer(scoped), admin_id)
-    await engine.dispose()
+from tests.integration.admin import Api, assert_problem
 
 
 async def add_claims(api: Api) -> None:

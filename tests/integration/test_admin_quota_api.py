@@ -7,8 +7,7 @@ Claims and device allocations are the allocator's to write, so tests put them in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +15,15 @@ import httpx
 import pytest
 import yaml
 from hypothesis import HealthCheck, settings
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.admin_api.app import create_app
 from services.admin_api.quotas import requested_devices
 from shared.admission.quota import BUILTIN_FLAVORS, parse_quotas
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.quota_store import apply_quota_config, load_quota_config
-from shared.ledger.schema import ApiToken, AuditEntry, Claim, ClaimEvent, DeviceAllocation
-from shared.ledger.tokens import create_token, hash_token
-
-PROBLEM = "application/problem+json"
+from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation
+from shared.ledger.tokens import create_token
+from tests.integration.admin import PROBLEM, Api, assert_problem, bearer
 
 QUOTAS = """\
 kind: Quotas
@@ -56,51 +52,12 @@ tenants:
 """
 
 
-@dataclass
-class Api:
-    client: httpx.AsyncClient
-    factory: async_sessionmaker[AsyncSession]
-    admin: dict[str, str]
-    viewer: dict[str, str]
-    scoped: dict[str, str]  # a viewer limited to tenant "vision"
-    admin_id: int
-
-    async def audit(self) -> list[AuditEntry]:
-        async with self.factory() as s:
-            return list(await s.scalars(select(AuditEntry).where(AuditEntry.entity.not_like("token/%"))  # the fixture's
-                                        .order_by(AuditEntry.id)))
-
-    async def put(self, path: str, body: Any = None) -> httpx.Response:
-        return await self.client.put(path, json=body if body is not None else {}, headers=self.admin)
 
 
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
-def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == PROBLEM
-    body: dict[str, Any] = response.json()
-    assert set(body) == {"type", "title", "status", "detail"} and body["status"] == status
-    return body
 
 
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    await migrate(db_url)
-    engine = create_engine(db_url)
-    factory = sessions(engine)
-    admin = await create_token(factory, "admin", None)
-    viewer = await create_token(factory, "viewer", None)
-    scoped = await create_token(factory, "viewer", "vision")
-    async with factory() as s:
-        admin_id = await s.scalar(select(ApiToken.id).where(ApiToken.token_hash == hash_token(admin)))
-    assert admin_id is not None
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
-        yield Api(client, factory, bearer(admin), bearer(viewer), bearer(scoped), admin_id)
-    await engine.dispose()
 
 
 def gpu_claim(count: int = 1, mode: str = "ExactCount") -> dict[str, Any]:

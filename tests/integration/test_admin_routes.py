@@ -3,41 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-import httpx
 import pytest
 from sqlalchemy import select
 
-from services.admin_api.app import create_app
-from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import AuditEntry, Claim
-from shared.ledger.tokens import create_token
-
-
-@dataclass
-class Api:
-    client: httpx.AsyncClient
-    admin: dict[str, str]
-    viewer: dict[str, str]
-    vision_viewer: dict[str, str]
-    factory: object
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    await migrate(db_url)
-    engine = create_engine(db_url)
-    factory = sessions(engine)
-    tokens = [await create_token(factory, role, tenant)
-              for role, tenant in (("admin", None), ("viewer", None), ("viewer", "vision"))]
-    async with factory() as s, s.begin():
-        s.add_all([Claim(namespace=ns, name=n, state="Pending", spec={}, reason="waits", sequence=1)
-                   for ns, n in (("vision", "a"), ("speech", "b"))])
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-        yield Api(client, *({"Authorization": f"Bearer {t}"} for t in tokens), factory=factory)
-    await engine.dispose()
+from tests.integration.admin import Api
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"}],
@@ -70,7 +41,7 @@ async def test_tenant_and_quota_lifecycle_is_audited(api: Api) -> None:
     assert (await api.client.delete("/v1/tenants/vision/quotas/H100", headers=api.admin)).status_code == 204
     assert (await api.client.delete("/v1/tenants/vision", headers=api.admin)).status_code == 204
     assert (await api.client.get("/v1/tenants/vision", headers=api.admin)).status_code == 404
-    async with api.factory() as s:  # type: ignore[operator]
+    async with api.factory() as s:
         entries = list(await s.scalars(select(AuditEntry).where(AuditEntry.entity.not_like("token/%"))
                                        .order_by(AuditEntry.id)))
     assert [(e.action, e.entity) for e in entries] == [
@@ -91,10 +62,10 @@ async def test_validation_errors_are_problems(api: Api) -> None:
 async def test_claims_are_scoped_to_the_viewers_tenant(api: Api) -> None:
     everyone = await api.client.get("/v1/claims", headers=api.viewer)
     assert [(c["namespace"], c["name"]) for c in everyone.json()["items"]] == [("vision", "a"), ("speech", "b")]
-    scoped = await api.client.get("/v1/claims", headers=api.vision_viewer)
+    scoped = await api.client.get("/v1/claims", headers=api.scoped)
     assert [(c["namespace"], c["name"]) for c in scoped.json()["items"]] == [("vision", "a")]
-    assert (await api.client.get("/v1/claims/speech/b", headers=api.vision_viewer)).status_code == 404
-    one = await api.client.get("/v1/claims/vision/a", headers=api.vision_viewer)
+    assert (await api.client.get("/v1/claims/speech/b", headers=api.scoped)).status_code == 404
+    one = await api.client.get("/v1/claims/vision/a", headers=api.scoped)
     assert one.json()["state"] == "Pending" and one.json()["reason"] == "waits"
 
 
@@ -103,3 +74,12 @@ async def test_health_readiness_and_openapi(api: Api) -> None:
     assert (await api.client.get("/readyz")).status_code == 200
     paths = (await api.client.get("/openapi.json")).json()["paths"]
     assert {"/v1/tenants", "/v1/tenants/{name}/quotas/{flavor}", "/v1/claims/{namespace}/{name}"} <= set(paths)
+
+
+@pytest.fixture
+async def api(api: Api) -> AsyncIterator[Api]:
+    """The shared admin API with a waiting claim of each of two tenants."""
+    async with api.factory() as s, s.begin():
+        s.add_all([Claim(namespace=ns, name=n, state="Pending", spec={}, reason="waits", sequence=1)
+                   for ns, n in (("vision", "a"), ("speech", "b"))])
+    yield api

@@ -6,49 +6,20 @@ numbers over the ledger's 32-bit columns, floats that are not finite. Once on SQ
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from services.admin_api.app import create_app
-from shared.ledger.engine import create_engine, migrate, sessions
-from shared.ledger.schema import AuditEntry, Cohort, Tenant
-from shared.ledger.tokens import create_token
+from shared.ledger.schema import Tenant
+from tests.integration.admin import PROBLEM, Api
 
-PROBLEM = "application/problem+json"
 LABEL_RULE = "must be a DNS label"
 
 
-@dataclass
-class Api:
-    client: httpx.AsyncClient
-    factory: async_sessionmaker[AsyncSession]
-    admin: dict[str, str]
-
-    async def rows(self) -> tuple[int, int, int]:
-        """Tenants, cohorts and audit entries: a refused write leaves all three as they were."""
-        async with self.factory() as s:
-            return (await s.scalar(select(func.count()).select_from(Tenant)) or 0,
-                    await s.scalar(select(func.count()).select_from(Cohort)) or 0,
-                    await s.scalar(select(func.count()).select_from(AuditEntry)) or 0)
 
 
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    await migrate(db_url)
-    engine = create_engine(db_url)
-    factory = sessions(engine)
-    token = await create_token(factory, "admin", None)
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
-        yield Api(client, factory, {"Authorization": f"Bearer {token}"})
-    await engine.dispose()
 
 
 def assert_422(response: httpx.Response, field: str, words: str = "") -> str:

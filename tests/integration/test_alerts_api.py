@@ -3,49 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-import httpx
 import pytest
 
-from services.admin_api.app import create_app
 from services.notifier import history
 from shared.alerts.book import Alert, Message
-from shared.ledger.engine import create_engine, migrate, sessions
-from shared.ledger.tokens import create_token
+from tests.integration.admin import Api
 
 T0 = 1_800_000_000.0
 
 
-@dataclass
-class Api:
-    client: httpx.AsyncClient
-    admin: dict[str, str]
-    viewer: dict[str, str]
-    vision_viewer: dict[str, str]
 
 
 def message(kind: str, key: str, labels: dict[str, str], at: float, *, resolved: bool = False) -> Message:
     return Message(Alert(kind, "warning", key, f"{kind} summary", {"why": 1}, labels), at, at + 5, 2, resolved)
 
 
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    await migrate(db_url)
-    engine = create_engine(db_url)
-    factory = sessions(engine)
-    tokens = [await create_token(factory, role, tenant)
-              for role, tenant in (("admin", None), ("viewer", None), ("viewer", "vision"))]
-    async with factory() as s, s.begin():  # written the way the notifier writes them
-        await history.record(s, [
-            message("claim-rejected", "claim-rejected:vision/a", {"tenant": "vision", "claim": "a"}, T0),
-            message("claim-rejected", "claim-rejected:speech/b", {"tenant": "speech", "claim": "b"}, T0 + 10),
-            message("node-lost", "node-lost:n1", {"node": "n1"}, T0 + 20, resolved=True),
-        ])
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-        yield Api(client, *({"Authorization": f"Bearer {t}"} for t in tokens))
-    await engine.dispose()
 
 
 async def test_alerts_need_a_token(api: Api) -> None:
@@ -66,7 +39,7 @@ async def test_alerts_newest_first_in_the_contract_shape(api: Api) -> None:
 
 
 async def test_a_scoped_viewer_sees_only_its_tenant(api: Api) -> None:
-    body = (await api.client.get("/v1/alerts", headers=api.vision_viewer)).json()
+    body = (await api.client.get("/v1/alerts", headers=api.scoped)).json()
     assert [a["key"] for a in body] == ["claim-rejected:vision/a"]
 
 
@@ -86,3 +59,15 @@ async def test_filters(api: Api, query: str, keys: list[str]) -> None:
 async def test_bad_filters_are_problems(api: Api, query: str) -> None:
     response = await api.client.get(f"/v1/alerts?{query}", headers=api.admin)
     assert response.status_code == 422 and response.headers["content-type"] == "application/problem+json"
+
+
+@pytest.fixture
+async def api(api: Api) -> AsyncIterator[Api]:
+    """The shared admin API with alerts of two tenants and a node, written the way the notifier writes them."""
+    async with api.factory() as s, s.begin():
+        await history.record(s, [
+            message("claim-rejected", "claim-rejected:vision/a", {"tenant": "vision", "claim": "a"}, T0),
+            message("claim-rejected", "claim-rejected:speech/b", {"tenant": "speech", "claim": "b"}, T0 + 10),
+            message("node-lost", "node-lost:n1", {"node": "n1"}, T0 + 20, resolved=True),
+        ])
+    yield api

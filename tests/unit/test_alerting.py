@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.alerts import rules
-from shared.alerts.book import Action, Alert, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
+from shared.alerts.book import Action, Alert, AlertBook, AlertPolicy, Message, Raise, alert_key, apply
 
 W = 300.0  # fold window of the tables
 
@@ -260,4 +260,3 @@ def test_rules_through_the_book() -> None:
     assert apply(book, claims.on_status(status("Rejected"), 1), 1) == []
     ended = apply(book, claims.on_status(status("Released"), 2), 2)
     assert [(m.alert.kind, m.count, m.resolved) for m in ended] == [("claim-rejected", 2, True)]
-    assert isinstance(Resolve("x"), Resolve)
