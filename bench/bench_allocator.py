@@ -36,7 +36,8 @@ from sqlalchemy import func, select  # noqa: E402
 
 from services.allocator import service  # noqa: E402
 from services.allocator.service import Allocator  # noqa: E402
-from shared.admission.cycle import Flavors, Running  # noqa: E402
+from shared.admission.cycle import Running  # noqa: E402
+from shared.admission.flavors import Flavors
 from shared.admission.invariant import violations  # noqa: E402
 from shared.contract import subjects  # noqa: E402
 from shared.dra.allocation import Allocation, SelectorMemo, State  # noqa: E402

@@ -36,8 +36,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.runtime import CollectorPacing, tune_gc  # noqa: E402
-from shared.admission.cycle import Flavors, Running, Snapshot, Waiting, run_cycle  # noqa: E402
+from shared.admission.cycle import run_cycle  # noqa: E402
+from shared.admission.flavors import Flavors
 from shared.admission.invariant import violations  # noqa: E402
+from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.admission.waiting_queue import WaitingQueue  # noqa: E402
 from shared.dra import model as dra  # noqa: E402

@@ -49,8 +49,9 @@ from sqlalchemy import select  # noqa: E402
 
 from services.allocator.ledger_ops import load_queue  # noqa: E402
 from services.natsio import EmbeddedNats, ensure_streams  # noqa: E402
-from shared.admission.cycle import Running, Snapshot, run_cycle  # noqa: E402
+from shared.admission.cycle import run_cycle  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
+from shared.admission.model import Running, Snapshot
 from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.contract import subjects  # noqa: E402
 from shared.dra.allocation import Allocation, State  # noqa: E402

@@ -24,7 +24,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from shared.admission.cycle import Flavors
+from shared.admission.flavors import Flavors
 from shared.admission.quota import Flavor, QuotaConfig
 from shared.contract import subjects
 from shared.contract.events import read_inventory

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared.admission.cycle import CycleResult, Running, Waiting
+from shared.admission.model import CycleResult, Running, Waiting
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra.allocation import State
 

@@ -14,7 +14,7 @@ from sqlalchemy import Table, bindparam, delete, event, func, insert, select, up
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, defer
 
-from shared.admission.cycle import Running, Waiting
+from shared.admission.model import Running, Waiting
 from shared.admission.waiting_queue import WaitingQueue
 from shared.contract import events, subjects
 from shared.dra import model as dra

@@ -44,7 +44,8 @@ from services.logs import BATCHES
 from services.natsio import ensure_streams, publish_pipelined
 from services.outage import Outage, publish_degraded, until_done
 from services.runtime import CollectorPacing
-from shared.admission.cycle import Snapshot, Waiting, run_cycle
+from shared.admission.cycle import run_cycle
+from shared.admission.model import Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.contract import events, subjects
 from shared.contract.messages import NodeInventory

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.admission.cycle import Flavors
+from shared.admission.flavors import Flavors
 from shared.admission.quota import Flavor, QuotaConfig
 from shared.alerts.rules import QuotaUsage
 from shared.contract import events

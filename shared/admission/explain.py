@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from shared.dra.allocation import Decision, Rejected
 
 if TYPE_CHECKING:
-    from shared.admission.cycle import AdmissionState, Block, Waiting
+    from shared.admission.model import Block, Waiting
+    from shared.admission.state import AdmissionState
     from shared.dra.fleet_index import DeviceIndex
 
 

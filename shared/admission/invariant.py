@@ -21,7 +21,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from fractions import Fraction
 
-from shared.admission.cycle import Flavors, Running
+from shared.admission.flavors import Flavors
+from shared.admission.model import Running
 from shared.admission.quota import QuotaConfig
 from shared.dra.inventory import Fleet
 from shared.dra.matching import SelectorMemo

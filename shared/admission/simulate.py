@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared.admission.cycle import Running, Snapshot, Waiting, run_cycle
+from shared.admission.cycle import run_cycle
+from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra import model as dra

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Mapping, ValuesView
 
-from shared.admission.cycle import ClaimKey, QueueChanges, Waiting
+from shared.admission.model import ClaimKey, QueueChanges, Waiting
 
 _VERSIONS = itertools.count(1)  # one sequence for every queue of the process: versions never collide
 

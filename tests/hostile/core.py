@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from shared.admission.cycle import ClaimDecision, Running, Snapshot, Waiting, run_cycle
+from shared.admission.cycle import run_cycle
+from shared.admission.model import ClaimDecision, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.dra import model as dra
 from shared.dra.allocation import SelectorMemo, State

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from services.allocator.batch import ClaimMessage, read_message
-from shared.admission.cycle import Snapshot, run_cycle
+from shared.admission.cycle import run_cycle
+from shared.admission.model import Snapshot
 from shared.dra import model as dra
 from shared.dra.allocation import SelectorMemo
 from shared.dra.claims import InvalidClaim, read_submission

@@ -10,9 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission.cycle import AdmissionState, Flavors, QuotaBook, Running, Snapshot, Waiting, run_cycle
+from shared.admission.cycle import run_cycle
+from shared.admission.flavors import Flavors
+from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig, TenantQuota, parse_quotas, pending_limit_problem
+from shared.admission.quota_book import QuotaBook
 from shared.admission.simulate import run_waves
+from shared.admission.state import AdmissionState
 from shared.dra.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet

@@ -6,7 +6,7 @@ from typing import Any
 
 from services.allocator.ledger_ops import Queue
 from services.allocator.service import Allocator, Heard
-from shared.admission.cycle import Waiting
+from shared.admission.model import Waiting
 from shared.admission.waiting_queue import WaitingQueue
 from tests.builders import a_claim
 

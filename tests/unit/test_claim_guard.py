@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 
-from shared.admission import cycle as admission
-from shared.admission.cycle import Snapshot, Waiting, run_cycle
+from shared.admission import cycle
+from shared.admission import state as admission
+from shared.admission.claim_guard import ClaimFault
+from shared.admission.cycle import run_cycle
+from shared.admission.model import Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.dra import allocation
 from shared.dra import model as dra
@@ -119,9 +122,9 @@ def test_a_cycle_that_fails_for_every_claim_raises_instead_of_looping(monkeypatc
     def always(self: Any, claim: Waiting, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("broken")
 
-    monkeypatch.setattr(admission, "MAX_FAULTS_PER_CYCLE", 2)
+    monkeypatch.setattr(cycle, "MAX_FAULTS_PER_CYCLE", 2)
     monkeypatch.setattr(admission.AdmissionState, "_decide", always)
-    with pytest.raises(admission.ClaimFault):
+    with pytest.raises(ClaimFault):
         decide(GOOD)
 
 

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission.cycle import Flavors, Running, Snapshot, Waiting, run_cycle
+from shared.admission.cycle import run_cycle
+from shared.admission.flavors import Flavors
 from shared.admission.invariant import held_per_flavor, violations
+from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig, parse_quotas
 from shared.dra.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.dra.classes import BUILTIN_CLASSES

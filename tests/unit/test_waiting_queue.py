@@ -9,7 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.admission.cycle import QueueChanges, Snapshot, Waiting, run_cycle
+from shared.admission.cycle import run_cycle
+from shared.admission.model import QueueChanges, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra.allocation import SelectorMemo

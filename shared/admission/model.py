@@ -1,0 +1,140 @@
+"""What a cycle reads and answers: the snapshot (fleet, classes, quotas, running and waiting claims), its
+claims, and the decisions, preemptions and blocks it gives back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from shared.admission.quota import QuotaConfig
+from shared.dra import model as dra
+from shared.dra.allocation import Allocation, Decision, DeviceKey, State
+from shared.dra.inventory import Fleet
+
+ClaimKey = tuple[str, str]  # tenant, name
+
+
+MAX_PREEMPTION_NODES = 8  # nodes tried per preempting claim, most promising first
+
+
+MAX_PREEMPTION_ATTEMPTS = 8  # waiting claims that search for victims per cycle, in fair-share order
+
+
+ADMIN_ACCESS_REFUSED = ("adminAccess requests are allowed only for tenants marked adminAccess: true in the Quotas "
+                        "file or the admin API (as Kubernetes allows them only in namespaces labelled "
+                        "resource.kubernetes.io/admin-access); tenant {tenant} is not")
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cycle diffs snapshots by object
+class Running:
+    tenant: str
+    name: str
+    allocation: Allocation
+    priority: int = 0
+    preemptible: bool = True
+    arrival: int = 0
+    allocated_order: int = 0  # larger: allocated more recently
+
+    @cached_property
+    def key(self) -> ClaimKey:  # built once: a deep queue's claims are looked up by key every cycle
+        return (self.tenant, self.name)
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cycle diffs snapshots by object
+class Waiting:
+    tenant: str
+    name: str
+    claim: dra.ResourceClaim
+    priority: int = 0
+    preemptible: bool = True
+    arrival: int = 0
+    answered: bool = False  # it has a Pending answer already: a full fleet need not decide it again
+    displaced_by: frozenset[ClaimKey] = frozenset()  # claims that preempted it: it never takes them back
+
+    @cached_property
+    def key(self) -> ClaimKey:  # built once: a deep queue's claims are looked up by key every cycle
+        return (self.tenant, self.name)
+
+
+@dataclass(frozen=True)
+class QueueChanges:
+    """What came into and went out of the waiting queue between two snapshots of it, as the shell that
+    keeps the queue recorded it (`shared.admission.waiting_queue.WaitingQueue`). Versions are unique per process."""
+
+    since: int  # the version of the snapshot these changes follow (0: none)
+    version: int  # this snapshot's
+    came: tuple[Waiting, ...] = ()
+    went: tuple[Waiting, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    fleet: Fleet
+    classes: Mapping[str, dra.DeviceClass]
+    quotas: QuotaConfig
+    running: tuple[Running, ...] = ()
+    waiting: tuple[Waiting, ...] = ()
+    unusable_nodes: Mapping[str, str] = field(default_factory=dict)
+    # Optional: how `waiting` differs from the snapshot of version `changes.since`. A cycle kept from
+    # that snapshot then reads only the changes instead of comparing every waiting claim (a deep queue
+    # costs O(changes)); otherwise, or when they do not add up, the queues are compared in full.
+    changes: QueueChanges | None = None
+
+
+@dataclass(frozen=True)
+class Preemption:
+    victim: ClaimKey
+    by: ClaimKey
+    rule: str  # "priority" | "reclaim" | "fair-share"
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClaimDecision:
+    tenant: str
+    name: str
+    decision: Decision
+    explain: Mapping[str, Any] | None = None
+    internal_error: str | None = None  # deciding it failed through a fault of ours: alert on it
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    decisions: tuple[ClaimDecision, ...]  # one per waiting claim, in the order they were decided
+    preemptions: tuple[Preemption, ...]
+    flavors: Mapping[DeviceKey, tuple[str | None, float]]  # devices allocated in this cycle: flavor and units
+
+
+@dataclass(frozen=True)
+class Block:
+    """One quota that keeps a claim out, with the numbers behind it."""
+
+    flavor: str
+    requested: int
+    nominal: int
+    used: int
+    borrowing_limit: int | None
+    lendable: int  # what the cohort and the free capacity still lend
+    borrowed_by: Mapping[str, int]  # who borrows this flavor in the tenant's cohort
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flavor": self.flavor, "requested": self.requested, "nominal": self.nominal, "used": self.used,
+                "borrowingLimit": self.borrowing_limit, "lendable": self.lendable,
+                "borrowedBy": dict(self.borrowed_by), "why": self.why}
+
+
+# A Pending answer without a reason (its quota or the free devices keep the claim out): the reason is worked
+# out against what is free and what quota is left after the cycle, if the answer is given (answer()).
+UNANSWERED = Decision(State.PENDING)
+
+
+def claim_key(claim: Running | Waiting) -> ClaimKey:
+    return claim.key
+
+
+def queue_entry(waiting: Waiting) -> tuple[int, int, str]:
+    return (-waiting.priority, waiting.arrival, waiting.name)

@@ -1,0 +1,874 @@
+"""The admission state of one fleet, kept across cycles and brought up to date with each snapshot: trial
+admission, answers, and the preemption search.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from shared.admission.claim_guard import per_claim
+from shared.admission.explain import explain_pending
+from shared.admission.flavors import flavor_deltas, flavors_and_capacity
+from shared.admission.groups import Group
+from shared.admission.holdings import NO_VICTIMS, Holding, PlanFacts, Victim, VictimTenants
+from shared.admission.model import (
+    ADMIN_ACCESS_REFUSED,
+    MAX_PREEMPTION_NODES,
+    UNANSWERED,
+    Block,
+    ClaimKey,
+    Preemption,
+    QueueChanges,
+    Running,
+    Snapshot,
+    Waiting,
+    claim_key,
+    queue_entry,
+)
+from shared.admission.quota_book import QuotaBook
+from shared.dra.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
+from shared.dra.inventory import FleetDevice
+from shared.dra.matching import SelectorMemo
+
+
+class AdmissionState:
+    """The admission state of one fleet, classes and quotas, kept across cycles and brought up to date
+    with each snapshot in O(what changed): usage per tenant and flavor, what runs on each node, the
+    waiting claims in groups, and the answers cached per fleet and quota version."""
+
+    def __init__(self, snapshot: Snapshot, memo: SelectorMemo) -> None:
+        self.snapshot = snapshot
+        self.fleet = snapshot.fleet
+        self.flavors, capacity = flavors_and_capacity(snapshot, memo)
+        self.book = QuotaBook(snapshot.quotas, capacity)
+        self.running: dict[ClaimKey, Running] = {}
+        # preemptible running claims per tenant, and per tenant and flavor held: where preemption looks
+        # for victims (per flavor: only those of flavors the claim can use)
+        self.victims: dict[str, dict[ClaimKey, Victim]] = defaultdict(dict)
+        self.by_flavor: dict[str, dict[str | None, dict[ClaimKey, Victim]]] = defaultdict(lambda: defaultdict(dict))
+        # priorities of preemptible running claims per tenant: what prefilter() needs, kept instead of
+        # scanning every running claim
+        self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
+        self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
+        self._holdings: dict[ClaimKey, Holding] = {}  # per running claim (dropped with it)
+        self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
+        # per tenant: its room per flavor, kept while its cohort's usage and the free capacity other
+        # cohorts spilled into stay the same (all a tenant's room depends on)
+        self._rooms: dict[str, tuple[int, int, dict[str, int]]] = {}
+        self.waiting: dict[ClaimKey, Waiting] = {}
+        self._held: set[Running] = set()  # every running claim counted here
+        self._queued: set[Waiting] = set()  # every waiting claim in the groups
+        self._queue_version: int | None = None  # of the snapshot `_queued` is (QueueChanges), if it had one
+        self.groups: dict[tuple[str, int], Group] = {}
+        self.specs: Counter[int] = Counter()  # groups per plan id: a pass that has closed every spec stops
+        self.unsized: Counter[str] = Counter()  # per tenant: groups of specs with no fixed size (need a trial)
+        # per tenant, each group's head entry with the group, sorted: the pass reads it in order (Heads)
+        self.tenant_heads: dict[str, list[tuple[tuple[int, int, str], tuple[str, int]]]] = defaultdict(list)
+        self.group_of: dict[ClaimKey, tuple[str, int] | None] = {}  # None: the claim is Rejected as written
+        self.fresh_groups: set[tuple[str, int]] = set()  # groups that may hold claims with no answer yet
+        self.invalid: set[ClaimKey] = set()  # claims Rejected as written
+        self._plan_facts: dict[int, PlanFacts] = {}
+        # explain: what an index holds, and a spec's capacity per request, kept per fleet version
+        self.index_figures: dict[int, tuple[Any, int, dict[str, Any]]] = {}
+        self.spec_capacity: dict[int, tuple[Plan, int, list[dict[str, Any]]]] = {}
+        self.state = fleet_state(snapshot, memo, ())  # begin() takes what runs
+        self._flavor_filters: dict[str | None, DeviceFilter] = {}
+        # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
+        # of claims alike costs one placement attempt per fleet change, not one per claim.
+        self.failed_at: dict[tuple[int, Any, bool], tuple[Any, Decision]] = {}
+        # While the admission pass runs, devices are only taken: a placement that failed stays failed
+        # for the rest of the pass, whatever the fleet version (None outside the pass).
+        self.shrinking: dict[tuple[int, Any, bool], Decision] | None = None
+        self.no_room: set[int] = set()  # in the pass: plans (by id) no node has room for
+        self.blocked_at: dict[tuple[str, int], tuple[Any, tuple[Decision, list[Block]]]] = {}
+        self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
+        self.placed_after: dict[int, Decision] = {}  # per plan: its placement once the cycle decided (answer())
+        self._victim_view: VictimTenants | None = None  # dropped whenever a claim is admitted
+        self.preemptions: list[Preemption] = []
+        self.preempted: set[ClaimKey] = set()
+        self.order = itertools.count(1)
+        self.plans_cleared = memo.plans_cleared
+        self.memo = memo
+
+    def fits(self, snapshot: Snapshot, memo: SelectorMemo) -> bool:
+        """Whether this state may be brought up to date for `snapshot` (else a new one is built)."""
+        kept = memo.states.get("cycle")
+        return (kept is self.state and memo.plans_cleared == self.plans_cleared
+                and snapshot.fleet is self.fleet and snapshot.classes is self.snapshot.classes
+                and (snapshot.quotas is self.snapshot.quotas or snapshot.quotas == self.snapshot.quotas)
+                and dict(snapshot.unusable_nodes) == dict(self.snapshot.unusable_nodes))
+
+    def begin(self, snapshot: Snapshot) -> None:
+        """Bring usage, placement state and the queue up to date with the snapshot."""
+        self.snapshot = snapshot
+        # Claims are compared by identity in bulk (set operations run in C, on identity hashes): only the
+        # claims that came, went or were rebuilt cost a Python step.
+        running = set(snapshot.running)
+        came = {r.key: r for r in sorted(running - self._held, key=claim_key)}  # a fixed order: ties follow it
+        for kept in sorted(self._held - running, key=claim_key):
+            now = came.get(kept.key)
+            if now is not None and now.tenant == kept.tenant and now.allocation == kept.allocation:
+                self._relabel(kept, now)  # the same devices: only its priority or order may differ
+                del came[kept.key]
+            else:
+                self._drop(kept)
+        for now in came.values():
+            self._hold(now)
+        changes = snapshot.changes
+        if changes is not None and changes.since == self._queue_version and (
+                moved := self._moved(changes, len(snapshot.waiting))) is not None:
+            new, went = moved
+            left = {w.key: w for w in went}
+            self._queued -= went
+            self._queued |= new
+        else:
+            waiting = set(snapshot.waiting)
+            left = {w.key: w for w in self._queued - waiting}
+            new = waiting - self._queued
+            self._queued = waiting
+        self._queue_version = changes.version if changes is not None else None
+        for came_back in sorted(new, key=claim_key):
+            before = left.pop(came_back.key, None)
+            if (before is not None and before.claim is came_back.claim and before.priority == came_back.priority
+                    and before.arrival == came_back.arrival):
+                self._answered(came_back)  # the same claim in the same place: only its answer changed
+                continue
+            if before is not None:
+                self._unqueue(before)
+            self._enqueue(came_back)
+        for gone in left.values():
+            self._unqueue(gone)
+        if self.memo.plans_cleared != self.plans_cleared:  # ids of dropped plans may come back
+            self.plans_cleared = self.memo.plans_cleared
+            for cache in (self.failed_at, self.blocked_at, self._plan_facts):
+                cache.clear()
+        self.admitted_now = set()
+        self.placed_after = {}
+        self._victim_view = None
+        self.preemptions, self.preempted = [], set()
+        self.order = itertools.count(self._last_order + 1)
+
+    def _moved(self, changes: QueueChanges, depth: int) -> tuple[set[Waiting], set[Waiting]] | None:
+        """The claims that came and went, if they follow on from the queue as this state holds it and add
+        up to `depth` claims (else None: the shell's record and this state disagree, so the queues are
+        compared in full)."""
+        came, went = set(changes.came), set(changes.went)
+        queued = self._queued
+        if (len(came) == len(changes.came) and len(went) == len(changes.went) and went <= queued
+                and queued.isdisjoint(came) and len(queued) - len(went) + len(came) == depth):
+            return came, went
+        return None
+
+    def _hold(self, running: Running) -> None:
+        """A claim runs: its devices are taken, its usage counted, and it is found by node and tenant."""
+        self.state.take(running.allocation)
+        self._count(running, 1)
+        self._relabel(None, running)
+
+    def _relabel(self, kept: Running | None, running: Running) -> None:
+        holding = self._holding(running)
+        if kept is not None:
+            self._held.discard(kept)
+            if kept.preemptible:
+                self._priorities[kept.tenant][kept.priority] -= 1
+                if not running.preemptible:
+                    self._unlist(kept, holding)
+        self._last_order = max(self._last_order, running.allocated_order)
+        self._held.add(running)
+        self.running[running.key] = running
+        if running.preemptible:
+            self._priorities[running.tenant][running.priority] += 1
+            victim = Victim(running, running.allocation.node, holding.units)
+            self.victims[running.tenant][running.key] = victim
+            pools = self.by_flavor[running.tenant]
+            for flavor in holding.flavors:
+                pools[flavor][running.key] = victim
+
+    def _unlist(self, running: Running, holding: Holding) -> None:
+        """No longer a victim candidate."""
+        del self.victims[running.tenant][running.key]
+        pools = self.by_flavor[running.tenant]
+        for flavor in holding.flavors:
+            del pools[flavor][running.key]
+
+    def _drop(self, running: Running) -> None:
+        self.state.give_back(running.allocation)
+        self._count(running, -1)
+        self._held.discard(running)
+        if running.preemptible:
+            self._priorities[running.tenant][running.priority] -= 1
+            self._unlist(running, self._holding(running))
+        del self.running[running.key]
+        self._holdings.pop(running.key, None)
+
+    @per_claim
+    def _enqueue(self, waiting: Waiting) -> None:
+        self.waiting[waiting.key] = waiting
+        try:
+            plan = self.state.plan(waiting.claim)
+            self.state.capacity_version(plan)  # its selectors on every device now: a runtime error rejects it
+        except Rejected:
+            self.group_of[waiting.key] = None
+            self.invalid.add(waiting.key)
+            return
+        if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
+            self.group_of[waiting.key] = None  # Rejected as its tenant may not send it (see _decide)
+            self.invalid.add(waiting.key)
+            return
+        gid = (waiting.tenant, id(plan))
+        group = self.groups.get(gid)
+        if group is None or group.plan is not plan:
+            if group is not None:  # the id of a plan dropped from the memo came back: a new group
+                self._move_head(gid, group.entries[0] if group.entries else None, None)
+                self.unsized[waiting.tenant] -= group.facts.least is None
+            else:
+                self.specs[gid[1]] += 1
+            group = self.groups[gid] = Group(waiting.tenant, plan, self.plan_facts(plan))
+            self.unsized[waiting.tenant] += group.facts.least is None
+        head = group.entries[0] if group.entries else None
+        bisect.insort(group.entries, queue_entry(waiting))
+        self._move_head(gid, head, group.entries[0])
+        if not waiting.answered:
+            group.fresh.add(waiting.name)
+            self.fresh_groups.add(gid)
+        self.group_of[waiting.key] = gid
+
+    def _answered(self, now: Waiting) -> None:
+        """A waiting claim rebuilt with the same spec, priority and arrival (it was answered, or what
+        displaced it changed): its group and place stay; only whether it awaits an answer may change."""
+        self.waiting[now.key] = now
+        gid = self.group_of.get(now.key)
+        group = self.groups.get(gid) if gid is not None else None
+        if group is not None:
+            if now.answered:
+                group.fresh.discard(now.name)
+            else:
+                group.fresh.add(now.name)
+                self.fresh_groups.add(gid)  # type: ignore[arg-type]
+
+    def _unqueue(self, waiting: Waiting) -> None:
+        if self.waiting.get(waiting.key) is waiting:
+            del self.waiting[waiting.key]
+        self.invalid.discard(waiting.key)
+        gid = self.group_of.pop(waiting.key, None)
+        group = self.groups.get(gid) if gid is not None else None
+        if gid is None or group is None:
+            return
+        entries = group.entries
+        head = entries[0]
+        at = bisect.bisect_left(entries, queue_entry(waiting))
+        if at < len(entries) and entries[at] == queue_entry(waiting):
+            del entries[at]
+        group.fresh.discard(waiting.name)
+        self._move_head(gid, head, entries[0] if entries else None)
+        if not entries:
+            del self.groups[gid]
+            self.unsized[gid[0]] -= group.facts.least is None
+            self.specs[gid[1]] -= 1
+            if not self.specs[gid[1]]:
+                del self.specs[gid[1]]
+
+    def _move_head(self, gid: tuple[str, int], old: tuple[int, int, str] | None,
+                   new: tuple[int, int, str] | None) -> None:
+        if old == new:
+            return
+        heads = self.tenant_heads[gid[0]]
+        if old is not None:
+            del heads[bisect.bisect_left(heads, (old, gid))]
+        if new is not None:
+            bisect.insort(heads, (new, gid))
+
+    def _devices(self, allocation: Allocation) -> list[FleetDevice]:
+        by_key = self.fleet.by_key
+        return [by_key[k] for k in allocation.keys if k in by_key]
+
+    def _count(self, running: Running, sign: int) -> None:
+        for name, n, units in self._holding(running).per_flavor:
+            self.book.add(running.tenant, name, sign * units, sign * n)
+
+    def _holding(self, running: Running) -> Holding:
+        """A running claim's devices as quotas and preemption weigh them, worked out once while it runs
+        (it is counted when it comes and goes, and weighed each time preemption looks at it)."""
+        allocation = running.allocation
+        kept = self._holdings.get(running.key)
+        if kept is not None and kept.allocation is allocation:
+            return kept
+        per_flavor: dict[str | None, tuple[int, float]] = {}
+        total = 0.0
+        of = self.flavors.of
+        for d in self._devices(allocation):
+            flavor = of(d)
+            name = flavor.name if flavor else None
+            value = flavor.value if flavor else 0.0
+            n, units = per_flavor.get(name, (0, 0.0))
+            per_flavor[name] = (n + 1, units + value)
+            total += value
+        kept = self._holdings[running.key] = Holding(
+            allocation, [(name, n, units) for name, (n, units) in per_flavor.items()], frozenset(per_flavor), total)
+        return kept
+
+    def _only(self, flavor: str | None) -> DeviceFilter:
+        """Placement restricted to one flavor (None: to devices no flavor counts); one filter object per
+        flavor, shared by every tenant, so the indexes behind it are built once."""
+        found = self._flavor_filters.get(flavor)
+        if found is None:
+            names = self.flavors.name_of
+            selector = next((f.selector for f in self.snapshot.quotas.flavors if f.name == flavor), "")
+            found = self._flavor_filters[flavor] = DeviceFilter(("flavor", flavor, selector),
+                                                                lambda d: names(d) == flavor)
+        return found
+
+    def _within_nominal(self, tenant: str, deltas: Mapping[str, int]) -> bool:
+        return all(self.book.used[(tenant, f)] + n <= self.book.nominal(tenant, f) for f, n in deltas.items())
+
+    @per_claim
+    def try_admit(self, waiting: Waiting, *, room_known: bool = False) -> tuple[Decision, list[Block]]:
+        """Placement within nominal first, then borrowing; the quota check is on the devices chosen.
+
+        The unrestricted best fit comes first; when it would borrow, the claim is placed on each flavor
+        it has nominal quota of, one flavor at a time, then on devices no flavor counts (they take no
+        quota), and takes the best fit if none passes; when the best fit is blocked, then also on each
+        flavor it may still borrow. When the tenant's quota leaves
+        too few devices for any placement, no placement is tried (`room_known`: the caller found it has
+        enough just now)."""
+        enforced = self.snapshot.quotas.enforced
+        if enforced and not room_known and self.quota_short(waiting.tenant, self._facts(waiting)) is not None:
+            return UNANSWERED, []  # no placement needed
+        first = self._decide(waiting, None, explain=False)
+        if not enforced or first.allocation is None:
+            return first, []  # an open fleet, or capacity (not quota) is what keeps it out
+        tenant = waiting.tenant
+        plan = self.state.plan(waiting.claim)
+        key = (tenant, id(plan))
+        stamp = (self.book.cohort_version(tenant), self.book.free_version, self.state.capacity_version(plan))
+        cached = self.blocked_at.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]  # the same tenant asked for the same and nothing it depends on changed
+        result = self._admit_within_quota(waiting, first)
+        if result[0].allocation is None:
+            self.blocked_at[key] = (stamp, result)
+        return result
+
+    def _admit_within_quota(self, waiting: Waiting, first: Decision) -> tuple[Decision, list[Block]]:
+        assert first.allocation is not None
+        tenant = waiting.tenant
+        deltas = flavor_deltas(self._devices(first.allocation), self.flavors)
+        blocks = self.book.check(tenant, deltas)
+        if not blocks and self._within_nominal(tenant, deltas):
+            return first, []
+        tried = set(deltas) if len(deltas) == 1 else set()
+        relevant, least, unflavored = self._facts(waiting)
+        nominal = sorted(self.book.headroom_flavors(tenant) & relevant)
+        found = self._first_passing(waiting, nominal, tried, least)
+        if found is not None:
+            return found, []
+        if unflavored:  # devices no flavor counts take no quota: before any borrowing
+            decision = self._decide(waiting, self._only(None), explain=False)
+            if decision.allocation is not None:
+                return decision, []
+        if not blocks:
+            return first, []  # it borrows, within every limit, and nothing within nominal fits: best fit
+        borrowable = [f for f in sorted(relevant) if f not in nominal
+                      and self.book.borrowable(tenant, f) > 0
+                      and self.book.borrowing(tenant, f) < self.book.borrow_cap(tenant, f)]
+        found = self._first_passing(waiting, borrowable, tried, least)
+        return (found, []) if found is not None else self._blocked(blocks)
+
+    def _first_passing(self, waiting: Waiting, flavors: Iterable[str], tried: set[str], least: int | None
+                       ) -> Decision | None:
+        """The first placement on one of `flavors` alone that the tenant's quota lets in."""
+        for flavor in flavors:
+            if flavor in tried or (least is not None and self.book.room(waiting.tenant, flavor) < least):
+                continue  # tried, or its quota cannot hold a placement of the claim
+            tried.add(flavor)
+            decision = self._decide(waiting, self._only(flavor), explain=False)
+            if decision.allocation is None:
+                continue
+            if not self.book.check(waiting.tenant, flavor_deltas(self._devices(decision.allocation), self.flavors)):
+                return decision
+        return None
+
+    @staticmethod
+    def _blocked(blocks: list[Block]) -> tuple[Decision, list[Block]]:
+        reason = "; ".join(b.why for b in blocks)
+        return Decision(State.PENDING, reason=f"Quota: {reason}"), blocks
+
+    def quota_short(self, tenant: str, facts: PlanFacts, *, idle: bool = False) -> int | None:
+        """The devices the tenant's quota leaves over every flavor the claim could use when that is fewer
+        than any placement of it takes (no flavor-by-flavor placement can pass then); None when it is
+        enough, or the claim has no fixed least size (All mode, admin access) or may use devices no
+        flavor counts. With `idle`, of each flavor only as many as are idle count too: a placement takes
+        no more of a flavor than the tenant's room and the idle devices, so room in a flavor nobody has
+        idle and idle devices of a flavor it has no room in do not add up to one.
+
+        Asked before any placement: the arithmetic (on rooms kept per tenant and flavor) costs less than
+        a placement, which a claim kept out would waste."""
+        flavors, need = facts.flavors, facts.least
+        if need is None:
+            return None
+        book = self.book
+        rooms, room_of, unused = self._tenant_rooms(tenant), book.room, book.unused
+        total = 0
+        for flavor in flavors:
+            if idle:
+                free = unused.get(flavor, 0)
+                if free <= 0:
+                    continue  # none idle: no room counts, whatever the quota (so it is not worked out)
+            room = rooms.get(flavor)
+            if room is None:
+                room = rooms[flavor] = room_of(tenant, flavor)
+            if idle and free < room:
+                room = free
+            total += room
+            if total >= need:
+                return None
+        return total
+
+    def _tenant_rooms(self, tenant: str) -> dict[str, int]:
+        """The tenant's room per flavor worked out so far, kept while its cohort's usage and the free
+        capacity other cohorts spilled into stay the same."""
+        book = self.book
+        cohort_version, free_version = book.cohort_version(tenant), book.free_version
+        kept = self._rooms.get(tenant)
+        if kept is None or kept[0] != cohort_version or kept[1] != free_version:
+            kept = self._rooms[tenant] = (cohort_version, free_version, {})
+        return kept[2]
+
+    def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool) -> Decision:
+        """A placement, or a Pending answer cached per plan, filter and fleet version (with its reason
+        when `explain`: reasons are worked out only for the answers that are given)."""
+        try:
+            plan = self.state.plan(waiting.claim)
+            if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
+                # before the answers kept per plan: a plan is shared by every tenant that sends its spec
+                return Decision(State.REJECTED, reason=ADMIN_ACCESS_REFUSED.format(tenant=waiting.tenant))
+            plan_key = (id(plan), only.key if only else None, explain)
+            shrinking = self.shrinking
+            if shrinking is not None and (known := shrinking.get(plan_key)) is not None:
+                return known
+            version = self.state.capacity_version(plan, only)  # a selector failing on a new device rejects it
+        except Rejected as rejected:
+            return Decision(State.REJECTED, reason=str(rejected))
+        failed = self.failed_at.get(plan_key)
+        if failed is not None and failed[0] == version:
+            if shrinking is not None:
+                self._failed_in_pass(plan_key, failed[1])
+            return failed[1]
+        decision = self.state.decide(waiting.claim, only, explain=explain)
+        if decision.state is State.PENDING:
+            self.failed_at[plan_key] = (version, decision)
+            if shrinking is not None:
+                self._failed_in_pass(plan_key, decision)
+        return decision
+
+    def _failed_in_pass(self, plan_key: tuple[int, Any, bool], decision: Decision) -> None:
+        assert self.shrinking is not None
+        self.shrinking[plan_key] = decision
+        if plan_key[1] is None and not plan_key[2]:
+            self.no_room.add(plan_key[0])
+
+    def answer(self, waiting: Waiting, decision: Decision, blocks: list[Block]) -> tuple[Decision, list[Block]]:
+        """The answer to give: a Pending answer from the pass carries no reason (a trial's, or
+        `UNANSWERED`), so it is worked out now, against what is free and what quota is left after the cycle."""
+        if decision.state is not State.PENDING or decision.reason is not None:
+            return decision, blocks
+        gid = self.group_of.get(waiting.key)  # its group is of its tenant and plan
+        plan_id = gid[1] if gid is not None else None
+        explained = self.placed_after.get(plan_id) if plan_id is not None else None
+        if explained is None:  # nothing moves once the cycle has decided: one placement per spec
+            explained = self._decide(waiting, None, explain=True)
+            if plan_id is not None:
+                self.placed_after[plan_id] = explained
+        if explained.allocation is None:
+            return explained, []  # capacity keeps it out
+        if self.snapshot.quotas.enforced:  # whichever way the pass found it out, its quota may keep it out now
+            blocks = self.book.check(waiting.tenant, flavor_deltas(self._devices(explained.allocation), self.flavors))
+            if blocks:
+                return self._blocked(blocks)
+        # devices freed by this cycle's preemptions, or quota returned by them
+        return Decision(State.PENDING, reason="devices or quota were freed in this cycle; it is tried again in the "
+                                              "next"), []
+
+    @per_claim
+    def settle(self, waiting: Waiting, decision: Decision, blocks: list[Block], alike: Any
+               ) -> tuple[Decision, Mapping[str, Any] | None]:
+        """The answer a decided claim is given and, when it waits, why (`shared.admission.explain`)."""
+        decision, blocks = self.answer(waiting, decision, blocks)
+        if decision.state is State.PENDING:
+            return decision, explain_pending(self, waiting, decision, blocks, alike)
+        return decision, None
+
+    def admit(self, waiting: Waiting, allocation: Allocation) -> None:
+        self._hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
+                           waiting.arrival, next(self.order)))
+        self.admitted_now.add(waiting.key)
+        self._victim_view = None  # shares moved
+
+    # -- preemption ---------------------------------------------------------------------------------
+
+    def _candidates(self, preemptor: Waiting, hosts: Collection[str]
+                    ) -> tuple[dict[str, list[tuple[Running, str]]], dict[str, float]]:
+        """Running claims `preemptor` may consider, with the rule that lets it, before checking the
+        outcome, per node, and the GPU units they hold on each node (what orders the nodes). Only
+        preemptible claims on `hosts` that ran before this cycle, never one that displaced the preemptor
+        (no back and forth); in its own tenant those of lower priority ("priority"); in other tenants
+        only claims holding a flavor their tenant borrows (any claim in an open fleet): "reclaim" within
+        the cohort, for a preemptor with nominal headroom, else "fair-share", from tenants whose share is
+        at least the preemptor's (the victim's share after the move must stay at or above)."""
+        book, quotas = self.book, self.snapshot.quotas
+        enforced = quotas.enforced
+        flavors, sized = self._facts(preemptor)[:2]
+        least = sized or 0
+        values = [f.value for f in quotas.flavors if f.name in flavors]
+        # the preemptor's share after the move is at least this; a victim tenant's must stay at or above it
+        mine = book.share(preemptor.tenant) + least * min(values, default=0.0) / book.weight(preemptor.tenant)
+        cohort = book.cohort_of(preemptor.tenant)
+        headroom: bool | None = None
+        own_only = self._stuck_on_quota(preemptor)  # a claim its quota keeps out preempts within its tenant
+        view = self._victim_tenants()
+        on_hosts: dict[str, list[tuple[Running, str]]] = {}
+        units_on: dict[str, float] = defaultdict(float)
+        # preempted or admitted in this cycle, or displaced the preemptor once (no back and forth)
+        spared = self.preempted | self.admitted_now | preemptor.displaced_by
+        own = preemptor.tenant
+        for tenant, claims, weight, share, tenant_cohort in view.tenants:
+            borrowed: frozenset[str | None] | None = None
+            if tenant == own:
+                rule = "priority"
+            elif own_only:
+                continue
+            elif enforced and tenant_cohort == cohort:
+                if headroom is None:  # reclaim keeps the preemptor within its nominal quota
+                    room = sum(max(0, book.nominal(preemptor.tenant, f) - book.used[(preemptor.tenant, f)])
+                               for f in flavors)
+                    headroom = not flavors or room >= max(1, least)
+                if not headroom:
+                    continue
+                rule = "reclaim"
+            elif share >= mine:
+                rule = "fair-share"
+            else:
+                continue
+            if rule != "priority" and enforced:
+                borrowed = view.borrowed(tenant)
+                if not borrowed:
+                    continue
+            # Only claims holding a flavor the preemptor can use could free what it needs (devices or
+            # quota), and under reclaim and fair share only one their tenant borrows: those alone are read.
+            if sized is None:
+                wanted: Collection[str | None] | None = None if borrowed is None else borrowed
+            else:
+                wanted = flavors if borrowed is None else borrowed & flavors
+            if wanted is None:
+                pool = claims
+            elif len(wanted) == 1:
+                pool = self.by_flavor[tenant].get(next(iter(wanted)), NO_VICTIMS)
+            else:  # the tenant's claims per flavor, merged in flavor order (a claim of two flavors once)
+                pools = self.by_flavor[tenant]
+                pool = {}
+                for flavor in sorted(wanted, key=str):
+                    if found_pool := pools.get(flavor):
+                        pool.update(found_pool)
+            for key, (victim, node, units) in pool.items():
+                if key in spared or node not in hosts:
+                    continue
+                if rule == "priority" and victim.priority >= preemptor.priority:
+                    continue
+                if rule == "fair-share" and share - units / weight < mine:
+                    continue
+                found = on_hosts.get(node)
+                if found is None:
+                    on_hosts[node] = [(victim, rule)]
+                else:
+                    found.append((victim, rule))
+                units_on[node] += units
+        return on_hosts, units_on
+
+    def _victim_tenants(self) -> VictimTenants:
+        """The tenants that run claims as preemption sees them: the same for every attempt until one
+        succeeds (a failed search restores what it tried), so worked out once per success."""
+        if self._victim_view is None:
+            self._victim_view = VictimTenants(self.book, self.victims)
+        return self._victim_view
+
+    def _stuck_on_quota(self, waiting: Waiting) -> bool:
+        """Its quota keeps the claim out whatever other tenants' claims are evicted: only its own tenant's
+        claims could give quota back. Either its borrowingLimits stop it, or what it may take now is too
+        little and no eviction elsewhere returns any: no cohort member borrows a flavor it could use and
+        no cohort has spilled into the free capacity of those flavors."""
+        book, tenant = self.book, waiting.tenant
+        if not self.snapshot.quotas.enforced:
+            return False
+        facts = self._facts(waiting)
+        flavors, least = facts[0], facts[1] or 0
+        if not flavors or least <= 0:
+            return False
+        if sum(book.room(tenant, f, lent_only=False) for f in flavors) < least:
+            return True  # its borrowingLimits stop it, whatever is lent
+        if self.quota_short(tenant, facts) is None or any(book.over[f] > 0 for f in flavors):
+            return False
+        members = book.members[book.cohort_of(tenant)]
+        return not any(m != tenant and book.borrowing(m, f) > 0 for m in members for f in flavors)
+
+    def prefilter(self) -> tuple[Callable[[Waiting], bool], Callable[[str], bool], Mapping[str, int]]:
+        """A cheap test, built once per pass, of whether a waiting claim has any victim candidate: a
+        lower-priority preemptible claim of its own tenant, or a preemptible claim of another tenant
+        that borrows (any other tenant in an open fleet) with a larger share than its own, or, whatever
+        the shares, of a cohort-mate that borrows while the claim's tenant has nominal headroom (reclaim).
+        Also its two halves: whether a tenant could preempt another tenant's claims (by share or
+        reclaim), and each tenant's lowest preemptible priority."""
+        lowest: dict[str, int] = {}
+        shares: dict[str, float] = {}
+        enforced = self.snapshot.quotas.enforced
+        fresh: dict[str, Counter[int]] = defaultdict(Counter)  # admitted in this cycle: not candidates
+        for key in self.admitted_now:
+            if (admitted := self.running[key]).preemptible:
+                fresh[admitted.tenant][admitted.priority] += 1
+        for tenant, counts in self._priorities.items():  # preemptible claims that ran before this cycle
+            live = [p for p, n in counts.items() if n - fresh[tenant][p] > 0]
+            if not live:
+                continue
+            lowest[tenant] = min(live)
+            if not enforced or self.book.borrowed_count[tenant] > 0:
+                shares[tenant] = self.book.share(tenant)
+        top = max(shares.values(), default=None)
+
+        # per cohort, its members that borrow and run preemptible claims: reclaim takes from them whatever
+        # the shares (a tenant within its nominal quota gets back what it lent; see QuotaBook._available)
+        borrowers: dict[str, set[str]] = defaultdict(set)
+        if enforced:
+            for tenant in lowest:
+                if self.book.borrowed_count[tenant] > 0:
+                    borrowers[self.book.cohort_of(tenant)].add(tenant)
+
+        def by_reclaim(tenant: str, flavors: frozenset[str] | None = None) -> bool:
+            """A cohort-mate borrows and the tenant has nominal headroom (in one of `flavors`)."""
+            mates = borrowers.get(self.book.cohort_of(tenant)) if borrowers else None
+            if not mates or (len(mates) == 1 and tenant in mates):
+                return False
+            headroom = self.book.headroom_flavors(tenant)
+            return bool(headroom if flavors is None else headroom & flavors)
+
+        def by_fair_share(tenant: str) -> bool:
+            mine = self.book.share(tenant)
+            if top is None or top < mine:
+                return False
+            return any(t != tenant and s >= mine for t, s in shares.items())
+
+        def by_share(tenant: str) -> bool:
+            """It could preempt another tenant's claims: by fair share or by reclaim."""
+            return by_fair_share(tenant) or by_reclaim(tenant)
+
+        stuck: dict[Any, bool] = {}  # per group: its tenant's quota and its spec decide it alike
+
+        def test(waiting: Waiting) -> bool:
+            """A claim its quota keeps out may only preempt lower-priority claims of its own tenant."""
+            if lowest.get(waiting.tenant, waiting.priority) < waiting.priority:
+                return True
+            if not (by_fair_share(waiting.tenant) or by_reclaim(waiting.tenant, self._facts(waiting).flavors)):
+                return False
+            gid = self.group_of.get(waiting.key)
+            found = stuck.get(gid)
+            if found is None:
+                found = stuck[gid] = self._stuck_on_quota(waiting)
+            return not found
+
+        return test, by_share, lowest
+
+    def claim_flavors(self, waiting: Waiting) -> frozenset[str]:
+        """Flavors of the devices the claim's requests accept at all: the only ones worth trying."""
+        return self._facts(waiting).flavors
+
+    def _facts(self, waiting: Waiting) -> PlanFacts:
+        try:
+            plan = self.state.plan(waiting.claim)
+        except Rejected:
+            return PlanFacts(frozenset(), None)
+        return self.plan_facts(plan)
+
+    def plan_facts(self, plan: Plan) -> PlanFacts:
+        """What quota arithmetic needs of a claim's spec, worked out once per plan."""
+        found = self._plan_facts.get(id(plan))
+        if found is None:
+            names: set[str] = set()
+            unflavored = False  # some accepted device counts against no flavor: it needs no quota
+            for _, alternatives in plan.requests:
+                for alternative in alternatives:
+                    try:
+                        index = self.state.index(alternative)
+                    except Rejected:
+                        continue  # a subrequest whose selector fails here contributes no flavor
+                    for device in index.kinds():
+                        if (name := self.flavors.name_of(device)) is not None:
+                            names.add(name)
+                        else:
+                            unflavored = True
+            counted = not any(a.all_mode or a.admin_access for v in plan.variants for a in v)
+            least = (min((sum(a.wanted for a in v) for v in plan.variants), default=None)
+                     if counted and not unflavored else None)
+            found = self._plan_facts[id(plan)] = PlanFacts(frozenset(names), least, unflavored and counted)
+        return found
+
+    @per_claim
+    def try_preempt(self, waiting: Waiting) -> Decision | None:
+        try:  # victims only on nodes with devices the claim's first request accepts
+            lead = self.state.plan(waiting.claim).variants[0][0]
+            index = self.state.index(lead)
+        except (Rejected, IndexError):
+            return None
+        hosts = index.nodes
+        on_hosts, units_on = self._candidates(waiting, hosts)
+        best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
+        tried = 0  # nodes where evicting the candidates could make room, fewest candidate units first
+        for _, node in sorted(zip(units_on.values(), units_on, strict=True)):  # fewest units, then name
+            if tried == MAX_PREEMPTION_NODES:
+                break
+            candidates = on_hosts[node]
+            accepted = self._accepted_on(index, node)
+            if len(accepted) < lead.wanted:
+                continue
+            could_free = sum(1 for r, _ in candidates for k in r.allocation.keys if k in accepted)
+            if len(index.free_on(node)) + could_free < lead.wanted:
+                continue  # evicting them cannot make room
+            tried += 1
+            found = self._victims_on(waiting, sorted(candidates, key=lambda c: self._victim_order(c[0])))
+            if found is None:
+                continue
+            victims, allocation = found
+            score = (sum(self._units(r) for r, _ in victims), max(r.priority for r, _ in victims),
+                     -min(r.allocated_order for r, _ in victims))
+            if best is None or score < best[0]:
+                best = (score, victims, allocation)
+        if best is None:
+            return None
+        _, victims, allocation = best
+        for victim, _ in victims:
+            self._evict(victim)
+        self.admit(waiting, allocation)
+        for victim, rule in victims:  # reasons state the shares after the move
+            self.preemptions.append(Preemption(victim.key, waiting.key, rule,
+                                               self._preempt_reason(waiting, victim, rule)))
+        return Decision(State.ALLOCATED, allocation)
+
+    def _accepted_on(self, index: Any, node: str) -> frozenset[DeviceKey]:
+        """The keys of the node's devices an index accepts: fixed for the fleet, so kept."""
+        key = (id(index), node)
+        found = self._accepted.get(key)
+        if found is None or found[0] is not index:
+            found = self._accepted[key] = (index, frozenset(d.key for d in index.devices_on(node)))
+        return found[1]
+
+    def _units(self, r: Running) -> float:
+        return self._holding(r).units
+
+    def _victim_order(self, r: Running) -> tuple[float, int, int]:
+        return (self._units(r), r.priority, -r.allocated_order)
+
+    def _evict(self, victim: Running) -> None:
+        self._drop(victim)
+        self.preempted.add(victim.key)
+
+    def _restore(self, victim: Running) -> None:
+        self._hold(victim)
+        self.preempted.discard(victim.key)
+
+    def _fits_with(self, waiting: Waiting, victims: Sequence[tuple[Running, str]]) -> Allocation | None:
+        """With the victims gone, the claim is placed and every victim's rule holds for the outcome."""
+        decision, blocks = self.try_admit(waiting)
+        if decision.allocation is None or blocks:
+            return None
+        devices = self._devices(decision.allocation)
+        deltas = flavor_deltas(devices, self.flavors)
+        units = sum(self.flavors.units_of(d) for d in devices)
+        weight = self.book.weight(waiting.tenant)
+        for victim, rule in victims:
+            if rule == "reclaim":
+                if any(self.book.used[(waiting.tenant, f)] + n > self.book.nominal(waiting.tenant, f)
+                       for f, n in deltas.items()):
+                    return None  # reclaim is for a tenant that stays within its nominal quota
+            elif rule == "fair-share":
+                mine = (self.book.units[waiting.tenant] + units) / weight
+                if mine > self.book.share(victim.tenant):
+                    return None
+        return decision.allocation
+
+    def _victims_on(self, waiting: Waiting, candidates: list[tuple[Running, str]]
+                    ) -> tuple[list[tuple[Running, str]], Allocation] | None:
+        """Greedy on one node until the claim fits, then drop every victim it does not need.
+
+        A victim is first taken out of the quota book only: while the claim's quota, or the idle devices
+        of the flavors it has room in, still keep it out (`quota_short`), no placement can pass, so the
+        fleet is not touched (the outcome is the same, for less)."""
+        taken: list[tuple[Running, str]] = []
+        in_book_only: list[Running] = []
+        allocation = None
+        facts = self._facts(waiting)
+        try:
+            for candidate in candidates:
+                self._count(candidate[0], -1)
+                in_book_only.append(candidate[0])
+                taken.append(candidate)
+                if self.quota_short(waiting.tenant, facts, idle=True) is not None:
+                    continue
+                for victim in in_book_only:
+                    self._count(victim, 1)
+                    self._evict(victim)
+                in_book_only.clear()
+                allocation = self._fits_with(waiting, taken)
+                if allocation is not None:
+                    break
+            if allocation is None:
+                return None
+            for candidate in list(reversed(taken))[1:]:  # the last one was needed, by construction
+                self._restore(candidate[0])
+                rest = [c for c in taken if c is not candidate]
+                again = self._fits_with(waiting, rest)
+                if again is not None:
+                    taken, allocation = rest, again
+                else:
+                    self._evict(candidate[0])
+            return list(taken), allocation
+        finally:
+            for victim, _ in taken:
+                if victim in in_book_only:
+                    self._count(victim, 1)
+                else:
+                    self._restore(victim)
+
+    def _preempt_reason(self, waiting: Waiting, victim: Running, rule: str) -> str:
+        by = f"{waiting.tenant}/{waiting.name}"
+        if rule == "priority":
+            return f"preempted by {by}, priority {waiting.priority} over {victim.priority} in tenant {victim.tenant}"
+        if rule == "reclaim":
+            return (f"preempted by {by}: tenant {waiting.tenant} reclaims its nominal quota that {victim.tenant} "
+                    "borrowed")
+        return (f"preempted by {by} for fair share: afterwards {waiting.tenant}'s share "
+                f"{self.book.share(waiting.tenant):.2f} is at or below {victim.tenant}'s "
+                f"{self.book.share(victim.tenant):.2f} (GPU units in use per unit of weight)")
+
+
+def fleet_state(snapshot: Snapshot, memo: SelectorMemo, in_use: Sequence[DeviceKey]) -> FleetState:
+    """The last cycle's state when the fleet, classes and unusable nodes are the same objects and values
+    (brought up to date by what is in use now); otherwise a new one. Derived data only: placements by
+    the same rules as a new state's, without rebuilding every index each cycle (where two nodes score
+    the same, which one comes first may differ: it follows the order they last changed in)."""
+    kept = memo.states.get("cycle")
+    if (isinstance(kept, FleetState) and kept.fleet is snapshot.fleet and kept.classes is snapshot.classes
+            and kept.unusable_nodes == dict(snapshot.unusable_nodes)):
+        kept.sync(in_use)
+        return kept
+    state = FleetState(snapshot.fleet, snapshot.classes, in_use, memo=memo, unusable_nodes=snapshot.unusable_nodes)
+    memo.states["cycle"] = state
+    return state
+
+
+def state_for(snapshot: Snapshot, memo: SelectorMemo) -> AdmissionState:
+    kept = memo.states.get("admission")
+    if not (isinstance(kept, AdmissionState) and kept.fits(snapshot, memo)):
+        kept = memo.states["admission"] = AdmissionState(snapshot, memo)
+    kept.begin(snapshot)
+    return kept
