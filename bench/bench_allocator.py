@@ -36,12 +36,16 @@ from sqlalchemy import func, select  # noqa: E402
 
 from services.allocator import service  # noqa: E402
 from services.allocator.service import Allocator  # noqa: E402
-from shared.admission.cycle import Running  # noqa: E402
-from shared.admission.flavors import Flavors
+from shared.admission.flavors import Flavors  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
+from shared.admission.model import Running  # noqa: E402
 from shared.contract import subjects  # noqa: E402
-from shared.dra.allocation import Allocation, SelectorMemo, State  # noqa: E402
 from shared.dra.classes import BUILTIN_CLASSES  # noqa: E402
+from shared.dra.matching import SelectorMemo  # noqa: E402
+from shared.dra.results import (
+    Allocation,  # noqa: E402
+    State,  # noqa: E402
+)
 from shared.ledger.engine import create_engine, migrate  # noqa: E402
 from shared.ledger.quota_store import apply_quota_config  # noqa: E402
 from shared.ledger.schema import Claim  # noqa: E402

@@ -22,9 +22,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.dra import model as dra  # noqa: E402
-from shared.dra.allocation import FleetState, SelectorMemo  # noqa: E402
+from shared.dra.allocation import FleetState  # noqa: E402
 from shared.dra.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.dra.inventory import Fleet  # noqa: E402
+from shared.dra.matching import SelectorMemo  # noqa: E402
 from shared.fleet.sources import documents_from  # noqa: E402
 
 MODELS = ("A100-40GB", "A100", "H100", "H200", "B200", "B300")

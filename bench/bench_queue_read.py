@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ledger_runs import maintain, run_depths  # noqa: E402
 
 from services.allocator import ledger_ops as ops  # noqa: E402
-from shared.dra.allocation import State  # noqa: E402
+from shared.dra.results import State  # noqa: E402
 from shared.ledger.engine import create_engine, migrate, sessions  # noqa: E402
 from shared.ledger.schema import Claim  # noqa: E402
 

@@ -37,15 +37,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.runtime import CollectorPacing, tune_gc  # noqa: E402
 from shared.admission.cycle import run_cycle  # noqa: E402
-from shared.admission.flavors import Flavors
+from shared.admission.flavors import Flavors  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
-from shared.admission.model import Running, Snapshot, Waiting
+from shared.admission.model import Running, Snapshot, Waiting  # noqa: E402
 from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.admission.waiting_queue import WaitingQueue  # noqa: E402
 from shared.dra import model as dra  # noqa: E402
-from shared.dra.allocation import SelectorMemo, State  # noqa: E402
 from shared.dra.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.dra.inventory import Fleet  # noqa: E402
+from shared.dra.matching import SelectorMemo  # noqa: E402
+from shared.dra.results import State  # noqa: E402
 from shared.fleet.sources import documents_from  # noqa: E402
 
 MODELS = ("A100", "H100", "H200", "B200", "B300")

@@ -51,12 +51,15 @@ from services.allocator.ledger_ops import load_queue  # noqa: E402
 from services.natsio import EmbeddedNats, ensure_streams  # noqa: E402
 from shared.admission.cycle import run_cycle  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
-from shared.admission.model import Running, Snapshot
+from shared.admission.model import Running, Snapshot  # noqa: E402
 from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.contract import subjects  # noqa: E402
-from shared.dra.allocation import Allocation, State  # noqa: E402
 from shared.dra.classes import merge_classes  # noqa: E402
 from shared.dra.inventory import Fleet  # noqa: E402
+from shared.dra.results import (
+    Allocation,  # noqa: E402
+    State,  # noqa: E402
+)
 from shared.fleet.sources import load_inventory  # noqa: E402
 from shared.ledger.engine import create_engine, migrate, sessions  # noqa: E402
 from shared.ledger.quota_store import apply_quota_config  # noqa: E402

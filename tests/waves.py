@@ -11,7 +11,7 @@ from typing import Any
 
 from shared.admission.model import CycleResult, Running, Waiting
 from shared.admission.waiting_queue import WaitingQueue
-from shared.dra.allocation import State
+from shared.dra.results import State
 
 
 @dataclass

@@ -20,8 +20,8 @@ from services.allocator import ledger_ops as ops
 from shared.admission.quota import QuotaConfig, pending_limit_problem
 from shared.contract import events, subjects
 from shared.dra import model as dra
-from shared.dra.allocation import State
 from shared.dra.claims import InvalidClaim, claim_name_problem, read_submission, tenant_problem
+from shared.dra.results import State
 from shared.ledger.schema import Claim
 
 MAX_MESSAGE_ID = 255  # the inbox's column

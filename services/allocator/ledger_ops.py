@@ -18,8 +18,8 @@ from shared.admission.model import Running, Waiting
 from shared.admission.waiting_queue import WaitingQueue
 from shared.contract import events, subjects
 from shared.dra import model as dra
-from shared.dra.allocation import Allocation, Decision, DeviceKey, State
 from shared.dra.claims import settings_of
+from shared.dra.results import Allocation, Decision, DeviceKey, State
 from shared.ledger.schema import (
     OUTSIDE,
     REVISION,

@@ -50,8 +50,9 @@ from shared.admission.quota import QuotaConfig
 from shared.contract import events, subjects
 from shared.contract.messages import NodeInventory
 from shared.dra import model as dra
-from shared.dra.allocation import SelectorMemo, State
 from shared.dra.inventory import Fleet
+from shared.dra.matching import SelectorMemo
+from shared.dra.results import State
 from shared.ledger import inbox
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from shared.dra import model as dra
-from shared.dra.allocation import Decision, Rejected, State
 from shared.dra.cel import SelectorError
+from shared.dra.results import Decision, Rejected, State
 
 P = ParamSpec("P")
 R = TypeVar("R")

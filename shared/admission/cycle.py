@@ -36,8 +36,8 @@ from shared.admission.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault
 from shared.admission.model import MAX_PREEMPTION_ATTEMPTS, ClaimDecision, ClaimKey, CycleResult, Snapshot
 from shared.admission.passes import admission_pass, preemptors
 from shared.admission.state import state_for
-from shared.dra.allocation import DeviceKey
 from shared.dra.matching import SelectorMemo
+from shared.dra.results import DeviceKey
 
 
 def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResult:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shared.dra.allocation import Decision, Rejected
+from shared.dra.results import Decision, Rejected
 
 if TYPE_CHECKING:
     from shared.admission.model import Block, Waiting

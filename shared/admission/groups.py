@@ -9,7 +9,7 @@ from collections.abc import Callable, Container
 from typing import cast
 
 from shared.admission.holdings import PlanFacts
-from shared.dra.allocation import Plan
+from shared.dra.plan import Plan
 
 
 class Group:

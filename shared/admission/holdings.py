@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from shared.admission.model import ClaimKey, Running
 from shared.admission.quota_book import QuotaBook
-from shared.dra.allocation import Allocation
+from shared.dra.results import Allocation
 
 
 class PlanFacts(NamedTuple):

@@ -11,8 +11,8 @@ from typing import Any
 
 from shared.admission.quota import QuotaConfig
 from shared.dra import model as dra
-from shared.dra.allocation import Allocation, Decision, DeviceKey, State
 from shared.dra.inventory import Fleet
+from shared.dra.results import Allocation, Decision, DeviceKey, State
 
 ClaimKey = tuple[str, str]  # tenant, name
 

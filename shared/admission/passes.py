@@ -10,7 +10,7 @@ from shared.admission.groups import Heads
 from shared.admission.holdings import NO_FLAVORS, OutOfRoom
 from shared.admission.model import UNANSWERED, Block, Waiting, queue_entry
 from shared.admission.state import AdmissionState
-from shared.dra.allocation import Decision, State
+from shared.dra.results import Decision, State
 
 
 def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int]]:

@@ -11,9 +11,10 @@ from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra import model as dra
-from shared.dra.allocation import Decision, SelectorMemo, State
 from shared.dra.claims import InvalidClaim, settings_of, with_namespace
 from shared.dra.inventory import Fleet
+from shared.dra.matching import SelectorMemo
+from shared.dra.results import Decision, State
 
 MAX_CYCLES_PER_WAVE = 8  # a wave settles when a cycle changes nothing; preemption victims retry next cycle
 

@@ -30,9 +30,11 @@ from shared.admission.model import (
     queue_entry,
 )
 from shared.admission.quota_book import QuotaBook
-from shared.dra.allocation import Allocation, Decision, DeviceFilter, DeviceKey, FleetState, Plan, Rejected, State
+from shared.dra.allocation import FleetState
 from shared.dra.inventory import FleetDevice
 from shared.dra.matching import SelectorMemo
+from shared.dra.plan import Plan
+from shared.dra.results import Allocation, Decision, DeviceFilter, DeviceKey, Rejected, State
 
 
 class AdmissionState:

@@ -18,353 +18,36 @@ budget; running out of budget is a reason, not a hang. No I/O happens here.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from fractions import Fraction
-from functools import cached_property
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from shared.dra import model as dra
-from shared.dra.cel import CompiledSelector, SelectorError, compile_selector
+from shared.dra.cel import SelectorError
 from shared.dra.fleet_index import IN_USE, DeviceIndex, Group
 from shared.dra.inventory import UNHEALTHY, CounterKey, Fleet, FleetDevice
 from shared.dra.matching import SelectorMemo
+from shared.dra.plan import Alternative, Plan, prepare, spec_key
 from shared.dra.quantity import exact
 from shared.dra.reasons import pending_reason
-
-DeviceKey = tuple[str, str, str]
-Amount = int | Fraction
-DEFAULT_SEARCH_BUDGET = 20_000
-MAX_VARIANTS = 256  # firstAvailable combinations tried across nodes, in order
-
-__all__ = ["Allocation", "Decision", "DeviceResult", "FleetState", "Outcome", "SelectorMemo", "State", "decide",
-           "settle"]
-
-
-class State(StrEnum):
-    PENDING = "Pending"
-    ALLOCATED = "Allocated"
-    REJECTED = "Rejected"
-    PREEMPTED = "Preempted"
-    RELEASED = "Released"
-
-
-@dataclass(frozen=True)
-class DeviceResult:
-    request: str
-    driver: str
-    pool: str
-    device: str
-    admin_access: bool = False  # monitoring access: the device stays free for others
-
-    @property
-    def key(self) -> DeviceKey:
-        return (self.driver, self.pool, self.device)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"request": self.request, "driver": self.driver, "pool": self.pool,
-                               "device": self.device}
-        if self.admin_access:
-            out["adminAccess"] = True
-        return out
-
-
-@dataclass(frozen=True)
-class Allocation:
-    node: str
-    results: tuple[DeviceResult, ...]
-    config: tuple[Mapping[str, Any], ...] = ()
-
-    @cached_property
-    def keys(self) -> tuple[DeviceKey, ...]:
-        """Devices this allocation holds exclusively (admin-access results hold nothing)."""
-        return tuple(r.key for r in self.results if not r.admin_access)
-
-    def to_json(self) -> dict[str, Any]:
-        """Mirrors ResourceClaim.status.allocation, plus nodeName for convenience."""
-        return {
-            "nodeName": self.node,
-            "devices": {"results": [r.to_json() for r in self.results], "config": [dict(c) for c in self.config]},
-            "nodeSelector": {
-                "nodeSelectorTerms": [
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [self.node]}]}
-                ]
-            },
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Allocation:
-        return cls(
-            node=data["nodeName"],
-            results=tuple(
-                DeviceResult(r["request"], r["driver"], r["pool"], r["device"], bool(r.get("adminAccess")))
-                for r in data["devices"]["results"]
-            ),
-            config=tuple(data["devices"].get("config", ())),
-        )
-
-
-@dataclass(frozen=True)
-class Decision:
-    state: State
-    allocation: Allocation | None = None
-    reason: str | None = None
-    unsatisfiable: bool = False  # Pending, and no device of today's fleet could ever satisfy it
-
-
-class Rejected(Exception):
-    """The claim is wrong as written; carries the reason."""
-
-
-@dataclass(frozen=True)
-class DeviceFilter:
-    """Restricts one decision to some devices (quota tiers: flavors within nominal first). `key` names
-    the restriction for the index cache; `accepts` must depend only on what a device is, not on which."""
-
-    key: Any
-    accepts: Callable[[FleetDevice], bool]
-
-
-class _BudgetExceeded(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class Alternative:
-    """One way to satisfy a request: the request itself, or one firstAvailable subrequest."""
-
-    result_name: str
-    parent: str
-    class_name: str
-    body: dra.ExactDeviceRequest | dra.DeviceSubRequest
-    selectors: tuple[CompiledSelector, ...]
-    admin_access: bool
-
-    @property
-    def all_mode(self) -> bool:
-        return self.body.allocation_mode == "All"
-
-    @property
-    def wanted(self) -> int:
-        """Devices needed at least (All mode: one, and then every match on the node)."""
-        return 1 if self.all_mode else self.body.wanted
-
-    @cached_property
-    def _selector_key(self) -> tuple[Any, ...]:
-        return (tuple(s.expression for s in self.selectors), self.body.tolerations)
-
-    def index_key(self, group_attribute: str | None = None) -> tuple[Any, ...]:
-        return (*self._selector_key, group_attribute)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A claim made ready to decide: compiled selectors per alternative, its constraints, and the
-    concrete variants (one alternative per request) in the order firstAvailable prefers them."""
-
-    requests: tuple[tuple[str, tuple[Alternative, ...]], ...]
-    constraints: tuple[dra.DeviceConstraint, ...]
-    variants: tuple[tuple[Alternative, ...], ...]
-    more_variants: bool  # firstAvailable allowed more combinations than MAX_VARIANTS
-
-    @cached_property
-    def admin_access(self) -> bool:
-        """Some request asks for monitoring access to devices that others may hold."""
-        return any(a.admin_access for _, alternatives in self.requests for a in alternatives)
-
-    def group_attribute(self, variant: Sequence[Alternative]) -> str | None | bool:
-        """For a single-request variant, the one matchAttribute to group by (None: no constraint); False
-        when the variant needs the general search."""
-        if len(variant) != 1 or variant[0].admin_access or variant[0].all_mode:
-            return False
-        name = variant[0].result_name
-        attribute: str | None = None
-        for c in self.constraints:
-            if c.requests and name not in c.requests and name.split("/", 1)[0] not in c.requests:
-                continue
-            if c.distinct_attribute is not None or attribute is not None:
-                return False
-            attribute = c.match_attribute
-        return attribute
-
-
-def prepare(claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass]) -> Plan:
-    """Compile and check a claim once; raises Rejected with the reason a person can act on."""
-    requests = claim.spec.devices.requests
-    if not requests:
-        raise Rejected("claim has no device requests")
-    if len(requests) > dra.MAX_REQUESTS:
-        raise Rejected(f"claim has {len(requests)} requests, over the limit of {dra.MAX_REQUESTS}")
-    prepared: list[tuple[str, tuple[Alternative, ...]]] = []
-    minimum_devices = 0
-    for request in requests:
-        bodies: list[tuple[str, dra.ExactDeviceRequest | dra.DeviceSubRequest, bool]]
-        if request.exactly is not None:
-            bodies = [(request.name, request.exactly, bool(request.exactly.admin_access))]
-        else:
-            bodies = [(f"{request.name}/{sub.name}", sub, False) for sub in request.first_available or ()]
-        alternatives = []
-        for result_name, body, admin in bodies:
-            device_class = classes.get(body.device_class_name)
-            if device_class is None:
-                raise Rejected(
-                    f"request {result_name!r}: unknown device class {body.device_class_name!r}; "
-                    f"known classes: {', '.join(sorted(classes))}"
-                )
-            selectors = []
-            for origin, selector in [("class", s) for s in device_class.spec.selectors] + [
-                ("request", s) for s in body.selectors
-            ]:
-                try:
-                    selectors.append(compile_selector(selector.cel.expression))
-                except SelectorError as error:
-                    raise Rejected(f"request {result_name!r}: {origin} selector: {error}") from None
-            alternatives.append(
-                Alternative(result_name, request.name, body.device_class_name, body, tuple(selectors), admin)
-            )
-        first = alternatives[0]
-        minimum_devices += first.wanted
-        if all(not a.all_mode and a.body.wanted > dra.MAX_DEVICES_PER_CLAIM for a in alternatives):
-            raise Rejected(
-                f"request {request.name!r} asks for {first.body.wanted} devices, over the claim limit of "
-                f"{dra.MAX_DEVICES_PER_CLAIM}"
-            )
-        prepared.append((request.name, tuple(alternatives)))
-    if minimum_devices > dra.MAX_DEVICES_PER_CLAIM:
-        raise Rejected(
-            f"claim asks for at least {minimum_devices} devices, over the claim limit of {dra.MAX_DEVICES_PER_CLAIM}"
-        )
-    names = {name for name, _ in prepared} | {a.result_name for _, alts in prepared for a in alts}
-    for constraint in claim.spec.devices.constraints:
-        unknown = [r for r in constraint.requests if r not in names]
-        if unknown:
-            raise Rejected(f"constraint names request {unknown[0]!r}, which the claim does not have")
-    variants = tuple(itertools.islice(itertools.product(*(alts for _, alts in prepared)), MAX_VARIANTS + 1))
-    return Plan(tuple(prepared), claim.spec.devices.constraints, variants[:MAX_VARIANTS],
-                len(variants) > MAX_VARIANTS)
-
-
-class _Constraints:
-    """Incremental check of a claim's constraints over the devices picked so far."""
-
-    def __init__(self, constraints: Sequence[dra.DeviceConstraint]) -> None:
-        self.constraints = constraints
-
-    @staticmethod
-    def _applies(constraint: dra.DeviceConstraint, result_name: str) -> bool:
-        if not constraint.requests:
-            return True
-        parent = result_name.split("/", 1)[0]
-        return result_name in constraint.requests or parent in constraint.requests
-
-    def admits(self, chosen: Sequence[tuple[str, FleetDevice]], result_name: str, device: FleetDevice) -> bool:
-        for constraint in self.constraints:
-            if not self._applies(constraint, result_name):
-                continue
-            attribute = constraint.match_attribute or constraint.distinct_attribute or ""
-            value = device.attribute_text(attribute)
-            if value is None:
-                return False
-            others = [d.attribute_text(attribute) for name, d in chosen if self._applies(constraint, name)]
-            if constraint.match_attribute and others and others[0] != value:
-                return False
-            if constraint.distinct_attribute and value in others:
-                return False
-        return True
-
-
-def counters_fit(left: Mapping[CounterKey, Amount], device: FleetDevice) -> bool:
-    """Every counter the device draws on has enough left (an unknown counter has none)."""
-    return all(left.get(key, -1) >= amount for key, amount in device.counter_draws)
-
-
-class _NodeCounters:
-    """Shared counters left on one node during a search: take and give back as devices are tried."""
-
-    def __init__(self, left: dict[CounterKey, Amount]) -> None:
-        self.left = left
-
-    def fits(self, device: FleetDevice) -> bool:
-        return counters_fit(self.left, device)
-
-    def take(self, device: FleetDevice) -> None:
-        for key, amount in device.counter_draws:
-            self.left[key] = self.left.get(key, 0) - amount
-
-    def give_back(self, device: FleetDevice) -> None:
-        for key, amount in device.counter_draws:
-            self.left[key] = self.left.get(key, 0) + amount
-
-
-def _search_node(
-    variant: Sequence[Alternative],
-    candidates: Mapping[str, list[FleetDevice]],
-    constraints: _Constraints,
-    counters: _NodeCounters,
-    budget: list[int],
-) -> list[tuple[str, FleetDevice]] | None:
-    """Depth-first over the variant's requests on one node; combinations within a request, never
-    permutations; a request with fewer candidates than it needs is pruned before trying anything."""
-    chosen: list[tuple[str, FleetDevice]] = []
-    taken: set[DeviceKey] = set()
-
-    def step() -> None:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise _BudgetExceeded
-
-    def pick(index: int) -> bool:
-        if index == len(variant):
-            return True
-        alternative = variant[index]
-        pool = [d for d in candidates[alternative.result_name] if d.key not in taken]
-        if alternative.all_mode:
-            return choose_all(alternative, pool, index)
-        if len(pool) < alternative.body.wanted:
-            return False
-        return choose(alternative, pool, 0, alternative.body.wanted, index)
-
-    def add(name: str, device: FleetDevice) -> None:
-        chosen.append((name, device))
-        taken.add(device.key)
-        counters.take(device)
-
-    def remove() -> None:
-        _, device = chosen.pop()
-        taken.discard(device.key)
-        counters.give_back(device)
-
-    def choose_all(alternative: Alternative, pool: list[FleetDevice], index: int) -> bool:
-        mark = len(chosen)
-        for device in pool:
-            step()
-            if not (counters.fits(device) and constraints.admits(chosen, alternative.result_name, device)):
-                break
-            add(alternative.result_name, device)
-        else:
-            if pick(index + 1):
-                return True
-        while len(chosen) > mark:
-            remove()
-        return False
-
-    def choose(alternative: Alternative, pool: list[FleetDevice], start: int, remaining: int, index: int) -> bool:
-        if remaining == 0:
-            return pick(index + 1)
-        for i in range(start, len(pool) - remaining + 1):
-            step()
-            device = pool[i]
-            if not counters.fits(device) or not constraints.admits(chosen, alternative.result_name, device):
-                continue
-            add(alternative.result_name, device)
-            if choose(alternative, pool, i + 1, remaining - 1, index):
-                return True
-            remove()
-        return False
-
-    return list(chosen) if pick(0) else None
+from shared.dra.results import (
+    Allocation,
+    Amount,
+    Decision,
+    DeviceFilter,
+    DeviceKey,
+    DeviceResult,
+    Outcome,
+    Rejected,
+    State,
+)
+from shared.dra.search import (
+    DEFAULT_SEARCH_BUDGET,
+    BudgetExceeded,
+    Constraints,
+    NodeCounters,
+    counters_fit,
+    search_node,
+)
 
 
 def _config_for(
@@ -387,13 +70,6 @@ def _config_for(
         out.append({"source": "FromClaim", "requests": list(claim_config.requests),
                     "opaque": claim_config.opaque.model_dump(by_alias=True, exclude_none=True)})
     return tuple(out)
-
-
-def _spec_key(claim: dra.ResourceClaim) -> str:
-    """The spec as JSON: equal specs serialise alike, and pydantic-core writes it in compiled code, several
-    times faster than hashing and comparing the nested models field by field in Python (and it also
-    covers opaque parameters, which hold unhashable dicts)."""
-    return claim.spec.model_dump_json()
 
 
 class FleetState:
@@ -607,7 +283,7 @@ class FleetState:
             if isinstance(known[1], Rejected):
                 raise known[1]
             return known[1]
-        key = _spec_key(claim)
+        key = spec_key(claim)
         cached = self.memo.plans.get(key)
         if cached is None:
             try:
@@ -646,7 +322,7 @@ class FleetState:
                     return self._allocated(claim, plan, found)
         except Rejected as rejected:
             return Decision(State.REJECTED, reason=str(rejected))
-        except _BudgetExceeded:
+        except BudgetExceeded:
             return Decision(State.PENDING, reason=(
                 f"search budget of {self.budget} steps exhausted; the claim's constraints leave too many "
                 "combinations on the free devices; simplify them or ask for fewer devices"))
@@ -690,7 +366,7 @@ class FleetState:
         for group in self.index(alternative, attribute).best_groups(wanted):
             budget[0] -= 1
             if budget[0] < 0:
-                raise _BudgetExceeded
+                raise BudgetExceeded
             picked = self._pick(group, wanted, alternative, plan, budget)
             if picked is not None:
                 return group.node, [(alternative.result_name, d) for d in picked]
@@ -701,13 +377,13 @@ class FleetState:
         left = self._counters.get(group.node)
         if left is None or not any(d.counter_draws for d in group.free):
             return group.free[:wanted]
-        counters = _NodeCounters(dict(left))
+        counters = NodeCounters(dict(left))
         candidates = self._partition_order(group.node, group.free, counters)
-        found = _search_node([alternative], {alternative.result_name: candidates},
-                             _Constraints(plan.constraints), counters, budget)
+        found = search_node([alternative], {alternative.result_name: candidates},
+                             Constraints(plan.constraints), counters, budget)
         return [d for _, d in found] if found is not None else None
 
-    def _partition_order(self, node: str, free: list[FleetDevice], counters: _NodeCounters) -> list[FleetDevice]:
+    def _partition_order(self, node: str, free: list[FleetDevice], counters: NodeCounters) -> list[FleetDevice]:
         """Among equally good fits, the partition that leaves the most other partitions possible first:
         a 1g slice goes where it does not break the 4g and 3g placements (NVIDIA's slot geometry, read
         from the counters, not hard-coded)."""
@@ -752,7 +428,7 @@ class FleetState:
             nodes: Iterable[str] = sorted(set.intersection(*(set(ix.node_names()) for ix in indexes)))
         else:
             nodes = (g.node for g in indexes[lead].best_groups(variant[lead].wanted))
-        constraints = _Constraints(plan.constraints)
+        constraints = Constraints(plan.constraints)
         for node in nodes:
             candidates: dict[str, list[FleetDevice]] = {}
             for alternative, index in zip(variant, indexes, strict=True):
@@ -766,8 +442,8 @@ class FleetState:
                     break
                 candidates[alternative.result_name] = here
             else:
-                counters = _NodeCounters(dict(self._counters.get(node, {})))
-                found = _search_node(variant, candidates, constraints, counters, budget)
+                counters = NodeCounters(dict(self._counters.get(node, {})))
+                found = search_node(variant, candidates, constraints, counters, budget)
                 if found is not None:
                     return node, found
         return None
@@ -784,12 +460,6 @@ def decide(
 ) -> Decision:
     """Decide one claim against the fleet; `in_use` holds devices other claims already have."""
     return FleetState(fleet, classes, in_use, memo=memo, budget=budget).decide(claim)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    claim: dra.ResourceClaim
-    decision: Decision
 
 
 def settle(

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from shared.dra.fleet_index import DeviceIndex
 
 if TYPE_CHECKING:  # the allocation module calls these with its state and plans
-    from shared.dra.allocation import Alternative, FleetState, Plan
+    from shared.dra.allocation import FleetState
+    from shared.dra.plan import Alternative, Plan
 
 _EQUALITY = re.compile(r"""attributes\[\s*["']([^"']+)["']\s*\]\s*\.\s*([A-Za-z_][\w-]*)\s*==\s*["']([^"']*)["']""")
 _HELD = (("stale inventory", "on nodes with stale inventory"), ("unhealthy", "unhealthy"),

@@ -10,10 +10,11 @@ from shared.admission.cycle import run_cycle
 from shared.admission.model import ClaimDecision, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.dra import model as dra
-from shared.dra.allocation import SelectorMemo, State
 from shared.dra.claims import read_submission, settings_of
 from shared.dra.classes import merge_classes
 from shared.dra.inventory import Fleet
+from shared.dra.matching import SelectorMemo
+from shared.dra.results import State
 from shared.fleet.sources import BUILTIN_TOPOLOGY, documents_from
 from tests.hostile.corpus import TENANT, normal_claim
 

@@ -20,8 +20,8 @@ from services.allocator.batch import ClaimMessage, read_message
 from shared.admission.cycle import run_cycle
 from shared.admission.model import Snapshot
 from shared.dra import model as dra
-from shared.dra.allocation import SelectorMemo
 from shared.dra.claims import InvalidClaim, read_submission
+from shared.dra.matching import SelectorMemo
 from tests.hostile import corpus
 from tests.hostile.core import (
     DEVICE_CLASSES,

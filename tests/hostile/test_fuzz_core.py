@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shared.dra.allocation import SelectorMemo
 from shared.dra.claims import InvalidClaim, read_submission
+from shared.dra.matching import SelectorMemo
 from tests.hostile.core import COMPANION, busy_fleet, decide_with_companion
 from tests.hostile.corpus import ATTR, GPU, MIG, TENANT
 

@@ -17,8 +17,8 @@ from services.allocator import ledger_ops as ops
 from services.allocator.service import Allocator
 from shared.admission.quota import parse_quotas
 from shared.contract import subjects
-from shared.dra.allocation import Allocation, Decision, DeviceResult, State
 from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.results import Allocation, Decision, DeviceResult, State
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation, InboxMessage

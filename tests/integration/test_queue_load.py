@@ -11,7 +11,7 @@ from sqlalchemy import delete, event
 
 from services.allocator import ledger_ops as ops
 from shared.admission.model import QueueChanges, Running, Waiting
-from shared.dra.allocation import Allocation, Decision, DeviceResult, State
+from shared.dra.results import Allocation, Decision, DeviceResult, State
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import Claim
 from tests.builders import a_claim

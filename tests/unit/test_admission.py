@@ -17,9 +17,10 @@ from shared.admission.quota import QuotaConfig, TenantQuota, parse_quotas, pendi
 from shared.admission.quota_book import QuotaBook
 from shared.admission.simulate import run_waves
 from shared.admission.state import AdmissionState
-from shared.dra.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
+from shared.dra.matching import SelectorMemo
+from shared.dra.results import Allocation, DeviceResult, State
 from tests.builders import ClaimBuilder, a_claim, fleet, node
 from tests.waves import Waves
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from shared.dra import model as dra
-from shared.dra.allocation import Decision, State, decide, settle
+from shared.dra.allocation import decide, settle
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
+from shared.dra.results import Decision, State
 from tests.builders import ClaimBuilder, a_claim, fleet, gpu, node
 
 H100 = 'device.attributes["gpu.nvidia.com"].productName == "H100"'

@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.dra.allocation import State, settle
+from shared.dra.allocation import settle
 from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.results import State
 from tests.builders import a_claim, fleet, gpu
 
 MODELS = ("A100", "H100", "H200")

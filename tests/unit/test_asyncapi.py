@@ -12,7 +12,7 @@ import yaml
 
 from services.asyncapi import document
 from shared.contract import events, messages
-from shared.dra.allocation import Allocation, DeviceResult
+from shared.dra.results import Allocation, DeviceResult
 from shared.fleet.sources import load_inventory
 
 CONTRACT = Path(__file__).resolve().parents[2] / "docs" / "contract.md"

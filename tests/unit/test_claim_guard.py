@@ -16,8 +16,9 @@ from shared.admission.model import Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.dra import allocation
 from shared.dra import model as dra
-from shared.dra.allocation import SelectorMemo, State
 from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.matching import SelectorMemo
+from shared.dra.results import State
 from tests.builders import a_claim, fleet, gpu, node
 
 FLEET = fleet(*node("h100", "H100", 4), *node("b200", "B200", 4))

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from shared.dra import model as dra
-from shared.dra.allocation import State, settle
+from shared.dra.allocation import settle
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
+from shared.dra.results import State
 from tests.builders import a_claim
 
 

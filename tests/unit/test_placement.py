@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.dra import cel
-from shared.dra.allocation import FleetState, State, decide, settle
+from shared.dra.allocation import FleetState, decide, settle
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import THROTTLED, UNHEALTHY, Fleet, NodeInventory
+from shared.dra.results import State
 from shared.fleet.sources import documents_from
 from tests.builders import a_claim, fleet, gpu, node
 

@@ -17,9 +17,10 @@ from shared.admission.flavors import Flavors
 from shared.admission.invariant import held_per_flavor, violations
 from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig, parse_quotas
-from shared.dra.allocation import Allocation, DeviceResult, SelectorMemo, State
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
+from shared.dra.matching import SelectorMemo
+from shared.dra.results import Allocation, DeviceResult, State
 from shared.fleet.sources import documents_from
 from tests.builders import a_claim, fleet, node
 from tests.waves import Waves

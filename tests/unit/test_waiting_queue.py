@@ -13,9 +13,9 @@ from shared.admission.cycle import run_cycle
 from shared.admission.model import QueueChanges, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.admission.waiting_queue import WaitingQueue
-from shared.dra.allocation import SelectorMemo
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
+from shared.dra.matching import SelectorMemo
 from tests.builders import a_claim
 from tests.unit.test_admission import arriving, scenarios
 from tests.waves import Waves
