@@ -39,6 +39,7 @@ from services.runtime import CollectorPacing, tune_gc  # noqa: E402
 from shared.admission.cycle import run_cycle  # noqa: E402
 from shared.admission.flavors import Flavors  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
+from shared.admission.kept import KeptState  # noqa: E402
 from shared.admission.model import Running, Snapshot, Waiting  # noqa: E402
 from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.admission.waiting_queue import WaitingQueue  # noqa: E402
@@ -115,7 +116,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = Tru
         waiting.put(submitted.setdefault(*_keyed(new_claim(rng, serial))))
     gc.collect()
     gc.freeze()
-    memo = SelectorMemo()
+    memo = KeptState()
     collector = CollectorPacing()  # as the allocator runs: what a cycle keeps is frozen after it
     times, admitted, preempted, answered = [], 0, 0, 0
     checker = Flavors(quotas.flavors, SelectorMemo())  # its own memo: the cycles' stays as theirs

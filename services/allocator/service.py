@@ -45,13 +45,13 @@ from services.natsio import ensure_streams, publish_pipelined
 from services.outage import Outage, publish_degraded, until_done
 from services.runtime import CollectorPacing
 from shared.admission.cycle import run_cycle
+from shared.admission.kept import KeptState
 from shared.admission.model import Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.contract import events, subjects
 from shared.contract.messages import NodeInventory
 from shared.dra import model as dra
 from shared.dra.inventory import Fleet
-from shared.dra.matching import SelectorMemo
 from shared.dra.results import State
 from shared.ledger import inbox
 from shared.ledger.engine import sessions
@@ -84,7 +84,7 @@ class Allocator:
         self.sessions = sessions(engine)
         self.classes = dict(classes)
         self.fleet = Fleet()
-        self.memo = SelectorMemo()
+        self.kept = KeptState()  # selector results and the cycle's states, kept from one cycle to the next
         self.queue_cache = ops.QueueCache()
         self.collector = CollectorPacing()  # what a cycle keeps is frozen: young GC passes skip it
         self.batch = batch
@@ -418,7 +418,7 @@ class Allocator:
         snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()), waiting,
                             self._unusable_nodes(), None if self._set_aside else changes)
         started = time.perf_counter()
-        result = run_cycle(snapshot, self.memo)
+        result = run_cycle(snapshot, self.kept)
         metrics.CYCLE_SECONDS.observe(time.perf_counter() - started)
         self.collector.after_cycle()
         now = datetime.now(UTC)

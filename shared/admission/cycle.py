@@ -33,14 +33,14 @@ import itertools
 from dataclasses import replace
 
 from shared.admission.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault_decision
+from shared.admission.kept import KeptState
 from shared.admission.model import MAX_PREEMPTION_ATTEMPTS, ClaimDecision, ClaimKey, CycleResult, Snapshot
 from shared.admission.passes import admission_pass, preemptors
 from shared.admission.state import state_for
-from shared.dra.matching import SelectorMemo
 from shared.dra.results import DeviceKey
 
 
-def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResult:
+def run_cycle(snapshot: Snapshot, kept: KeptState | None = None) -> CycleResult:
     """Admit what fits in fair-share order, then preempt where a rule allows, and explain the rest.
 
     Decisions cover every claim admitted, Rejected or tried, and every claim without an answer yet;
@@ -49,19 +49,18 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
     The one guarded place per claim: when deciding a claim fails (`shared.admission.claim_guard`), that claim gets
     its fault's decision and the cycle is decided again without it, on state built anew (what was kept
     may be half updated), so no claim can stop the others."""
-    memo = memo or SelectorMemo()
+    kept = kept if kept is not None else KeptState()
     faulty: dict[ClaimKey, ClaimDecision] = {}
     current = snapshot
     while True:
         try:
-            result = _decide_cycle(current, memo)
+            result = _decide_cycle(current, kept)
         except ClaimFault as fault:
             if fault.key in faulty or len(faulty) >= MAX_FAULTS_PER_CYCLE:
                 raise  # not one claim's fault: the shell reports the cycle's failure
             decision, internal = fault_decision(fault)
             faulty[fault.key] = ClaimDecision(fault.key[0], fault.key[1], decision, internal_error=internal)
-            for kept in ("admission", "cycle"):
-                memo.states.pop(kept, None)
+            kept.forget_cycle()
             current = replace(snapshot, waiting=tuple(w for w in snapshot.waiting if w.key not in faulty),
                               changes=None)
             continue
@@ -70,8 +69,8 @@ def run_cycle(snapshot: Snapshot, memo: SelectorMemo | None = None) -> CycleResu
         return result
 
 
-def _decide_cycle(snapshot: Snapshot, memo: SelectorMemo) -> CycleResult:
-    cycle = state_for(snapshot, memo)
+def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
+    cycle = state_for(snapshot, kept)
     decided, order = admission_pass(cycle)
     for key in sorted(cycle.invalid):  # claims Rejected as written, or that their tenant may not send
         waiting = cycle.waiting[key]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from shared.admission.kept import KeptFlavors, KeptState
 from shared.admission.model import Snapshot
 from shared.admission.quota import Flavor
 from shared.dra.cel import CompiledSelector, SelectorError, compile_selector
@@ -58,16 +59,16 @@ def flavor_deltas(devices: Iterable[FleetDevice], flavors: Flavors) -> dict[str,
     return dict(out)
 
 
-def flavors_and_capacity(snapshot: Snapshot, memo: SelectorMemo) -> tuple[Flavors, dict[str, int]]:
+def flavors_and_capacity(snapshot: Snapshot, kept: KeptState) -> tuple[Flavors, dict[str, int]]:
     """Each device's flavor and the devices per flavor, kept while the fleet and the flavors stay the same."""
-    kept = memo.states.get("flavors")
-    if kept is not None and kept[0] is snapshot.fleet and kept[1] == snapshot.quotas.flavors:
-        return kept[2], kept[3]
-    flavors = Flavors(snapshot.quotas.flavors, memo)
+    known = kept.flavors
+    if known is not None and known.fleet is snapshot.fleet and known.defined == snapshot.quotas.flavors:
+        return known.flavors, known.capacity
+    flavors = Flavors(snapshot.quotas.flavors, kept.memo)
     capacity: dict[str, int] = defaultdict(int)
     for device in snapshot.fleet.devices:
         name = flavors.name_of(device)
         if name is not None:
             capacity[name] += 1
-    memo.states["flavors"] = (snapshot.fleet, snapshot.quotas.flavors, flavors, dict(capacity))
+    kept.flavors = KeptFlavors(snapshot.fleet, snapshot.quotas.flavors, flavors, dict(capacity))
     return flavors, dict(capacity)

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared.admission.cycle import run_cycle
+from shared.admission.kept import KeptState
 from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra import model as dra
 from shared.dra.claims import InvalidClaim, settings_of, with_namespace
 from shared.dra.inventory import Fleet
-from shared.dra.matching import SelectorMemo
 from shared.dra.results import Decision, State
 
 MAX_CYCLES_PER_WAVE = 8  # a wave settles when a cycle changes nothing; preemption victims retry next cycle
@@ -75,7 +75,7 @@ def run_waves(
 ) -> SimulationResult:
     """Each wave arrives at once and is settled: admission in fair-share order, preemption, and more
     cycles while they change anything (victims and earlier claims try again)."""
-    memo = SelectorMemo()
+    kept = KeptState()  # what one cycle keeps for the next, as the allocator keeps it
     quotas = quotas or QuotaConfig()
     final: dict[tuple[str, str], ClaimOutcome] = {}
     result = SimulationResult()
@@ -100,7 +100,7 @@ def run_waves(
         for _ in range(MAX_CYCLES_PER_WAVE):
             all_waiting, changes = waiting.snapshot()
             cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(running.values()), all_waiting, changes=changes),
-                              memo)
+                              kept)
             changed = bool(cycle.preemptions)
             for p in cycle.preemptions:  # back to the queue, with the arrival they first had
                 victim = running.pop(p.victim)

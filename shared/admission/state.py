@@ -15,6 +15,7 @@ from shared.admission.explain import explain_pending
 from shared.admission.flavors import flavor_deltas, flavors_and_capacity
 from shared.admission.groups import Group
 from shared.admission.holdings import NO_VICTIMS, Holding, PlanFacts, Victim, VictimTenants
+from shared.admission.kept import KeptState
 from shared.admission.model import (
     ADMIN_ACCESS_REFUSED,
     MAX_PREEMPTION_NODES,
@@ -32,7 +33,6 @@ from shared.admission.model import (
 from shared.admission.quota_book import QuotaBook
 from shared.dra.allocation import FleetState
 from shared.dra.inventory import FleetDevice
-from shared.dra.matching import SelectorMemo
 from shared.dra.plan import Plan
 from shared.dra.results import Allocation, Decision, DeviceFilter, DeviceKey, Rejected, State
 
@@ -42,10 +42,11 @@ class AdmissionState:
     with each snapshot in O(what changed): usage per tenant and flavor, what runs on each node, the
     waiting claims in groups, and the answers cached per fleet and quota version."""
 
-    def __init__(self, snapshot: Snapshot, memo: SelectorMemo) -> None:
+    def __init__(self, snapshot: Snapshot, kept: KeptState) -> None:
+        memo = kept.memo
         self.snapshot = snapshot
         self.fleet = snapshot.fleet
-        self.flavors, capacity = flavors_and_capacity(snapshot, memo)
+        self.flavors, capacity = flavors_and_capacity(snapshot, kept)
         self.book = QuotaBook(snapshot.quotas, capacity)
         self.running: dict[ClaimKey, Running] = {}
         # preemptible running claims per tenant, and per tenant and flavor held: where preemption looks
@@ -77,7 +78,7 @@ class AdmissionState:
         # explain: what an index holds, and a spec's capacity per request, kept per fleet version
         self.index_figures: dict[int, tuple[Any, int, dict[str, Any]]] = {}
         self.spec_capacity: dict[int, tuple[Plan, int, list[dict[str, Any]]]] = {}
-        self.state = fleet_state(snapshot, memo, ())  # begin() takes what runs
+        self.state = fleet_state(snapshot, kept, ())  # begin() takes what runs
         self._flavor_filters: dict[str | None, DeviceFilter] = {}
         # (plan, filter) -> the fleet version a Pending answer was given at, and that answer: a deep queue
         # of claims alike costs one placement attempt per fleet change, not one per claim.
@@ -96,10 +97,9 @@ class AdmissionState:
         self.plans_cleared = memo.plans_cleared
         self.memo = memo
 
-    def fits(self, snapshot: Snapshot, memo: SelectorMemo) -> bool:
+    def fits(self, snapshot: Snapshot, kept: KeptState) -> bool:
         """Whether this state may be brought up to date for `snapshot` (else a new one is built)."""
-        kept = memo.states.get("cycle")
-        return (kept is self.state and memo.plans_cleared == self.plans_cleared
+        return (kept.fleet is self.state and kept.memo.plans_cleared == self.plans_cleared
                 and snapshot.fleet is self.fleet and snapshot.classes is self.snapshot.classes
                 and (snapshot.quotas is self.snapshot.quotas or snapshot.quotas == self.snapshot.quotas)
                 and dict(snapshot.unusable_nodes) == dict(self.snapshot.unusable_nodes))
@@ -853,24 +853,24 @@ class AdmissionState:
                 f"{self.book.share(victim.tenant):.2f} (GPU units in use per unit of weight)")
 
 
-def fleet_state(snapshot: Snapshot, memo: SelectorMemo, in_use: Sequence[DeviceKey]) -> FleetState:
+def fleet_state(snapshot: Snapshot, kept: KeptState, in_use: Sequence[DeviceKey]) -> FleetState:
     """The last cycle's state when the fleet, classes and unusable nodes are the same objects and values
     (brought up to date by what is in use now); otherwise a new one. Derived data only: placements by
     the same rules as a new state's, without rebuilding every index each cycle (where two nodes score
     the same, which one comes first may differ: it follows the order they last changed in)."""
-    kept = memo.states.get("cycle")
-    if (isinstance(kept, FleetState) and kept.fleet is snapshot.fleet and kept.classes is snapshot.classes
-            and kept.unusable_nodes == dict(snapshot.unusable_nodes)):
-        kept.sync(in_use)
-        return kept
-    state = FleetState(snapshot.fleet, snapshot.classes, in_use, memo=memo, unusable_nodes=snapshot.unusable_nodes)
-    memo.states["cycle"] = state
-    return state
+    last = kept.fleet
+    if (last is not None and last.fleet is snapshot.fleet and last.classes is snapshot.classes
+            and last.unusable_nodes == dict(snapshot.unusable_nodes)):
+        last.sync(in_use)
+        return last
+    kept.fleet = FleetState(snapshot.fleet, snapshot.classes, in_use, memo=kept.memo,
+                            unusable_nodes=snapshot.unusable_nodes)
+    return kept.fleet
 
 
-def state_for(snapshot: Snapshot, memo: SelectorMemo) -> AdmissionState:
-    kept = memo.states.get("admission")
-    if not (isinstance(kept, AdmissionState) and kept.fits(snapshot, memo)):
-        kept = memo.states["admission"] = AdmissionState(snapshot, memo)
-    kept.begin(snapshot)
-    return kept
+def state_for(snapshot: Snapshot, kept: KeptState) -> AdmissionState:
+    """The kept admission state brought up to date for `snapshot`, or a new one."""
+    if kept.admission is None or not kept.admission.fits(snapshot, kept):
+        kept.admission = AdmissionState(snapshot, kept)
+    kept.admission.begin(snapshot)
+    return kept.admission

@@ -30,7 +30,6 @@ class SelectorMemo:
     shapes: dict[tuple[tuple[str, ...], int], tuple[int, ...] | SelectorError] = field(default_factory=dict)
     plans: dict[Any, Any] = field(default_factory=dict)  # prepared claims per spec (shared/dra/allocation.py)
     plan_of: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(claim) -> (claim, plan)
-    states: dict[str, Any] = field(default_factory=dict)  # the last cycle's FleetState, for the next one
     plans_cleared: int = 0  # times `plans` was emptied: caches keyed by a plan's id are void after
     evaluations: int = 0
 

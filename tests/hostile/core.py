@@ -7,13 +7,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from shared.admission.cycle import run_cycle
+from shared.admission.kept import KeptState
 from shared.admission.model import ClaimDecision, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.dra import model as dra
 from shared.dra.claims import read_submission, settings_of
 from shared.dra.classes import merge_classes
 from shared.dra.inventory import Fleet
-from shared.dra.matching import SelectorMemo
 from shared.dra.results import State
 from shared.fleet.sources import BUILTIN_TOPOLOGY, documents_from
 from tests.hostile.corpus import TENANT, normal_claim
@@ -33,7 +33,7 @@ def waiting(claim: dra.ResourceClaim, arrival: int) -> Waiting:
                    settings.preemptible, arrival)
 
 
-def busy_fleet(memo: SelectorMemo) -> tuple[Running, ...]:
+def busy_fleet(memo: KeptState) -> tuple[Running, ...]:
     """Six low-priority claims of tenant t0 running (preemption victims for hostile priorities), after the
     cycles that placed them: `memo` then holds what an allocator's memo holds between cycles."""
     claims = [waiting(read_submission(normal_claim(f"busy-{i}"), "t0"), i + 1) for i in range(6)]
@@ -67,7 +67,7 @@ def reason_problems(decisions: Iterable[ClaimDecision]) -> list[str]:
     return problems
 
 
-def decide_with_companion(claim: dra.ResourceClaim, memo: SelectorMemo,
+def decide_with_companion(claim: dra.ResourceClaim, memo: KeptState,
                           running: tuple[Running, ...]) -> dict[str, Any]:
     """One cycle: the claim, then a normal one-GPU claim of tenant t1. What happened, as plain data:
     the claim's outcome (allocated, pending, rejected, internal-error, missing), its reason, the

@@ -18,10 +18,10 @@ import pytest
 
 from services.allocator.batch import ClaimMessage, read_message
 from shared.admission.cycle import run_cycle
+from shared.admission.kept import KeptState
 from shared.admission.model import Snapshot
 from shared.dra import model as dra
 from shared.dra.claims import InvalidClaim, read_submission
-from shared.dra.matching import SelectorMemo
 from tests.hostile import corpus
 from tests.hostile.core import (
     DEVICE_CLASSES,
@@ -46,7 +46,7 @@ BATCH_TIMEOUT_S = 60.0
 OUTCOMES = ("allocated", "pending", "rejected", "invalid-named", "invalid-message", "internal-error", "crash")
 GUARDED_READ = "message could not be read:"  # read_message's catch-all (services/allocator/batch.py)
 
-MEMO = SelectorMemo()  # kept across cycles as the allocator keeps it; each child starts from its state here
+MEMO = KeptState()  # kept across cycles as the allocator keeps it; each child starts from its state here
 RUNNING = busy_fleet(MEMO)
 
 # What ran: outcome counts per class, and the crashes with where they escaped (quoted by the closing note).

@@ -15,12 +15,12 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from shared.admission.kept import KeptState
 from shared.dra.claims import InvalidClaim, read_submission
-from shared.dra.matching import SelectorMemo
 from tests.hostile.core import COMPANION, busy_fleet, decide_with_companion
 from tests.hostile.corpus import ATTR, GPU, MIG, TENANT
 
-MEMO = SelectorMemo()
+MEMO = KeptState()
 RUNNING = busy_fleet(MEMO)
 
 # --- JSON of the wrong kind -----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from shared.admission.cycle import run_cycle
 from shared.admission.flavors import Flavors
+from shared.admission.kept import KeptState
 from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig, TenantQuota, parse_quotas, pending_limit_problem
 from shared.admission.quota_book import QuotaBook
@@ -148,7 +149,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_cycle(case: Case) -> None:
-    memo = SelectorMemo()
+    memo = KeptState()
     first = run_cycle(Snapshot(case.fleet, BUILTIN_CLASSES, case.quotas, (), tuple(case.first)), memo)
     by_name = {w.name: w for w in case.first}
     running = tuple(Running(d.tenant, d.name, d.decision.allocation, by_name[d.name].priority, True,
@@ -221,7 +222,7 @@ def test_a_running_claim_that_stops_being_preemptible_is_no_victim_in_a_kept_sta
     holds the same devices: marked not preemptible it is no victim (the other claim is taken instead);
     marked preemptible again, it is the first victim again (its node comes first)."""
     f = fleet(*node("h1", "H100", 1), *node("h2", "H100", 1))
-    memo = SelectorMemo()
+    memo = KeptState()
     on = {n: Allocation(n, (DeviceResult("gpu", "gpu.nvidia.com", n, "gpu-0"),)) for n in ("h1", "h2")}
     urgent = (waiting(a_claim("urgent", "t").request(), priority=9),)
     victims = []
@@ -304,13 +305,14 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
     tenant, the queue's groups) is brought up to date from each snapshot: it equals a state built from
     that snapshot alone, and what the cycles admit never holds a device twice."""
     f, config, waves = scenario
-    kept = SelectorMemo()
+    kept = KeptState()
     shell = Waves([[arriving(c, 0) for c in wave] for wave in waves], rng)
     for _ in shell.cycles():
         snapshot = Snapshot(f, BUILTIN_CLASSES, config, tuple(shell.running.values()), tuple(shell.queue.values()))
         result = run_cycle(snapshot, kept)
-        state = kept.states["admission"]
-        fresh = AdmissionState(snapshot, SelectorMemo())
+        state = kept.admission
+        assert state is not None
+        fresh = AdmissionState(snapshot, KeptState())
         fresh.begin(snapshot)
         state.begin(snapshot)  # the kept state, brought back to the snapshot (the cycle moved it on)
         assert {k: n for k, n in state.book.used.items() if n} == {k: n for k, n in fresh.book.used.items() if n}
@@ -376,7 +378,7 @@ def test_a_deep_queue_of_alike_claims_is_answered_once_and_taken_in_order() -> N
     """Claims alike (one tenant, one spec) form a group: the head is tried, the rest share its answer the
     first time and keep it after; freed devices go to the earliest arrival."""
     f = fleet(*node("n", "H100", 2))
-    memo = SelectorMemo()
+    memo = KeptState()
     queue = [waiting(a_claim(f"c{i}", "t").request(), arrival=i) for i in range(6)]
     first = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), tuple(queue)), memo)
     states = {d.name: d.decision.state for d in first.decisions}
@@ -405,7 +407,7 @@ def test_claims_behind_heads_refused_without_a_trial_get_one_first_answer() -> N
              waiting(a_claim("one-1", "a").request(selectors=(H100,)), arrival=3),
              waiting(a_claim("b0", "b").request(selectors=(B200,)), arrival=4),  # quota-full: dropped
              waiting(a_claim("b1", "b").request(selectors=(B200,)), arrival=5)]
-    memo = SelectorMemo()
+    memo = KeptState()
     result = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, (), tuple(queue)), memo)
     assert sorted(d.name for d in result.decisions) == sorted(w.name for w in queue)  # each once
     answers = {d.name: d.decision for d in result.decisions}
@@ -478,10 +480,10 @@ def test_a_placement_needs_room_and_idle_devices_of_one_flavor_set(u_holds: int,
                             0, True, i, i)
                     for i in range(u_holds))
     claim = waiting(a_claim("any", "t").request(count=count))
-    memo = SelectorMemo()
+    memo = KeptState()
     run_cycle(Snapshot(f, BUILTIN_CLASSES, config, running, ()), memo)
-    cycle = memo.states["admission"]
-    assert isinstance(cycle, AdmissionState)
+    cycle = memo.admission
+    assert cycle is not None
     facts = cycle.plan_facts(cycle.state.plan(claim.claim))
     assert facts.flavors == {"H100", "B200"}
     assert (cycle.quota_short("t", facts, idle=True) is None) is may

@@ -12,12 +12,12 @@ from shared.admission import cycle
 from shared.admission import state as admission
 from shared.admission.claim_guard import ClaimFault
 from shared.admission.cycle import run_cycle
+from shared.admission.kept import KeptState
 from shared.admission.model import Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.dra import allocation
 from shared.dra import model as dra
 from shared.dra.classes import BUILTIN_CLASSES
-from shared.dra.matching import SelectorMemo
 from shared.dra.results import State
 from tests.builders import a_claim, fleet, gpu, node
 
@@ -37,8 +37,8 @@ def states(result: admission.CycleResult) -> dict[str, tuple[str, Any]]:
     return {d.name: (d.decision.state.value, d.decision.allocation) for d in result.decisions}
 
 
-def decide(claims: list[Waiting], memo: SelectorMemo | None = None) -> admission.CycleResult:
-    return run_cycle(Snapshot(FLEET, BUILTIN_CLASSES, QuotaConfig(), (), tuple(claims)), memo or SelectorMemo())
+def decide(claims: list[Waiting], kept: KeptState | None = None) -> admission.CycleResult:
+    return run_cycle(Snapshot(FLEET, BUILTIN_CLASSES, QuotaConfig(), (), tuple(claims)), kept)
 
 
 def _is_poison(value: Any) -> bool:
@@ -103,7 +103,7 @@ def test_a_selector_failing_on_a_device_rejects_the_claim_with_the_device_named(
 def test_a_selector_that_fails_only_on_a_device_arriving_later_rejects_the_waiting_claim_then() -> None:
     """Valid on the first fleet (its devices have the attribute the selector reads); a node whose devices
     lack it arrives, and the claim already waiting is Rejected in the next cycle, the others decided."""
-    memo = SelectorMemo()
+    memo = KeptState()
     reads_cc = 'device.attributes["gpu.nvidia.com"].cudaComputeCapability == "10.0"'
     with_attribute = fleet(*[gpu("b200", i, "B200", cudaComputeCapability="10.0") for i in range(2)])
     big = waiting("big", reads_cc, count=8)
@@ -131,7 +131,7 @@ def test_a_cycle_that_fails_for_every_claim_raises_instead_of_looping(monkeypatc
 
 def test_kept_state_is_built_anew_after_a_fault_so_the_next_cycle_agrees_with_a_fresh_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    memo = SelectorMemo()
+    memo = KeptState()
     original = admission.AdmissionState._decide
     monkeypatch.setattr(admission.AdmissionState, "_decide", failing(original, ZeroDivisionError("boom")))
     decide([waiting("poison", arrival=-1), *GOOD[:1]], memo)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from shared.admission.cycle import run_cycle
 from shared.admission.flavors import Flavors
 from shared.admission.invariant import held_per_flavor, violations
+from shared.admission.kept import KeptState
 from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig, parse_quotas
 from shared.dra.classes import BUILTIN_CLASSES
@@ -36,9 +37,9 @@ SHARED = SelectorMemo()
 FLAVOR_OF = Flavors(QuotaConfig().flavors, SHARED)
 
 
-def memo() -> SelectorMemo:
-    """A fresh memo for a run (no state kept from another fleet) that shares the selector results."""
-    return SelectorMemo(results=SHARED.results, signatures=SHARED.signatures, shapes=SHARED.shapes)
+def memo() -> KeptState:
+    """Fresh kept state for a run (none from another fleet) that shares the selector results."""
+    return KeptState(SelectorMemo(results=SHARED.results, signatures=SHARED.signatures, shapes=SHARED.shapes))
 
 
 def product(model: str) -> str:
@@ -236,7 +237,7 @@ ROWS = {
 def test_a_cohort_never_holds_more_than_its_nominal_plus_free_capacity(row: Row) -> None:
     f = fleet(*(d for i in range(row.gpus // 8) for d in node(f"h{i}", "H100", 8)),
               *node("spare", "H100", row.gpus % 8))
-    flavors, memo = Flavors(row.quotas.flavors, SelectorMemo()), SelectorMemo()
+    flavors, memo = Flavors(row.quotas.flavors, SelectorMemo()), KeptState()
     running: dict[tuple[str, str], Running] = {}
     result = None
     for batch in (row.first, [*row.first, row.then]):  # the borrowing first, then t4's claim

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.admission.cycle import run_cycle
+from shared.admission.kept import KeptState
 from shared.admission.model import QueueChanges, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
-from shared.dra.matching import SelectorMemo
 from tests.builders import a_claim
 from tests.unit.test_admission import arriving, scenarios
 from tests.waves import Waves
@@ -75,7 +75,7 @@ def test_a_cycle_handed_the_changes_decides_as_one_that_compares_the_queue(
     up, as a shell bug would give: both fall back to comparing); cycles on another memo get only the
     queue. Their decisions and preemptions are the same, cycle after cycle."""
     f, config, waves = scenario
-    with_changes, without = SelectorMemo(), SelectorMemo()
+    with_changes, without = KeptState(), KeptState()
     shell = Waves([[arriving(c, 0) for c in wave] for wave in waves], rng)
     for _ in shell.cycles():
         queued, changes = shell.queue.snapshot()
