@@ -155,10 +155,12 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
     # Ids unique to this invocation: a retry inside it is deduplicated, a later `submit` of the same file is
     # a new submission (the broker ignores it while the claim waits or runs, and takes it once it ended).
     run = uuid.uuid4().hex[:12]
+    progress = _Progress(len(claims))
     try:
         js = nc.jetstream()
-        sent = []
+        sent: list[tuple[str, str]] = []
         for document in claims:
+            progress.step(len(sent))
             if priority is not None:
                 metadata = document["metadata"]
                 metadata["annotations"] = {**(metadata.get("annotations") or {}),
@@ -169,7 +171,28 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
             sent.append((tenant, name))
         return sent
     finally:
+        progress.done(len(sent))
         await nc.close()
+
+
+class _Progress:
+    """A long submit says how far it got, once a second, on stderr when that is a terminal (a script's
+    output stays the one line per claim)."""
+
+    EVERY_S = 1.0
+
+    def __init__(self, total: int) -> None:
+        self.total, self.shown, self.started = total, False, time.monotonic()
+        self.next = self.started + self.EVERY_S
+
+    def step(self, sent: int) -> None:
+        if err.is_terminal and time.monotonic() >= self.next:
+            err.print(f"\rsubmitted {sent:,} of {self.total:,}", end="")
+            self.shown, self.next = True, time.monotonic() + self.EVERY_S
+
+    def done(self, sent: int) -> None:
+        if self.shown:
+            err.print(f"\rsubmitted {sent:,} of {self.total:,} in {time.monotonic() - self.started:.1f}s")
 
 
 async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[dict[str, Any]]:
