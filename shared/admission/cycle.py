@@ -36,6 +36,7 @@ from shared.admission.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault
 from shared.admission.kept import KeptState
 from shared.admission.model import MAX_PREEMPTION_ATTEMPTS, ClaimDecision, ClaimKey, CycleResult, Snapshot
 from shared.admission.passes import admission_pass, preemptors
+from shared.admission.preemption import try_preempt
 from shared.admission.state import state_for
 from shared.dra.results import DeviceKey
 
@@ -76,7 +77,7 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
         waiting = cycle.waiting[key]
         decided.append((waiting, cycle._decide(waiting, None, explain=False), []))
     for waiting in itertools.islice(preemptors(cycle, order), MAX_PREEMPTION_ATTEMPTS):
-        preempted = cycle.try_preempt(waiting)
+        preempted = try_preempt(cycle, waiting)
         if preempted is not None:
             decided.append((waiting, preempted, []))
     from shared.admission.explain import Alike

@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from shared.admission.groups import Heads
 from shared.admission.holdings import NO_FLAVORS, OutOfRoom
 from shared.admission.model import UNANSWERED, Block, Waiting, queue_entry
+from shared.admission.preemption import prefilter
 from shared.admission.state import AdmissionState
 from shared.dra.results import Decision, State
 
@@ -153,7 +154,7 @@ def preemptors(cycle: AdmissionState, order: Mapping[str, int]) -> Iterable[Wait
     """Pending claims that have a victim candidate, in fair-share order: tenants in the order the
     admission pass took them, each tenant's claims by priority, then arrival. Per tenant the walk stops
     at the first claim that can preempt nothing, when no claim after it could either."""
-    may_preempt, by_share, lowest = cycle.prefilter()
+    may_preempt, by_share, lowest = prefilter(cycle)
     queued = [t for t, heads in cycle.tenant_heads.items() if heads]
     for tenant in sorted(queued, key=lambda t: (order.get(t, len(order)), t)):
         entries = heapq.merge(*(cycle.groups[gid].entries for _, gid in cycle.tenant_heads[tenant]))
@@ -165,6 +166,6 @@ def preemptors(cycle: AdmissionState, order: Mapping[str, int]) -> Iterable[Wait
                 done = len(cycle.preemptions)
                 yield waiting
                 if len(cycle.preemptions) != done:  # shares and candidates moved
-                    may_preempt, by_share, lowest = cycle.prefilter()
+                    may_preempt, by_share, lowest = prefilter(cycle)
             elif not by_share(tenant) and -entry[0] <= lowest.get(tenant, -entry[0]):
                 break  # the rest have no higher priority, and only priority could let them preempt

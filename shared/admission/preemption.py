@@ -1,0 +1,343 @@
+"""The preemption search: which running claims a waiting claim may preempt, by which rule (priority
+within a tenant, reclaim of lent quota, fair share), on which node, fewest and cheapest first. It reads
+and moves the admission state it is given (a victim evicted for a trial, restored unless it is preempted).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from shared.admission.claim_guard import per_claim
+from shared.admission.flavors import flavor_deltas
+from shared.admission.holdings import NO_VICTIMS, VictimTenants
+from shared.admission.model import (
+    MAX_PREEMPTION_NODES,
+    Preemption,
+    Running,
+    Waiting,
+)
+from shared.dra.results import Allocation, Decision, DeviceKey, Rejected, State
+
+if TYPE_CHECKING:  # the state module imports nothing from here
+    from shared.admission.state import AdmissionState
+
+
+def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str]
+                ) -> tuple[dict[str, list[tuple[Running, str]]], dict[str, float]]:
+    """Running claims `preemptor` may consider, with the rule that lets it, before checking the
+    outcome, per node, and the GPU units they hold on each node (what orders the nodes). Only
+    preemptible claims on `hosts` that ran before this cycle, never one that displaced the preemptor
+    (no back and forth); in its own tenant those of lower priority ("priority"); in other tenants
+    only claims holding a flavor their tenant borrows (any claim in an open fleet): "reclaim" within
+    the cohort, for a preemptor with nominal headroom, else "fair-share", from tenants whose share is
+    at least the preemptor's (the victim's share after the move must stay at or above)."""
+    book, quotas = state.book, state.snapshot.quotas
+    enforced = quotas.enforced
+    flavors, sized = state._facts(preemptor)[:2]
+    least = sized or 0
+    values = [f.value for f in quotas.flavors if f.name in flavors]
+    # the preemptor's share after the move is at least this; a victim tenant's must stay at or above it
+    mine = book.share(preemptor.tenant) + least * min(values, default=0.0) / book.weight(preemptor.tenant)
+    cohort = book.cohort_of(preemptor.tenant)
+    headroom: bool | None = None
+    own_only = _stuck_on_quota(state, preemptor)  # a claim its quota keeps out preempts within its tenant
+    view = _victim_tenants(state)
+    on_hosts: dict[str, list[tuple[Running, str]]] = {}
+    units_on: dict[str, float] = defaultdict(float)
+    # preempted or admitted in this cycle, or displaced the preemptor once (no back and forth)
+    spared = state.preempted | state.admitted_now | preemptor.displaced_by
+    own = preemptor.tenant
+    for tenant, claims, weight, share, tenant_cohort in view.tenants:
+        borrowed: frozenset[str | None] | None = None
+        if tenant == own:
+            rule = "priority"
+        elif own_only:
+            continue
+        elif enforced and tenant_cohort == cohort:
+            if headroom is None:  # reclaim keeps the preemptor within its nominal quota
+                room = sum(max(0, book.nominal(preemptor.tenant, f) - book.used[(preemptor.tenant, f)])
+                           for f in flavors)
+                headroom = not flavors or room >= max(1, least)
+            if not headroom:
+                continue
+            rule = "reclaim"
+        elif share >= mine:
+            rule = "fair-share"
+        else:
+            continue
+        if rule != "priority" and enforced:
+            borrowed = view.borrowed(tenant)
+            if not borrowed:
+                continue
+        # Only claims holding a flavor the preemptor can use could free what it needs (devices or
+        # quota), and under reclaim and fair share only one their tenant borrows: those alone are read.
+        if sized is None:
+            wanted: Collection[str | None] | None = None if borrowed is None else borrowed
+        else:
+            wanted = flavors if borrowed is None else borrowed & flavors
+        if wanted is None:
+            pool = claims
+        elif len(wanted) == 1:
+            pool = state.by_flavor[tenant].get(next(iter(wanted)), NO_VICTIMS)
+        else:  # the tenant's claims per flavor, merged in flavor order (a claim of two flavors once)
+            pools = state.by_flavor[tenant]
+            pool = {}
+            for flavor in sorted(wanted, key=str):
+                if found_pool := pools.get(flavor):
+                    pool.update(found_pool)
+        for key, (victim, node, units) in pool.items():
+            if key in spared or node not in hosts:
+                continue
+            if rule == "priority" and victim.priority >= preemptor.priority:
+                continue
+            if rule == "fair-share" and share - units / weight < mine:
+                continue
+            found = on_hosts.get(node)
+            if found is None:
+                on_hosts[node] = [(victim, rule)]
+            else:
+                found.append((victim, rule))
+            units_on[node] += units
+    return on_hosts, units_on
+
+
+def _victim_tenants(state: AdmissionState) -> VictimTenants:
+    """The tenants that run claims as preemption sees them: the same for every attempt until one
+    succeeds (a failed search restores what it tried), so worked out once per success."""
+    if state._victim_view is None:
+        state._victim_view = VictimTenants(state.book, state.victims)
+    return state._victim_view
+
+
+def _stuck_on_quota(state: AdmissionState, waiting: Waiting) -> bool:
+    """Its quota keeps the claim out whatever other tenants' claims are evicted: only its own tenant's
+    claims could give quota back. Either its borrowingLimits stop it, or what it may take now is too
+    little and no eviction elsewhere returns any: no cohort member borrows a flavor it could use and
+    no cohort has spilled into the free capacity of those flavors."""
+    book, tenant = state.book, waiting.tenant
+    if not state.snapshot.quotas.enforced:
+        return False
+    facts = state._facts(waiting)
+    flavors, least = facts[0], facts[1] or 0
+    if not flavors or least <= 0:
+        return False
+    if sum(book.room(tenant, f, lent_only=False) for f in flavors) < least:
+        return True  # its borrowingLimits stop it, whatever is lent
+    if state.quota_short(tenant, facts) is None or any(book.over[f] > 0 for f in flavors):
+        return False
+    members = book.members[book.cohort_of(tenant)]
+    return not any(m != tenant and book.borrowing(m, f) > 0 for m in members for f in flavors)
+
+
+def prefilter(state: AdmissionState) -> tuple[Callable[[Waiting], bool], Callable[[str], bool], Mapping[str, int]]:
+    """A cheap test, built once per pass, of whether a waiting claim has any victim candidate: a
+    lower-priority preemptible claim of its own tenant, or a preemptible claim of another tenant
+    that borrows (any other tenant in an open fleet) with a larger share than its own, or, whatever
+    the shares, of a cohort-mate that borrows while the claim's tenant has nominal headroom (reclaim).
+    Also its two halves: whether a tenant could preempt another tenant's claims (by share or
+    reclaim), and each tenant's lowest preemptible priority."""
+    lowest: dict[str, int] = {}
+    shares: dict[str, float] = {}
+    enforced = state.snapshot.quotas.enforced
+    fresh: dict[str, Counter[int]] = defaultdict(Counter)  # admitted in this cycle: not candidates
+    for key in state.admitted_now:
+        if (admitted := state.running[key]).preemptible:
+            fresh[admitted.tenant][admitted.priority] += 1
+    for tenant, counts in state._priorities.items():  # preemptible claims that ran before this cycle
+        live = [p for p, n in counts.items() if n - fresh[tenant][p] > 0]
+        if not live:
+            continue
+        lowest[tenant] = min(live)
+        if not enforced or state.book.borrowed_count[tenant] > 0:
+            shares[tenant] = state.book.share(tenant)
+    top = max(shares.values(), default=None)
+
+    # per cohort, its members that borrow and run preemptible claims: reclaim takes from them whatever
+    # the shares (a tenant within its nominal quota gets back what it lent; see QuotaBook._available)
+    borrowers: dict[str, set[str]] = defaultdict(set)
+    if enforced:
+        for tenant in lowest:
+            if state.book.borrowed_count[tenant] > 0:
+                borrowers[state.book.cohort_of(tenant)].add(tenant)
+
+    def by_reclaim(tenant: str, flavors: frozenset[str] | None = None) -> bool:
+        """A cohort-mate borrows and the tenant has nominal headroom (in one of `flavors`)."""
+        mates = borrowers.get(state.book.cohort_of(tenant)) if borrowers else None
+        if not mates or (len(mates) == 1 and tenant in mates):
+            return False
+        headroom = state.book.headroom_flavors(tenant)
+        return bool(headroom if flavors is None else headroom & flavors)
+
+    def by_fair_share(tenant: str) -> bool:
+        mine = state.book.share(tenant)
+        if top is None or top < mine:
+            return False
+        return any(t != tenant and s >= mine for t, s in shares.items())
+
+    def by_share(tenant: str) -> bool:
+        """It could preempt another tenant's claims: by fair share or by reclaim."""
+        return by_fair_share(tenant) or by_reclaim(tenant)
+
+    stuck: dict[Any, bool] = {}  # per group: its tenant's quota and its spec decide it alike
+
+    def test(waiting: Waiting) -> bool:
+        """A claim its quota keeps out may only preempt lower-priority claims of its own tenant."""
+        if lowest.get(waiting.tenant, waiting.priority) < waiting.priority:
+            return True
+        if not (by_fair_share(waiting.tenant) or by_reclaim(waiting.tenant, state._facts(waiting).flavors)):
+            return False
+        gid = state.group_of.get(waiting.key)
+        found = stuck.get(gid)
+        if found is None:
+            found = stuck[gid] = _stuck_on_quota(state, waiting)
+        return not found
+
+    return test, by_share, lowest
+
+
+@per_claim
+def try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
+    try:  # victims only on nodes with devices the claim's first request accepts
+        lead = state.state.plan(waiting.claim).variants[0][0]
+        index = state.state.index(lead)
+    except (Rejected, IndexError):
+        return None
+    hosts = index.nodes
+    on_hosts, units_on = _candidates(state, waiting, hosts)
+    best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
+    tried = 0  # nodes where evicting the candidates could make room, fewest candidate units first
+    for _, node in sorted(zip(units_on.values(), units_on, strict=True)):  # fewest units, then name
+        if tried == MAX_PREEMPTION_NODES:
+            break
+        candidates = on_hosts[node]
+        accepted = _accepted_on(state, index, node)
+        if len(accepted) < lead.wanted:
+            continue
+        could_free = sum(1 for r, _ in candidates for k in r.allocation.keys if k in accepted)
+        if len(index.free_on(node)) + could_free < lead.wanted:
+            continue  # evicting them cannot make room
+        tried += 1
+        found = _victims_on(state, waiting, sorted(candidates, key=lambda c: _victim_order(state, c[0])))
+        if found is None:
+            continue
+        victims, allocation = found
+        score = (sum(_units(state, r) for r, _ in victims), max(r.priority for r, _ in victims),
+                 -min(r.allocated_order for r, _ in victims))
+        if best is None or score < best[0]:
+            best = (score, victims, allocation)
+    if best is None:
+        return None
+    _, victims, allocation = best
+    for victim, _ in victims:
+        _evict(state, victim)
+    state.admit(waiting, allocation)
+    for victim, rule in victims:  # reasons state the shares after the move
+        state.preemptions.append(Preemption(victim.key, waiting.key, rule,
+                                           _preempt_reason(state, waiting, victim, rule)))
+    return Decision(State.ALLOCATED, allocation)
+
+
+def _accepted_on(state: AdmissionState, index: Any, node: str) -> frozenset[DeviceKey]:
+    """The keys of the node's devices an index accepts: fixed for the fleet, so kept."""
+    key = (id(index), node)
+    found = state._accepted.get(key)
+    if found is None or found[0] is not index:
+        found = state._accepted[key] = (index, frozenset(d.key for d in index.devices_on(node)))
+    return found[1]
+
+
+def _units(state: AdmissionState, r: Running) -> float:
+    return state._holding(r).units
+
+
+def _victim_order(state: AdmissionState, r: Running) -> tuple[float, int, int]:
+    return (_units(state, r), r.priority, -r.allocated_order)
+
+
+def _evict(state: AdmissionState, victim: Running) -> None:
+    state._drop(victim)
+    state.preempted.add(victim.key)
+
+
+def _restore(state: AdmissionState, victim: Running) -> None:
+    state._hold(victim)
+    state.preempted.discard(victim.key)
+
+
+def _fits_with(state: AdmissionState, waiting: Waiting, victims: Sequence[tuple[Running, str]]) -> Allocation | None:
+    """With the victims gone, the claim is placed and every victim's rule holds for the outcome."""
+    decision, blocks = state.try_admit(waiting)
+    if decision.allocation is None or blocks:
+        return None
+    devices = state._devices(decision.allocation)
+    deltas = flavor_deltas(devices, state.flavors)
+    units = sum(state.flavors.units_of(d) for d in devices)
+    weight = state.book.weight(waiting.tenant)
+    for victim, rule in victims:
+        if rule == "reclaim":
+            if any(state.book.used[(waiting.tenant, f)] + n > state.book.nominal(waiting.tenant, f)
+                   for f, n in deltas.items()):
+                return None  # reclaim is for a tenant that stays within its nominal quota
+        elif rule == "fair-share":
+            mine = (state.book.units[waiting.tenant] + units) / weight
+            if mine > state.book.share(victim.tenant):
+                return None
+    return decision.allocation
+
+
+def _victims_on(state: AdmissionState, waiting: Waiting, candidates: list[tuple[Running, str]]
+                ) -> tuple[list[tuple[Running, str]], Allocation] | None:
+    """Greedy on one node until the claim fits, then drop every victim it does not need.
+
+    A victim is first taken out of the quota book only: while the claim's quota, or the idle devices
+    of the flavors it has room in, still keep it out (`quota_short`), no placement can pass, so the
+    fleet is not touched (the outcome is the same, for less)."""
+    taken: list[tuple[Running, str]] = []
+    in_book_only: list[Running] = []
+    allocation = None
+    facts = state._facts(waiting)
+    try:
+        for candidate in candidates:
+            state._count(candidate[0], -1)
+            in_book_only.append(candidate[0])
+            taken.append(candidate)
+            if state.quota_short(waiting.tenant, facts, idle=True) is not None:
+                continue
+            for victim in in_book_only:
+                state._count(victim, 1)
+                _evict(state, victim)
+            in_book_only.clear()
+            allocation = _fits_with(state, waiting, taken)
+            if allocation is not None:
+                break
+        if allocation is None:
+            return None
+        for candidate in list(reversed(taken))[1:]:  # the last one was needed, by construction
+            _restore(state, candidate[0])
+            rest = [c for c in taken if c is not candidate]
+            again = _fits_with(state, waiting, rest)
+            if again is not None:
+                taken, allocation = rest, again
+            else:
+                _evict(state, candidate[0])
+        return list(taken), allocation
+    finally:
+        for victim, _ in taken:
+            if victim in in_book_only:
+                state._count(victim, 1)
+            else:
+                _restore(state, victim)
+
+
+def _preempt_reason(state: AdmissionState, waiting: Waiting, victim: Running, rule: str) -> str:
+    by = f"{waiting.tenant}/{waiting.name}"
+    if rule == "priority":
+        return f"preempted by {by}, priority {waiting.priority} over {victim.priority} in tenant {victim.tenant}"
+    if rule == "reclaim":
+        return (f"preempted by {by}: tenant {waiting.tenant} reclaims its nominal quota that {victim.tenant} "
+                "borrowed")
+    return (f"preempted by {by} for fair share: afterwards {waiting.tenant}'s share "
+            f"{state.book.share(waiting.tenant):.2f} is at or below {victim.tenant}'s "
+            f"{state.book.share(victim.tenant):.2f} (GPU units in use per unit of weight)")
