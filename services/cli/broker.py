@@ -73,9 +73,8 @@ async def _up(settings: BrokerSettings) -> bool:
             console.print(f"admin token (shown once, kept in {token_file}): {token}")
         console.print(f"NATS      {stack.nats_url}")
         if stack.authority is not None:
-            console.print("          credentials required: a tenant's from `claimbroker credentials create "
-                          f"--tenant T`, as nats://USER:PASSWORD@{stack.nats_url.split('://', 1)[-1]}; the CLI run "
-                          "here uses this folder's bus admin")
+            console.print("          every client needs a credential: `claimbroker credentials create --tenant T`")
+            console.print("          (the CLI run in this folder uses its bus admin)")
         elif stack.embedded is not None:
             log.warning("the bus is open (--insecure): anyone who reaches %s may submit, release and read any "
                         "tenant's claims, and delete the streams", stack.nats_url)
