@@ -101,8 +101,12 @@ class BrokerSettings(BaseSettings):
     # A Pending claim's reason is worked out again this often (its numbers drift as the fleet changes);
     # in between it keeps its answer, so a deep queue costs a cycle nothing.
     reason_refresh: float = 60.0
+    # A running claim is not preempted for fair share or reclaim sooner than this after its allocation, unless
+    # its tenant's minRuntime (Quotas) says otherwise: preemption that does not thrash. Priority preemption
+    # within a tenant is not held back.
+    min_runtime: float = 120.0
 
-    @field_validator("pending_alert_after", "reason_refresh", mode="before")
+    @field_validator("pending_alert_after", "reason_refresh", "min_runtime", mode="before")
     @classmethod
     def _duration(cls, value: str | float) -> float:
         return parse_duration(value)

@@ -35,6 +35,7 @@ from shared.ledger.schema import Cohort, Quota, Tenant
 from shared.ledger.schema import Flavor as FlavorRow
 
 router = APIRouter(responses=PROBLEMS)
+MAX_SECONDS = 10 * 365 * 86400.0  # ten years
 BUILTIN = {f.name: f for f in BUILTIN_FLAVORS}
 
 
@@ -47,6 +48,11 @@ class TenantIn(Input):
         "namespaces labelled resource.kubernetes.io/admin-access"))
     max_pending: int | None = Field(default=None, ge=0, le=INT32_MAX, description=(
         "waiting claims the tenant may hold; a claim past it is Rejected with the number; none: no limit"))
+    min_runtime: float | None = Field(default=None, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description=(
+        "seconds after their allocation before the tenant's claims may be preempted for fair share or reclaim; "
+        "none: the broker's default"))
+    max_preemptions_per_minute: int | None = Field(default=None, ge=0, le=INT32_MAX, description=(
+        "the tenant's claims preempted for fair share or reclaim a minute at most; none: no limit"))
 
 
 class TenantOut(Model):
@@ -56,6 +62,8 @@ class TenantOut(Model):
     pending_alert_after: float | None = Field(description="seconds")
     admin_access: bool
     max_pending: int | None
+    min_runtime: float | None = Field(description="seconds")
+    max_preemptions_per_minute: int | None
 
 
 class QuotaIn(Input):
@@ -99,7 +107,8 @@ class FlavorOut(Model):
 
 def tenant_out(row: Tenant) -> TenantOut:
     return TenantOut(name=row.name, cohort=row.cohort, weight=row.weight, pending_alert_after=row.pending_alert_after_s,
-                     admin_access=bool(row.admin_access), max_pending=row.max_pending)
+                     admin_access=bool(row.admin_access), max_pending=row.max_pending,
+                     min_runtime=row.min_runtime_s, max_preemptions_per_minute=row.max_preemptions_per_minute)
 
 
 async def _tenant_or_404(s: AsyncSession, name: str) -> Tenant:
@@ -144,6 +153,8 @@ async def put_tenant(name: LabelName, body: TenantIn, s: Session, token: Caller)
         row.pending_alert_after_s = body.pending_alert_after
         row.admin_access = body.admin_access
         row.max_pending = body.max_pending
+        row.min_runtime_s = body.min_runtime
+        row.max_preemptions_per_minute = body.max_preemptions_per_minute
         after = tenant_out(row)
         audit(s, token, "put", f"tenant/{name}", before, dump(after))
     return after

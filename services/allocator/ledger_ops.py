@@ -323,6 +323,17 @@ _COLUMNS = (Claim.id, Claim.namespace, Claim.name, Claim.state, Claim.sequence, 
             Claim.arrival, Claim.reason.is_not(None), Claim.allocated_at)
 
 
+async def recent_preemptions(session: AsyncSession, since: float) -> dict[str, int]:
+    """Per tenant, its claims preempted for fair share or reclaim (by another tenant's claim) since `since`
+    (seconds since the epoch): what its maxPreemptionsPerMinute is checked against."""
+    rows = await session.execute(
+        select(Claim.namespace, func.count()).select_from(ClaimEvent).join(Claim, Claim.id == ClaimEvent.claim_id)
+        .where(ClaimEvent.state == State.PREEMPTED.value, ClaimEvent.at >= datetime.fromtimestamp(since, UTC),
+               ClaimEvent.by.is_not(None), ~ClaimEvent.by.startswith(Claim.namespace + "/"))
+        .group_by(Claim.namespace))
+    return {tenant: int(count) for tenant, count in rows}
+
+
 async def load_queue(session: AsyncSession, cache: QueueCache | None = None) -> Queue:
     """Running and waiting claims; a waiting claim carries the claims that ever preempted it (from its
     history), which it may never preempt back.
@@ -413,15 +424,17 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
         arrival = arrival or row_id
         if state == State.ALLOCATED.value:
             held.waiting.pop(key)
-            order = int(allocated_at.timestamp() * 1e6) if allocated_at else row_id
+            since = allocated_at.timestamp() if allocated_at else None
+            order = int(since * 1e6) if since is not None else row_id
             running = held.running.get(key) if same_row and cache.sequences.get(row_id) == sequence else None
             if running is not None:  # the same allocation
                 if (running.priority, running.preemptible, running.arrival, running.allocated_order) != (
                         priority, preemptible, arrival, order):
-                    running = Running(namespace, name, running.allocation, priority, preemptible, arrival, order)
+                    running = Running(namespace, name, running.allocation, priority, preemptible, arrival, order,
+                                      since)
             elif allocation := allocations.get(row_id):
                 running = Running(namespace, name, Allocation.from_json(allocation), priority, preemptible,
-                                  arrival, order)
+                                  arrival, order, since)
             else:  # an allocated row without an allocation holds nothing
                 cache.drop(row_id)
                 continue

@@ -77,6 +77,7 @@ class Allocator:
         reason_refresh: float = 60.0,
         depth_interval: float = 1.0,
         shard: str = "default",
+        min_runtime: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.nc: Client  # both bound by run(): its FastStream app's connection
@@ -96,6 +97,7 @@ class Allocator:
         self._answered_at: dict[tuple[str, str], float] = {}  # when a Pending claim was last answered
         self._matched_at = -math.inf  # when _answered_at was last matched against every waiting claim
         self.shard = shard
+        self.min_runtime = min_runtime  # for tenants without a minRuntime of their own
         self.holder = f"{socket.gethostname()}:{id(self):x}"
         self.clock = clock
         self.lost_nodes: set[str] = set()
@@ -415,8 +417,14 @@ class Allocator:
         waiting, changes = queue.waiting.snapshot()
         if self._set_aside:  # compared in full, not by the changes recorded
             waiting = self._without_set_aside(waiting, queue)
+        if config.default_min_runtime != self.min_runtime:
+            config = replace(config, default_min_runtime=self.min_runtime)
+        cycle_at = self.clock()
+        limited = any(t.max_preemptions_per_minute is not None for t in config.tenants.values())
+        recent = await ops.recent_preemptions(session, cycle_at - 60.0) if limited else {}
         snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()), waiting,
-                            self._unusable_nodes(), None if self._set_aside else changes)
+                            self._unusable_nodes(), None if self._set_aside else changes, now=cycle_at,
+                            recent_preemptions=recent)
         started = time.perf_counter()
         result = run_cycle(snapshot, self.kept)
         metrics.CYCLE_SECONDS.observe(time.perf_counter() - started)

@@ -37,6 +37,7 @@ class Running:
     preemptible: bool = True
     arrival: int = 0
     allocated_order: int = 0  # larger: allocated more recently
+    allocated_at: float | None = None  # seconds since the epoch; None: long enough ago for any minRuntime
 
     @cached_property
     def key(self) -> ClaimKey:  # built once: a deep queue's claims are looked up by key every cycle
@@ -82,6 +83,11 @@ class Snapshot:
     # that snapshot then reads only the changes instead of comparing every waiting claim (a deep queue
     # costs O(changes)); otherwise, or when they do not add up, the queues are compared in full.
     changes: QueueChanges | None = None
+    # When the cycle runs (seconds since the epoch), and each tenant's claims preempted for fair share or
+    # reclaim in the minute before: what minRuntime and maxPreemptionsPerMinute are checked against. With
+    # no `now` (simulate) every claim has run long enough.
+    now: float | None = None
+    recent_preemptions: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

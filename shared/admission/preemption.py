@@ -32,8 +32,11 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
     (no back and forth); in its own tenant those of lower priority ("priority"); in other tenants
     only claims holding a flavor their tenant borrows (any claim in an open fleet): "reclaim" within
     the cohort, for a preemptor with nominal headroom, else "fair-share", from tenants whose share is
-    at least the preemptor's (the victim's share after the move must stay at or above)."""
+    at least the preemptor's (the victim's share after the move must stay at or above). Under reclaim and
+    fair share, not a claim within its tenant's minRuntime of its allocation (when that ends is noted for
+    the explanation), nor any of a tenant whose maxPreemptionsPerMinute is spent."""
     book, quotas = state.book, state.snapshot.quotas
+    now = state.snapshot.now
     enforced = quotas.enforced
     flavors, sized = state._facts(preemptor)[:2]
     least = sized or 0
@@ -71,6 +74,12 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
             borrowed = view.borrowed(tenant)
             if not borrowed:
                 continue
+        runs_until = 0.0  # under reclaim and fair share: a claim allocated after this is spared (minRuntime)
+        if rule != "priority":
+            if _rate_spent(state, tenant):
+                continue
+            if now is not None and (least_run := quotas.min_runtime(tenant)) > 0:
+                runs_until = now - least_run
         # Only claims holding a flavor the preemptor can use could free what it needs (devices or
         # quota), and under reclaim and fair share only one their tenant borrows: those alone are read.
         if sized is None:
@@ -94,6 +103,9 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
                 continue
             if rule == "fair-share" and share - units / weight < mine:
                 continue
+            if runs_until and victim.allocated_at is not None and victim.allocated_at > runs_until:
+                _note_wait(state, preemptor, tenant, rule, victim.allocated_at + quotas.min_runtime(tenant))
+                continue
             found = on_hosts.get(node)
             if found is None:
                 on_hosts[node] = [(victim, rule)]
@@ -101,6 +113,34 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
                 found.append((victim, rule))
             units_on[node] += units
     return on_hosts, units_on
+
+
+def _rate_left(state: AdmissionState, tenant: str) -> int | None:
+    """How many more of `tenant`'s claims fair share or reclaim may preempt in this minute (its
+    maxPreemptionsPerMinute less those of the last minute and of this cycle); None: no limit."""
+    most = state.snapshot.quotas.preemptions_per_minute(tenant)
+    if most is None:
+        return None
+    done = state.snapshot.recent_preemptions.get(tenant, 0)
+    done += sum(1 for p in state.preemptions if p.victim[0] == tenant and p.rule != "priority")
+    return max(0, most - done)
+
+
+def _rate_spent(state: AdmissionState, tenant: str) -> bool:
+    return _rate_left(state, tenant) == 0
+
+
+def _within_rates(state: AdmissionState, victims: Sequence[tuple[Running, str]]) -> bool:
+    """Whether preempting `victims` keeps every tenant within its maxPreemptionsPerMinute."""
+    per_tenant = Counter(victim.tenant for victim, rule in victims if rule != "priority")
+    return all((left := _rate_left(state, tenant)) is None or count <= left for tenant, count in per_tenant.items())
+
+
+def _note_wait(state: AdmissionState, preemptor: Waiting, tenant: str, rule: str, free_at: float) -> None:
+    """The earliest a claim spared by its minRuntime could be preempted, per preemptor, for its answer."""
+    known = state.preemptible_from.get(preemptor.key)
+    if known is None or free_at < known[0]:
+        state.preemptible_from[preemptor.key] = (free_at, tenant, rule)
 
 
 def _victim_tenants(state: AdmissionState) -> VictimTenants:
@@ -223,6 +263,8 @@ def try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
         if found is None:
             continue
         victims, allocation = found
+        if not _within_rates(state, victims):
+            continue  # room here only by preempting more of a tenant than its maxPreemptionsPerMinute leaves
         score = (sum(_units(state, r) for r, _ in victims), max(r.priority for r, _ in victims),
                  -min(r.allocated_order for r, _ in victims))
         if best is None or score < best[0]:

@@ -66,6 +66,11 @@ class TenantQuota:
     quotas: Mapping[str, QuotaLimit] = field(default_factory=dict)
     admin_access: bool = False  # may submit adminAccess requests (Kubernetes' namespace label, per tenant)
     max_pending: int | None = None  # waiting claims it may hold; a claim past it is Rejected; None: no limit
+    # Preemption of its claims for fair share or reclaim (never priority within a tenant): not sooner than
+    # min_runtime seconds after their allocation (None: the broker's default), and at most
+    # max_preemptions_per_minute of them a minute (None: no limit).
+    min_runtime: float | None = None
+    max_preemptions_per_minute: int | None = None
 
     def limit(self, flavor: str) -> QuotaLimit | None:
         return self.quotas.get(flavor)
@@ -81,6 +86,10 @@ class TenantQuota:
             out["adminAccess"] = True
         if self.max_pending is not None:
             out["maxPending"] = self.max_pending
+        if self.min_runtime is not None:
+            out["minRuntime"] = f"{self.min_runtime:g}s"
+        if self.max_preemptions_per_minute is not None:
+            out["maxPreemptionsPerMinute"] = self.max_preemptions_per_minute
         out["quotas"] = {flavor: limit.to_json() for flavor, limit in sorted(self.quotas.items())}
         return out
 
@@ -138,6 +147,16 @@ class QuotaConfig:
     cohorts: tuple[str, ...] = ()
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     listed_flavors: tuple[Flavor, ...] = ()  # the ones the admin wrote, for export
+    default_min_runtime: float = 0.0  # for tenants without a minRuntime: the broker's setting
+
+    def min_runtime(self, tenant: str) -> float:
+        """Seconds a claim of `tenant` runs before fair share or reclaim may preempt it."""
+        own = self.tenants.get(tenant)
+        return own.min_runtime if own is not None and own.min_runtime is not None else self.default_min_runtime
+
+    def preemptions_per_minute(self, tenant: str) -> int | None:
+        own = self.tenants.get(tenant)
+        return own.max_preemptions_per_minute if own is not None else None
 
     @cached_property
     def enforced(self) -> bool:
@@ -240,7 +259,15 @@ def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
         if max_pending is not None and (isinstance(max_pending, bool) or not isinstance(max_pending, int)
                                         or not 0 <= max_pending <= 2**31 - 1):
             raise QuotaFileError(f"{at}.maxPending: expected a whole number of claims, 0 or more")
+        min_runtime = raw.get("minRuntime")
+        try:
+            min_runtime_s = parse_duration(min_runtime) if min_runtime is not None else None
+        except ValueError as error:
+            raise QuotaFileError(f"{at}.minRuntime: {error}") from None
+        most = raw.get("maxPreemptionsPerMinute")
+        if most is not None and (isinstance(most, bool) or not isinstance(most, int) or not 0 <= most <= 2**31 - 1):
+            raise QuotaFileError(f"{at}.maxPreemptionsPerMinute: expected a whole number of claims, 0 or more")
         tenants[name] = TenantQuota(name, cohort, float(_number(raw.get("weight", 1.0), f"{at}.weight",
                                                                 minimum=0.001)), pending_s, quotas, admin_access,
-                                    max_pending)
+                                    max_pending, min_runtime_s, most)
     return QuotaConfig(flavors, tuple(cohorts), tenants, tuple(listed))

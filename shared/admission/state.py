@@ -1,5 +1,5 @@
 """The admission state of one fleet, kept across cycles and brought up to date with each snapshot: trial
-admission, answers, and the preemption search.
+admission and answers (the preemption search over it is shared/admission/preemption.py).
 """
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import bisect
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from shared.admission.claim_guard import per_claim
@@ -92,6 +94,8 @@ class AdmissionState:
         self._victim_view: VictimTenants | None = None  # dropped whenever a claim is admitted
         self.preemptions: list[Preemption] = []
         self.preempted: set[ClaimKey] = set()
+        # per waiting claim: when the first claim it could preempt leaves its minRuntime (time, tenant, rule)
+        self.preemptible_from: dict[ClaimKey, tuple[float, str, str]] = {}
         self.order = itertools.count(1)
         self.plans_cleared = memo.plans_cleared
         self.memo = memo
@@ -151,6 +155,7 @@ class AdmissionState:
         self.placed_after = {}
         self._victim_view = None
         self.preemptions, self.preempted = [], set()
+        self.preemptible_from = {}
         self.order = itertools.count(self._last_order + 1)
 
     def _moved(self, changes: QueueChanges, depth: int) -> tuple[set[Waiting], set[Waiting]] | None:
@@ -500,6 +505,11 @@ class AdmissionState:
         """The answer a decided claim is given and, when it waits, why (`shared.admission.explain`)."""
         decision, blocks = self.answer(waiting, decision, blocks)
         if decision.state is State.PENDING:
+            if (free := self.preemptible_from.get(waiting.key)) is not None:
+                at, tenant, rule = free
+                when = datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S")
+                decision = replace(decision, reason=f"{decision.reason}; {rule} preemption of {tenant}'s claims "
+                                                    f"possible from {when} UTC, when their minRuntime ends")
             return decision, explain_pending(self, waiting, decision, blocks, alike)
         return decision, None
 

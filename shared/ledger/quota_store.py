@@ -48,7 +48,8 @@ def flavor_json(row: FlavorRow) -> dict[str, Any]:
 def tenant_json(row: Tenant) -> dict[str, Any]:
     return {"name": row.name, "cohort": row.cohort, "weight": float(row.weight),
             "pendingAlertAfter": row.pending_alert_after_s, "adminAccess": bool(row.admin_access),
-            "maxPending": row.max_pending}
+            "maxPending": row.max_pending, "minRuntime": row.min_runtime_s,
+            "maxPreemptionsPerMinute": row.max_preemptions_per_minute}
 
 
 def quota_json(row: Quota) -> dict[str, Any]:
@@ -68,10 +69,11 @@ async def load_quota_config(session: AsyncSession) -> QuotaConfig:
             .order_by(Quota.tenant, Quota.flavor)):
         limits.setdefault(tenant, {})[flavor] = QuotaLimit(nominal, borrowing, lending)
     tenants = {name: TenantQuota(name, cohort, float(weight), pending_after, limits.get(name, {}), bool(admin),
-                                 max_pending)
-               for name, cohort, weight, pending_after, admin, max_pending in await session.execute(
+                                 max_pending, min_runtime, most)
+               for name, cohort, weight, pending_after, admin, max_pending, min_runtime, most in await session.execute(
                    select(Tenant.name, Tenant.cohort, Tenant.weight, Tenant.pending_alert_after_s,
-                          Tenant.admin_access, Tenant.max_pending).order_by(Tenant.name))}
+                          Tenant.admin_access, Tenant.max_pending, Tenant.min_runtime_s,
+                          Tenant.max_preemptions_per_minute).order_by(Tenant.name))}
     return QuotaConfig(merge_flavors(listed), cohorts, tenants, listed)
 
 
@@ -135,6 +137,8 @@ async def apply_quota_config(session: AsyncSession, config: QuotaConfig, actor: 
         row_t.pending_alert_after_s = wanted_tenant.pending_alert_after
         row_t.admin_access = wanted_tenant.admin_access
         row_t.max_pending = wanted_tenant.max_pending
+        row_t.min_runtime_s = wanted_tenant.min_runtime
+        row_t.max_preemptions_per_minute = wanted_tenant.max_preemptions_per_minute
         note(_diff("tenant", f"tenant/{name}", before, tenant_json(row_t)))
         await session.flush()
         changes.extend(await _apply_limits(session, actor, name, wanted_tenant.quotas, quotas))

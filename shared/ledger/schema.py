@@ -54,6 +54,8 @@ class Tenant(Base):
     pending_alert_after_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     admin_access: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     max_pending: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    min_runtime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_preemptions_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Flavor(Base):

@@ -89,7 +89,8 @@ async def test_tenant_crud_creates_cohorts_and_audits(api: Api) -> None:
     assert created.status_code == 200
     assert created.json() == {
         "name": "vision", "cohort": "research", "weight": 2.0, "pendingAlertAfter": 600.0,
-        "adminAccess": False, "maxPending": None}
+        "adminAccess": False, "maxPending": None,
+        "minRuntime": None, "maxPreemptionsPerMinute": None}
     async with api.factory() as s:
         assert await s.get(Cohort, "research") is not None, "naming a cohort creates it"
 
@@ -102,12 +103,15 @@ async def test_tenant_crud_creates_cohorts_and_audits(api: Api) -> None:
                                    headers=api.admin)
     assert updated.json()["weight"] == 3.0 and updated.json()["pendingAlertAfter"] is None, "PUT replaces"
     assert (await api.client.get("/v1/tenants/vision", headers=api.viewer)).json() == updated.json()
-    marked = await api.client.put("/v1/tenants/speech", json={"adminAccess": True, "maxPending": 50},
+    marked = await api.client.put("/v1/tenants/speech", json={"adminAccess": True, "maxPending": 50,
+                                                              "minRuntime": 300, "maxPreemptionsPerMinute": 4},
                                   headers=api.admin)
     assert (marked.json()["adminAccess"], marked.json()["maxPending"]) == (True, 50)
+    assert (marked.json()["minRuntime"], marked.json()["maxPreemptionsPerMinute"]) == (300.0, 4)
     async with api.factory() as s:
         speech = (await load_quota_config(s)).tenant("speech")
         assert speech.admin_access and speech.max_pending == 50, "the allocator reads them"
+        assert (speech.min_runtime, speech.max_preemptions_per_minute) == (300.0, 4)
 
     assert (await api.client.delete("/v1/tenants/vision", headers=api.admin)).status_code == 204
     assert_problem(await api.client.get("/v1/tenants/vision", headers=api.admin), 404)

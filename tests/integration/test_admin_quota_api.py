@@ -251,7 +251,8 @@ async def test_import_replaces_the_configuration_and_audits_each_row(api: Api) -
     vision = next(c for c in changes if c["entity"] == "tenant/vision")
     assert vision["before"] is None and vision["after"] == {
         "name": "vision", "cohort": "research", "weight": 2.0, "pendingAlertAfter": 300.0,
-        "adminAccess": False, "maxPending": None}
+        "adminAccess": False, "maxPending": None,
+        "minRuntime": None, "maxPreemptionsPerMinute": None}
     audit = (await api.audit())[before:]
     assert [(e.entity, e.before, e.after) for e in audit] == [(c["entity"], c["before"], c["after"]) for c in changes]
     assert {e.actor for e in audit} == {f"token:{api.admin_id}"}

@@ -1,0 +1,36 @@
+"""The allocator's count of a tenant's claims preempted for fair share or reclaim in the last minute (what
+maxPreemptionsPerMinute is checked against), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from services.allocator import ledger_ops as ops
+from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.schema import Claim, ClaimEvent
+
+NOW = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
+
+
+async def test_only_another_tenants_preemptions_of_the_last_minute_count(db_url: str) -> None:
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    try:
+        async with sessions(engine)() as s, s.begin():
+            rows = {name: Claim(namespace=tenant, name=name, state="Pending", spec={}, sequence=1)
+                    for tenant, name in (("vision", "a"), ("vision", "b"), ("vision", "c"), ("nlp", "d"))}
+            s.add_all(rows.values())
+            await s.flush()
+            for name, ago, by in (("a", 10, "nlp/x"),  # counts
+                                  ("b", 30, "speech/y"),  # counts
+                                  ("c", 20, "vision/urgent"),  # priority within the tenant: not counted
+                                  ("a", 90, "nlp/z"),  # too long ago
+                                  ("d", 5, "vision/w")):  # nlp's
+                s.add(ClaimEvent(claim_id=rows[name].id, at=NOW - timedelta(seconds=ago), sequence=2,
+                                 state="Preempted", by=by))
+            s.add(ClaimEvent(claim_id=rows["b"].id, at=NOW, sequence=3, state="Pending"))
+        async with sessions(engine)() as s:
+            counted = await ops.recent_preemptions(s, (NOW - timedelta(seconds=60)).timestamp())
+        assert counted == {"vision": 2, "nlp": 1}
+    finally:
+        await engine.dispose()
