@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator bench-publish bench-e2e bench-flood chaos clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif chaos clean
 
 help: ## show this help
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ bench-publish: $(STAMP) ## status publishing: FastStream per message or gathered
 bench-e2e: $(STAMP) ## claimbroker up end to end (SQLite, PostgreSQL): 10,000-claim burst and churn, claims/s vs an echo service
 	@scripts/ensure-postgres.sh
 	$(BIN)/python bench/e2e.py
+
+bench-whatif: $(STAMP) ## whatif on 1,000 nodes with 10,000 waiting claims: a drain and a quota raise, seconds each
+	$(BIN)/python bench/whatif.py
 
 bench-flood: $(STAMP) ## one tenant floods 50,000 claims, another submits 100 steadily: its p99 to first status, with and without
 	@scripts/ensure-postgres.sh

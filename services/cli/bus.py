@@ -198,22 +198,32 @@ class _Progress:
 async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[dict[str, Any]]:
     """The newest status of every matching claim, from the status stream, through a consumer of this
     reader's own: the one way to read statuses that a tenant's bus credential allows (bus_auth)."""
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
     from shared.contract import bus_auth
 
     own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")
     if own is not None and tenant == "*":
         tenant = own
     _own_tenant_only(url, tenant)
+    latest = await last_per_subject(url, subjects.STATUS_STREAM,
+                                    bus_auth.status_filter(tenant, name if name != "*" else ">"))
+    return sorted((json.loads(data) for data in latest.values()), key=lambda s: (s["namespace"], s["name"]))
+
+
+async def last_per_subject(url: str, stream: str, wanted: str) -> dict[str, bytes]:
+    """The last message of each subject matching `wanted` in `stream`, read through a consumer of this
+    reader's own (created on the subject that names its filter, so a credential's permission can limit it)."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    from shared.contract import bus_auth
+
     shown = bus_auth.redact(url)
     nc = await _connect(url)
     try:
-        latest: dict[str, dict[str, Any]] = {}
+        latest: dict[str, bytes] = {}
         done = asyncio.Event()
 
         async def on_message(message: Any) -> None:
-            latest[message.subject] = json.loads(message.data)
+            latest[message.subject] = message.data
             if message.metadata.num_pending == 0:
                 done.set()
 
@@ -221,15 +231,13 @@ async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[di
         sub = await nc.subscribe(deliver, cb=on_message)
         try:
             consumer = f"cli-{secrets.token_hex(8)}"
-            wanted = bus_auth.status_filter(tenant, name if name != "*" else ">")
             config = ConsumerConfig(name=consumer, deliver_subject=deliver, filter_subject=wanted,
                                     deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE,
                                     inactive_threshold=5.0, mem_storage=True)  # gone 5 s after this read
             try:
-                reply = await nc.request(
-                    bus_auth.consumer_create_subject(subjects.STATUS_STREAM, consumer, wanted),
-                    json.dumps({"stream_name": subjects.STATUS_STREAM, "config": config.as_dict()}).encode(),
-                    timeout=NATS_TIMEOUT_S)
+                reply = await nc.request(bus_auth.consumer_create_subject(stream, consumer, wanted),
+                                         json.dumps({"stream_name": stream, "config": config.as_dict()}).encode(),
+                                         timeout=NATS_TIMEOUT_S)
             except TimeoutError:
                 raise Unreachable(f"NATS at {shown} did not answer within {NATS_TIMEOUT_S:g}s (may this "
                                   f"credential read {wanted}?)") from None
@@ -239,11 +247,11 @@ async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[di
                     raise _no_streams(shown)
                 raise Unreachable(f"NATS at {shown}: {created['error'].get('description')}")
             if created["num_pending"] == 0 and created["delivered"]["consumer_seq"] == 0:
-                return []
-            await asyncio.wait_for(done.wait(), 10)
+                return {}
+            await asyncio.wait_for(done.wait(), 30)
         finally:
             await sub.unsubscribe()
-        return sorted(latest.values(), key=lambda s: (s["namespace"], s["name"]))
+        return latest
     finally:
         await nc.close()
 

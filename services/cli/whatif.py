@@ -1,0 +1,105 @@
+"""`claimbroker whatif`: the live ledger and fleet with proposed changes, decided by the same core as the
+allocator (shared/admission/whatif.py), nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from services.cli.bus import _nats_url, last_per_subject
+from services.cli.claims import _read_quotas
+from services.cli.common import Output, _emit, _settings, _table, _with_ledger, app, console, err
+from shared.contract import subjects
+
+
+async def _read_fleet(url: str) -> Any:
+    """Every node's last inventory on the bus, as the allocator holds it."""
+    from shared.contract.events import read_inventory
+    from shared.dra.inventory import Fleet
+
+    nodes = {}
+    for data in (await last_per_subject(url, subjects.INVENTORY_STREAM, subjects.INVENTORY_ALL)).values():
+        inventory = read_inventory(json.loads(data))
+        if not inventory.removed:
+            nodes[inventory.node] = inventory
+    return Fleet(nodes)
+
+
+async def _read_ledger(factory: Any) -> tuple[Any, Any, Any, Any]:
+    """Who runs, who waits, the running claims' documents, and the quotas, as a decision cycle reads them."""
+    from sqlalchemy import select
+
+    from services.allocator.ledger_ops import load_queue
+    from shared.dra import model as dra
+    from shared.ledger.quota_store import load_quota_config
+    from shared.ledger.schema import Claim
+
+    async with factory() as session:
+        queue = await load_queue(session)
+        config = await load_quota_config(session)
+        documents = {(namespace, name): dra.ResourceClaim.model_validate(spec)
+                     for namespace, name, spec in await session.execute(
+                         select(Claim.namespace, Claim.name, Claim.spec).where(Claim.state == "Allocated"))}
+    waiting, _ = queue.waiting.snapshot()
+    return list(queue.running.values()), list(waiting), documents, config
+
+
+def _added_nodes(paths: list[Path]) -> tuple[Any, ...]:
+    from services.watcher.files import node_payloads
+    from shared.contract.events import read_inventory
+    from shared.fleet.sources import load_inventory
+
+    if not paths:
+        return ()
+    payloads = node_payloads(load_inventory(paths), sequence=1, observed_at=time.time())
+    return tuple(read_inventory(payload) for payload in payloads.values())
+
+
+@app.command()
+def whatif(
+    quotas: Annotated[Path | None, typer.Option(help="a proposed Quotas file (the whole configuration)")] = None,
+    add_inventory: Annotated[list[Path] | None, typer.Option("--add-inventory", help="nodes to add (repeatable)")]
+    = None,
+    drain: Annotated[list[str] | None, typer.Option("--drain", help="a node to take away (repeatable)")] = None,
+    remove_tenant: Annotated[list[str] | None, typer.Option("--remove-tenant", help="repeatable")] = None,
+    output: Output = "table",
+    db: Annotated[str | None, typer.Option(help="ledger URL (default: the data folder's)")] = None,
+) -> None:
+    """What the live fleet and queue would become with proposed changes; nothing is written."""
+    from shared.admission.whatif import Change, what_if
+    from shared.dra.classes import merge_classes
+    from shared.fleet.sources import load_inventory
+
+    settings = _settings(db=db)
+    fleet = asyncio.run(_read_fleet(_nats_url(settings)))
+    running, waiting, documents, config = asyncio.run(_with_ledger(db, _read_ledger))
+    added = _added_nodes(list(add_inventory or []))
+    unknown = sorted(set(drain or ()) - set(fleet.nodes))
+    if unknown:
+        err.print(f"claimbroker: no node {', '.join(unknown)} in the fleet: nothing to drain")
+        raise typer.Exit(1)
+    change = Change(quotas=_read_quotas(quotas) if quotas is not None else None, add_nodes=added,
+                    drain=frozenset(drain or ()), remove_tenants=frozenset(remove_tenant or ()))
+    classes = merge_classes(load_inventory(list(add_inventory or [])).classes if add_inventory else [])
+    answer = what_if(fleet, classes, config, running, waiting, documents, change).to_json()
+    if _emit(answer, output):
+        return
+    console.print(f"admitted: {len(answer['admitted'])}, preempted: {len(answer['preempted'])}, "
+                  f"beyond a quota: {len(answer['overQuota']['claims'])}")
+    rows = [[claim, "admitted", ""] for claim in answer["admitted"]]
+    rows += [[p["claim"], "preempted", p["rule"]] for p in answer["preempted"]]
+    rows += [[c["claim"], "beyond its quota", c["flavor"]] for c in answer["overQuota"]["claims"]]
+    if rows:
+        console.print(_table(["CLAIM", "WOULD BE", "RULE / FLAVOR"], rows))
+    usage = [[tenant, flavor, n["before"], n["after"]] for tenant, per in answer["usage"].items()
+             for flavor, n in per.items() if n["before"] != n["after"]]
+    if usage:
+        console.print(_table(["TENANT", "FLAVOR", "HELD NOW", "HELD AFTER"], usage))
+    tenants = [[t, s["before"], s["after"], answer["pending"][t]["before"], answer["pending"][t]["after"]]
+               for t, s in answer["shares"].items()]
+    console.print(_table(["TENANT", "SHARE NOW", "SHARE AFTER", "WAITING NOW", "WAITING AFTER"], tenants))

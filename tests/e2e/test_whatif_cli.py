@@ -1,0 +1,80 @@
+"""`claimbroker whatif` against a running broker: the live fleet from the bus, the queue and quotas from the
+ledger, a proposed drain and quota, and nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import func, select
+
+from services.natsio import connect, publish_json
+from services.stack import running_stack
+from shared.contract import subjects
+from shared.ledger.engine import sessions
+from shared.ledger.schema import Claim, ClaimEvent
+from shared.settings import BrokerSettings
+from tests.builders import a_claim
+
+pytestmark = pytest.mark.e2e
+CLI = [sys.executable, "-m", "services.cli"]
+
+
+async def run(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(*CLI, *args, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_a_drain_and_a_quota_on_the_live_broker_change_nothing(tmp_path: Path) -> None:
+    settings = BrokerSettings(data_dir=tmp_path / "data")
+    async with running_stack(settings, services=("watcher", "allocator")) as stack:
+        assert stack.allocator is not None and await stack.allocator.wait_for_inventory(20)
+        nc = await connect(stack.admin_url, name="test")
+        try:
+            for i in range(3):
+                await publish_json(nc.jetstream(), subjects.submit("vision"),
+                                   a_claim(f"c{i}", "vision").request(count=2).document(), msg_id=f"c{i}")
+            async with sessions(stack.engine)() as s:
+                for _ in range(200):
+                    held = {n: node for n, node in (await s.execute(
+                        select(Claim.name, Claim.node).where(Claim.state == "Allocated"))).all()}
+                    if len(held) == 3:
+                        break
+                    await asyncio.sleep(0.05)  # the allocator decides them
+                    await s.rollback()
+        finally:
+            await nc.close()
+        assert len(held) == 3
+        node = sorted(held.values())[0]
+        on_it = sorted(f"vision/{n}" for n, where in held.items() if where == node)
+        quotas = tmp_path / "quotas.yaml"
+        quotas.write_text(yaml.safe_dump({"kind": "Quotas", "tenants": [
+            {"name": "vision", "quotas": {"H100": {"nominal": 0, "borrowingLimit": 0}}}]}))
+        async with sessions(stack.engine)() as s:
+            before = (await s.scalar(select(func.count()).select_from(ClaimEvent)),
+                      await s.scalar(select(func.count()).select_from(Claim)))
+        code, out, err = await run("--nats", stack.admin_url, "whatif", "--db", stack.db_url, "--drain", node,
+                                   "-o", "json")
+        assert code == 0, err
+        answer = json.loads(out)
+        assert [p["claim"] for p in answer["preempted"] if p["rule"] == "drain"] == on_it
+        code, out, err = await run("--nats", stack.admin_url, "whatif", "--db", stack.db_url, "--quotas",
+                                   str(quotas), "-o", "json")
+        assert code == 0, err
+        beyond = {c["claim"] for c in json.loads(out)["overQuota"]["claims"]}
+        assert beyond <= {f"vision/{n}" for n in held} and all(c["flavor"] == "H100"
+                                                              for c in json.loads(out)["overQuota"]["claims"])
+        code, out, err = await run("--nats", stack.admin_url, "whatif", "--db", stack.db_url, "--drain", node)
+        assert code == 0 and "SHARE NOW" in out and "drain" in out, err
+        code, _, err = await run("--nats", stack.admin_url, "whatif", "--db", stack.db_url, "--drain", "no-such")
+        assert code == 1 and "no node no-such" in err
+        async with sessions(stack.engine)() as s:
+            after = (await s.scalar(select(func.count()).select_from(ClaimEvent)),
+                     await s.scalar(select(func.count()).select_from(Claim)))
+        assert after == before  # nothing written
