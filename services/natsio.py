@@ -28,6 +28,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import BadRequestError
 
 from shared.contract import bus_auth, subjects
+from shared.dra.inventory import Fleet
 
 DUPLICATE_WINDOW_S = 600.0
 BACKLOG_FULL_CODE = 10077  # JetStream's answer to a publish past the claims stream's per-subject limit
@@ -147,6 +148,40 @@ def _kept_claims_config(wanted: StreamConfig, existing: StreamConfig, tenant_bac
     if tenant_backlog is None:
         return dataclasses.replace(wanted, max_msgs_per_subject=existing.max_msgs_per_subject)
     return wanted
+
+
+async def read_fleet(url: str, tls_ca: Path | None = None, timeout: float = 30.0) -> Fleet:
+    """Every node's last inventory message on the bus (an ordered consumer, last per subject)."""
+    from nats.js.api import DeliverPolicy
+
+    from shared.contract.events import read_inventory
+
+    nc = await connect(url, name="claimbroker-fleet-view", tls_ca=tls_ca)
+    try:
+        js = nc.jetstream()
+        if not (await js.stream_info(subjects.INVENTORY_STREAM)).state.messages:
+            return Fleet()
+        nodes: dict[str, Any] = {}
+        done = asyncio.Event()
+
+        async def on_message(message: Any) -> None:
+            inventory = read_inventory(json.loads(message.data))
+            if inventory.removed:
+                nodes.pop(inventory.node, None)
+            else:
+                nodes[inventory.node] = inventory
+            if message.metadata.num_pending == 0:
+                done.set()
+
+        sub = await js.subscribe(subjects.INVENTORY_ALL, ordered_consumer=True,
+                                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=on_message)
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        finally:
+            await sub.unsubscribe()
+        return Fleet(nodes)
+    finally:
+        await nc.close()
 
 
 def raise_lost_cancel() -> None:

@@ -17,10 +17,11 @@ from services.allocator import app as allocator_app
 from services.allocator.service import Allocator
 from services.bus_authority import BusAuthority, Identity, admin_password
 from services.frame import ServiceApp
-from services.natsio import EmbeddedNats, connect, ensure_streams, wait_closed
+from services.natsio import EmbeddedNats, connect, ensure_streams, read_fleet, wait_closed
 from services.notifier import app as notifier_app
 from services.watcher import app as watcher_app
 from shared.contract import bus_auth
+from shared.dra.inventory import Fleet
 from shared.ledger.bus_credentials import new_password
 from shared.ledger.engine import create_engine, migrate
 from shared.settings import BrokerSettings
@@ -135,7 +136,14 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
     from services.admin_api.app import create_app
 
     apply = stack.authority.apply if stack.authority is not None else None
-    config = uvicorn.Config(create_app(stack.engine, apply), host=settings.api_host, port=settings.api_port,
+
+    async def fleet() -> Fleet:
+        """The allocator's when it runs in this process, else every node's last inventory on the bus."""
+        if stack.allocator is not None:
+            return stack.allocator.fleet
+        return await read_fleet(stack.admin_url, settings.tls_ca)
+
+    config = uvicorn.Config(create_app(stack.engine, apply, fleet), host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on",
                             ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,
                             ssl_keyfile=str(settings.api_tls_key) if settings.api_tls_key else None)

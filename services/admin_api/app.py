@@ -15,20 +15,23 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.admin_api import claims, credentials, quotas, tenants, tokens
+from services.admin_api import claims, credentials, quotas, tenants, tokens, whatif
 from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
 from services.admin_api.page import USAGE_PAGE
+from shared.dra.inventory import Fleet
 from shared.ledger.engine import sessions
 
 
-def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None,
+               fleet: Callable[[], Awaitable[Fleet]] | None = None) -> FastAPI:
     """Everything the app needs comes in through its arguments; nothing is read from the environment here.
     `apply_bus_credentials`: where the embedded NATS server runs in this process, what applies a change of
-    bus credentials to it at once."""
+    bus credentials to it at once. `fleet`: the fleet as the bus has it, for what-if."""
     # storable_parameters runs first on every route: a NUL in a path or query parameter is a 422, not a 500.
     app = FastAPI(title="claim-broker admin API", version="1", dependencies=[Depends(storable_parameters)])
     app.state.sessions = sessions(engine)
     app.state.apply_bus_credentials = apply_bus_credentials
+    app.state.fleet = fleet
 
     async def _http_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
@@ -86,4 +89,5 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     app.include_router(claims.router)
     app.include_router(tokens.router)
     app.include_router(credentials.router)
+    app.include_router(whatif.router)
     return app

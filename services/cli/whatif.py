@@ -31,22 +31,13 @@ async def _read_fleet(url: str) -> Any:
 
 
 async def _read_ledger(factory: Any) -> tuple[Any, Any, Any, Any]:
-    """Who runs, who waits, the running claims' documents, and the quotas, as a decision cycle reads them."""
-    from sqlalchemy import select
-
-    from services.allocator.ledger_ops import load_queue
-    from shared.dra import model as dra
+    """Who runs, who waits, their documents, and the quotas, as a decision cycle reads them."""
+    from shared.ledger.claims_read import read_claims
     from shared.ledger.quota_store import load_quota_config
-    from shared.ledger.schema import Claim
 
     async with factory() as session:
-        queue = await load_queue(session)
-        config = await load_quota_config(session)
-        documents = {(namespace, name): dra.ResourceClaim.model_validate(spec)
-                     for namespace, name, spec in await session.execute(
-                         select(Claim.namespace, Claim.name, Claim.spec).where(Claim.state == "Allocated"))}
-    waiting, _ = queue.waiting.snapshot()
-    return list(queue.running.values()), list(waiting), documents, config
+        running, waiting, documents = await read_claims(session)
+        return running, waiting, documents, await load_quota_config(session)
 
 
 def _added_nodes(paths: list[Path]) -> tuple[Any, ...]:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from services.admin_api.app import create_app
+from shared.dra.inventory import Fleet
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import AlertRecord, Claim
 from shared.ledger.tokens import create_token
@@ -28,6 +29,7 @@ BODIES = {
     "/v1/quotas/import": {"kind": "Quotas", "tenants": [{"name": "vision"}]},
     "/v1/tokens": {"role": "viewer"},
     "/v1/credentials": {"tenant": "vision"},
+    "/v1/whatif": {"removeTenants": ["vision"]},
 }
 OTHER = "vision"  # the tenant the limited viewer (of "speech") must not see
 
@@ -48,7 +50,10 @@ async def doors(db_url: str) -> AsyncIterator[Doors]:
               "limited": await create_token(factory, "viewer", "speech"),
               "admin": await create_token(factory, "admin", None)}
     await create_token(factory, "viewer", None)  # the spare, id 4
-    transport = httpx.ASGITransport(app=create_app(engine))
+    async def no_nodes() -> Fleet:
+        return Fleet()
+
+    transport = httpx.ASGITransport(app=create_app(engine, fleet=no_nodes))
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
         admin = {"Authorization": f"Bearer {tokens['admin']}"}
         for path, body in (("/v1/tenants/vision", {"cohort": "research"}), ("/v1/tenants/speech", {}),
