@@ -94,3 +94,42 @@ def whatif(
     tenants = [[t, s["before"], s["after"], answer["pending"][t]["before"], answer["pending"][t]["after"]]
                for t, s in answer["shares"].items()]
     console.print(_table(["TENANT", "SHARE NOW", "SHARE AFTER", "WAITING NOW", "WAITING AFTER"], tenants))
+
+
+advise_app = typer.Typer(help="Advice from the live fleet and queue; nothing is changed.", no_args_is_help=True)
+app.add_typer(advise_app, name="advise")
+
+
+@advise_app.command("mig")
+def advise_mig(
+    output: Annotated[str, typer.Option("--output", "-o", help="table | json | yaml (yaml: the mig-parted config)")]
+    = "table",
+    db: Annotated[str | None, typer.Option(help="ledger URL (default: the data folder's)")] = None,
+) -> None:
+    """A MIG re-layout of idle GPUs (a mig-parted config per node) that admits the most waiting claims,
+    never moving a running one."""
+    import yaml
+
+    from shared.admission.mig_plan import plan_mig
+    from shared.dra.classes import merge_classes
+
+    if output not in ("table", "json", "yaml"):
+        raise typer.BadParameter(f"must be table, json or yaml, not {output!r}", param_hint="--output")
+    settings = _settings(db=db)
+    fleet = asyncio.run(_read_fleet(_nats_url(settings)))
+    running, waiting, _, config = asyncio.run(_with_ledger(db, _read_ledger))
+    plan = plan_mig(fleet, merge_classes([]), config, running, waiting)
+    if output == "yaml":  # what mig-parted reads
+        print(yaml.safe_dump(plan.mig_parted(), sort_keys=False), end="")
+        return
+    if _emit(plan.to_json(), output):
+        return
+    if not plan.layouts:
+        console.print(f"no re-layout would admit more: {len(plan.without)} waiting claim(s) fit as the GPUs are")
+        return
+    console.print(_table(["NODE", "GPU", "MODEL", "NOW", "PLANNED"],
+                         [[g.node, g.gpu, g.model, g.now, g.planned] for g in plan.layouts]))
+    gained = plan.gained
+    console.print(f"it would admit {len(gained)} more waiting claim(s): "
+                  + ", ".join("/".join(k) for k in gained[:20]) + (" ..." if len(gained) > 20 else ""))
+    console.print("mig-parted config: claimbroker advise mig -o yaml")

@@ -150,6 +150,12 @@ def _layout(value: Any, model: GpuModel, where: str) -> list[MigProfile]:
     return [by_name[n] for n in names]
 
 
+def carved(layout: str | list[str], model: GpuModel) -> list[MigProfile]:
+    """The MIG devices a layout (all-<profile>, all-balanced or a list) carves on one GPU of `model`, as
+    this source carves them: NVIDIA's valid placements, or a ValueError."""
+    return [profile for profile, _ in _place(_layout(layout, model, "layout"), "layout")]
+
+
 def _place(profiles: list[MigProfile], where: str) -> list[tuple[MigProfile, int]]:
     """Biggest profile first over NVIDIA's allowed starts, backtracking when a later one cannot fit
     (all-balanced on an H100 needs 3g at 4 and 2g at 0, not 3g at 0)."""

@@ -41,7 +41,7 @@ async def test_a_drain_and_a_quota_on_the_live_broker_change_nothing(tmp_path: P
                 await publish_json(nc.jetstream(), subjects.submit("vision"),
                                    a_claim(f"c{i}", "vision").request(count=2).document(), msg_id=f"c{i}")
             async with sessions(stack.engine)() as s:
-                for _ in range(200):
+                for _ in range(400):
                     held = {n: node for n, node in (await s.execute(
                         select(Claim.name, Claim.node).where(Claim.state == "Allocated"))).all()}
                     if len(held) == 3:
@@ -78,3 +78,35 @@ async def test_a_drain_and_a_quota_on_the_live_broker_change_nothing(tmp_path: P
             after = (await s.scalar(select(func.count()).select_from(ClaimEvent)),
                      await s.scalar(select(func.count()).select_from(Claim)))
         assert after == before  # nothing written
+
+
+async def test_advise_mig_plans_a_layout_for_the_slices_that_wait(tmp_path: Path) -> None:
+    """The built-in fleet has one H100 carved into seven 1g.10gb slices: an eighth slice waits, and the plan
+    carves an idle whole GPU so that it would be admitted."""
+    settings = BrokerSettings(data_dir=tmp_path / "data")
+    profile = 'device.attributes["gpu.nvidia.com"].profile == "1g.10gb"'
+    async with running_stack(settings, services=("watcher", "allocator")) as stack:
+        assert stack.allocator is not None and await stack.allocator.wait_for_inventory(20)
+        nc = await connect(stack.admin_url, name="test")
+        try:
+            for i in range(8):
+                claim = a_claim(f"s{i}", "lab").request(cls="mig.nvidia.com", selectors=(profile,)).document()
+                await publish_json(nc.jetstream(), subjects.submit("lab"), claim, msg_id=f"s{i}")
+            async with sessions(stack.engine)() as s:
+                for _ in range(200):
+                    states = dict((await s.execute(select(Claim.name, Claim.state))).all())
+                    if len(states) == 8 and "Allocated" in states.values() and "Pending" in states.values():
+                        break
+                    await asyncio.sleep(0.05)  # the allocator decides them
+                    await s.rollback()
+        finally:
+            await nc.close()
+        waiting = sorted(f"lab/{n}" for n, state in states.items() if state == "Pending")
+        assert waiting, states
+        code, out, err = await run("--nats", stack.admin_url, "advise", "mig", "--db", stack.db_url, "-o", "json")
+        assert code == 0, err
+        plan = json.loads(out)
+        assert plan["gained"] == waiting and plan["layouts"]
+        assert all(layout["now"] == "whole" for layout in plan["layouts"])  # idle whole GPUs, no running slice moved
+        code, out, _ = await run("--nats", stack.admin_url, "advise", "mig", "--db", stack.db_url, "-o", "yaml")
+        assert code == 0 and yaml.safe_load(out)["version"] == "v1"
