@@ -151,8 +151,13 @@ class BrokerSettings(BaseSettings):
     # How often the notifier reads quota usage and pending demand from the ledger (quota-near-limit,
     # idle-larger-flavor): a few GROUP BYs per pass, so seconds are cheap but minutes are enough.
     usage_check_interval: float = 30.0
+    # mig-relayout-suggested: the notifier plans a MIG re-layout at each usage check while claims for a MIG
+    # device wait, and alerts once a plan would admit at least mig_advice_min of them for mig_advice_window
+    # seconds (0: no such advice).
+    mig_advice_min: int = Field(default=1, ge=0)
+    mig_advice_window: float = 600.0
 
-    @field_validator("usage_check_interval", mode="before")
+    @field_validator("usage_check_interval", "mig_advice_window", mode="before")
     @classmethod
     def _usage_duration(cls, value: str | float) -> float:
         return parse_duration(value)

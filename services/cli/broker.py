@@ -36,6 +36,9 @@ def up(
     log_format: LogFormat = None,
     insecure: Annotated[bool, typer.Option(
         help="an open bus: the embedded NATS server asks no credential (labs only)")] = False,
+    mig_advice_min: Annotated[int | None, typer.Option(
+        help="alert mig-relayout-suggested when a MIG re-layout would admit this many waiting claims (0: off)")]
+    = None,
 ) -> None:
     """Run watcher, allocator, notifier and admin API until Ctrl-C."""
     from shared.settings import Webhook
@@ -43,6 +46,7 @@ def up(
     tune_gc()
     settings = _settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
                          nats_url=nats, api_port=api_port, stream_replicas=stream_replicas, insecure=insecure or None,
+                         mig_advice_min=mig_advice_min,
                          pending_alert_after=pending_alert_after, log_format=log_format,
                          webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
     _logging(True, settings.log_format)

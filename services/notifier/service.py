@@ -33,9 +33,10 @@ from services import metrics
 from services.consumer import PullConsumer
 from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json
 from services.notifier import history
-from services.notifier.usage import FleetFlavors, read_figures
+from services.notifier.usage import FleetFlavors, read_figures, waiting_for_mig
 from services.notifier.webhooks import WebhookDispatcher
 from services.outage import Outage, publish_degraded, until_done
+from shared.admission.mig_plan import plan_mig
 from shared.alerts.book import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
 from shared.alerts.rules import (
     IDLE_LARGER_FLAVOR,
@@ -43,6 +44,7 @@ from shared.alerts.rules import (
     QUOTA_NEAR_LIMIT,
     ClaimRules,
     InventoryRules,
+    MigAdviceRule,
     QuotaUsage,
     UnreadableStatus,
     idle_larger_flavor,
@@ -50,8 +52,11 @@ from shared.alerts.rules import (
 )
 from shared.contract import subjects
 from shared.contract.messages import NodeInventory
+from shared.dra.classes import merge_classes
 from shared.ledger import inbox
+from shared.ledger.claims_read import read_claims
 from shared.ledger.engine import sessions
+from shared.ledger.quota_store import load_quota_config
 from shared.settings import BrokerSettings, parse_duration
 
 log = logging.getLogger("claimbroker.notifier")
@@ -89,6 +94,8 @@ class Notifier:
         self.usage_interval = parse_duration(settings.usage_check_interval)
         self._usage_due = float("-inf")
         self.usage_checks = 0  # completed check_usage passes; tests wait on it
+        self.mig_advice = (MigAdviceRule(settings.mig_advice_min, parse_duration(settings.mig_advice_window))
+                           if settings.mig_advice_min > 0 else None)
         self.nats_outage = Outage("NATS", log)
         self.startup_outage = Outage("the ledger or NATS", log)  # restoring open alerts, at start
         self._statuses_failing = False  # the last status could not be processed: service-degraded is raised
@@ -253,10 +260,24 @@ class Notifier:
                 if key.startswith(f"{QUOTA_NEAR_LIMIT}:") and key not in listed]
         sent = await self.evaluate_quotas(figures.usages) + await self._evaluate(gone)
         sent += await self.evaluate_flavors(figures.pending, figures.idle, figures.values)
+        if self.mig_advice is not None:
+            sent += await self._evaluate(await self._mig_advice())
         async with self._progress:
             self.usage_checks += 1
             self._progress.notify_all()
         return sent
+
+    async def _mig_advice(self) -> list[Action]:
+        """mig-relayout-suggested: a plan only while claims for a MIG device wait (planning weighs every
+        idle GPU's layouts, a cycle each: off the event loop)."""
+        assert self.mig_advice is not None
+        async with self.sessions() as session:
+            if not await waiting_for_mig(session):
+                return self.mig_advice.on_plan(0, [], self.clock())
+            running, waiting, _ = await read_claims(session)
+            config = await load_quota_config(session)
+        plan = await asyncio.to_thread(plan_mig, self.flavors.fleet(), merge_classes([]), config, running, waiting)
+        return self.mig_advice.on_plan(len(plan.gained), plan.to_json()["layouts"], self.clock())
 
     async def _usage_if_due(self) -> None:
         if self.clock() < self._usage_due:

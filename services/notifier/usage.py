@@ -15,19 +15,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import String, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.admission.flavors import Flavors
 from shared.admission.quota import Flavor, QuotaConfig
 from shared.alerts.rules import QuotaUsage
 from shared.contract import events
-from shared.dra.inventory import FleetDevice
+from shared.dra.inventory import Fleet, FleetDevice, NodeInventory
 from shared.dra.matching import SelectorMemo
 from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import Claim, DeviceAllocation
 
 log = logging.getLogger("claimbroker.notifier")
+MIG_CLASS = "mig.nvidia.com"
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class FleetFlavors:
     def __init__(self) -> None:
         self._slices: dict[str, Any] = {}  # node -> the raw slices last parsed, to skip unchanged heartbeats
         self._devices: dict[str, tuple[FleetDevice, ...]] = {}
+        self._nodes: dict[str, NodeInventory] = {}  # the whole inventory, for the MIG re-layout advice
         self._counts: dict[str, Counter[str]] = {}  # node -> devices per flavor, under self._flavors
         self._flavors: tuple[tuple[Flavor, ...], Flavors] | None = None
         self._memo = SelectorMemo()
@@ -55,19 +57,22 @@ class FleetFlavors:
         if not isinstance(node, str) or not node:
             return
         if payload.get("removed"):
-            for kept in (self._slices, self._devices, self._counts):
+            for kept in (self._slices, self._devices, self._counts, self._nodes):
                 kept.pop(node, None)
             return
         slices = payload.get("slices")
         if node in self._slices and self._slices[node] == slices:
             return
         try:
-            devices = events.read_inventory(payload).devices
+            inventory = events.read_inventory(payload)
         except (ValueError, TypeError, AttributeError):
             log.warning("inventory of node %s unreadable; keeping its last devices for idle counts", node)
             return
-        self._slices[node], self._devices[node] = slices, devices
+        self._slices[node], self._devices[node], self._nodes[node] = slices, inventory.devices, inventory
         self._counts.pop(node, None)
+
+    def fleet(self) -> Fleet:
+        return Fleet(dict(self._nodes))
 
     def counts(self, flavors: tuple[Flavor, ...]) -> Counter[str]:
         """Fleet devices per flavor; a changed flavor list reclassifies every node, once."""
@@ -127,3 +132,10 @@ def figures(config: QuotaConfig, used: Mapping[tuple[str, str], int],
         allocated[flavor] += n
     idle = {flavor: max(0, n - allocated[flavor]) for flavor, n in fleet.items()}
     return Figures(usages, dict(pending), idle, values)
+
+
+async def waiting_for_mig(session: AsyncSession) -> bool:
+    """Whether a waiting claim names the MIG device class (the re-layout advice is for them)."""
+    found = await session.scalar(select(Claim.id).where(Claim.state == "Pending",
+                                                        cast(Claim.spec, String).contains(MIG_CLASS)).limit(1))
+    return found is not None

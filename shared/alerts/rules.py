@@ -6,7 +6,7 @@ these objects, and time comes in as an argument. The AlertBook decides what is a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ DEVICE_UNHEALTHY = "device-unhealthy"
 DEVICE_THROTTLED = "device-throttled"
 QUOTA_NEAR_LIMIT = "quota-near-limit"
 IDLE_LARGER_FLAVOR = "idle-larger-flavor"
+MIG_RELAYOUT = "mig-relayout-suggested"
 
 
 class UnreadableStatus(ValueError):
@@ -266,3 +267,29 @@ def idle_larger_flavor(
         else:
             out.append(Resolve(key, f"no claims wait for {flavor} while a larger flavor idles"))
     return out
+
+
+class MigAdviceRule:
+    """mig-relayout-suggested: a MIG re-layout of idle GPUs would admit at least `minimum` waiting claims,
+    and has for `window` seconds (a plan that comes and goes with each claim is no advice); resolved when
+    no such plan is left. The plan is worked out by the caller (shared/admission/mig_plan.py)."""
+
+    def __init__(self, minimum: int, window: float) -> None:
+        self.minimum, self.window = minimum, window
+        self.since: float | None = None
+
+    def on_plan(self, gained: int, layouts: Sequence[Mapping[str, Any]], now: float) -> list[Action]:
+        key = alert_key(MIG_RELAYOUT)
+        if gained < self.minimum or not layouts:
+            self.since = None
+            return [Resolve(key, "no MIG re-layout would admit more waiting claims")]
+        if self.since is None:
+            self.since = now
+        if now - self.since < self.window:
+            return []
+        gpus = ", ".join(f"{g['node']} GPU {g['gpu']} to {g['planned']}" for g in layouts[:5])
+        more = f" and {len(layouts) - 5} more" if len(layouts) > 5 else ""
+        return [Raise(Alert(MIG_RELAYOUT, "info", key,
+                            f"re-laying {len(layouts)} idle GPU(s) would admit {gained} waiting claim(s): "
+                            f"{gpus}{more} (claimbroker advise mig -o yaml)",
+                            {"gained": gained, "layouts": list(layouts)}, {}))]

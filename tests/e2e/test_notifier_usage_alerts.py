@@ -19,12 +19,14 @@ from services.notifier.app import notifier_app
 from services.notifier.service import Notifier
 from shared.admission.quota import parse_quotas
 from shared.alerts.book import Message
+from shared.alerts.rules import MigAdviceRule
 from shared.contract import events, subjects
 from shared.dra import model as dra
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import AlertRecord, Claim, DeviceAllocation
 from shared.settings import BrokerSettings
+from tests.builders import a_claim
 from tests.e2e.helpers import T0, Collector, FakeClock, alerts
 
 pytestmark = pytest.mark.e2e
@@ -185,3 +187,21 @@ async def test_the_loop_checks_every_usage_check_interval(start: Start) -> None:
     h.clock.now += 30  # due now: the loop's next round runs the pass without being called
     await h.notifier.wait_usage_checks(2)
     await h.wait_seen("quota-near-limit", [("quota-near-limit:vision/H100", 1, False)])
+
+
+async def test_mig_relayout_suggested_while_slices_wait_and_an_idle_gpu_could_carve_them(start: Start) -> None:
+    h = await start()
+    h.notifier.mig_advice = MigAdviceRule(minimum=1, window=0)  # at the first plan, for the test
+    await h.inventory("m", "H100", 2)  # two whole H100s, idle
+    assert keys(await h.notifier.check_usage()) == []  # nothing waits for a slice: no plan is made
+    profile = 'device.attributes["gpu.nvidia.com"].profile == "1g.10gb"'
+    async with h.factory() as session, session.begin():
+        session.add(Claim(namespace="lab", name="slice", state="Pending", sequence=1,
+                          spec=a_claim("slice", "lab").request(cls="mig.nvidia.com", selectors=(profile,)).document()))
+    assert keys(await h.notifier.check_usage()) == [("mig-relayout-suggested:", False)]
+    await h.alarms.wait_for(lambda: bool(h.seen("mig-relayout-suggested")))
+    (message,) = [a for _, a in h.alarms.messages if a["kind"] == "mig-relayout-suggested"]
+    assert message["details"]["gained"] == 1 and message["details"]["layouts"][0]["node"] == "m"
+    async with h.factory() as session, session.begin():
+        (await session.scalar(select(Claim).where(Claim.name == "slice"))).state = "Released"  # type: ignore[union-attr]
+    assert keys(await h.notifier.check_usage()) == [("mig-relayout-suggested:", True)]
