@@ -58,6 +58,8 @@ def whatif(
     = None,
     drain: Annotated[list[str] | None, typer.Option("--drain", help="a node to take away (repeatable)")] = None,
     remove_tenant: Annotated[list[str] | None, typer.Option("--remove-tenant", help="repeatable")] = None,
+    mig_plan: Annotated[bool, typer.Option("--mig-plan", help="with the MIG re-layout `advise mig` plans")]
+    = False,
     output: Output = "table",
     db: Annotated[str | None, typer.Option(help="ledger URL (default: the data folder's)")] = None,
 ) -> None:
@@ -74,6 +76,11 @@ def whatif(
     if unknown:
         err.print(f"claimbroker: no node {', '.join(unknown)} in the fleet: nothing to drain")
         raise typer.Exit(1)
+    if mig_plan:  # the re-laid nodes as the plan carves them, after any added ones
+        from shared.admission.mig_plan import plan_mig
+
+        planned = plan_mig(fleet, merge_classes([]), config, running, waiting)
+        added = (*added, *planned.nodes.values())
     change = Change(quotas=_read_quotas(quotas) if quotas is not None else None, add_nodes=added,
                     drain=frozenset(drain or ()), remove_tenants=frozenset(remove_tenant or ()))
     classes = merge_classes(load_inventory(list(add_inventory or [])).classes if add_inventory else [])

@@ -47,6 +47,7 @@ class MigPlan:
     admits: list[ClaimKey] = field(default_factory=list)  # waiting claims admitted with the plan
     units: float = 0.0  # GPU units the admitted claims would get
     without: list[ClaimKey] = field(default_factory=list)  # those admitted as the GPUs are
+    nodes: dict[str, NodeInventory] = field(default_factory=dict)  # the changed nodes as the plan lays them
 
     @property
     def gained(self) -> list[ClaimKey]:
@@ -191,6 +192,7 @@ def plan_mig(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: Quota
             if before != after:
                 now = WHOLE if before == WHOLE else ",".join(before)
                 plan.layouts.append(GpuLayout(name, gpu, node.model.key, now, str(after)))
+                plan.nodes[name] = inventories[name]
     return plan
 
 

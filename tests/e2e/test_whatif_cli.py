@@ -110,3 +110,6 @@ async def test_advise_mig_plans_a_layout_for_the_slices_that_wait(tmp_path: Path
         assert all(layout["now"] == "whole" for layout in plan["layouts"])  # idle whole GPUs, no running slice moved
         code, out, _ = await run("--nats", stack.admin_url, "advise", "mig", "--db", stack.db_url, "-o", "yaml")
         assert code == 0 and yaml.safe_load(out)["version"] == "v1"
+        code, out, err = await run("--nats", stack.admin_url, "whatif", "--mig-plan", "--db", stack.db_url,
+                                   "-o", "json")
+        assert code == 0 and json.loads(out)["admitted"] == waiting, err  # the plan's effect, through whatif
