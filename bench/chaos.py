@@ -64,6 +64,7 @@ from shared.fleet.sources import load_inventory  # noqa: E402
 from shared.ledger.engine import create_engine, migrate, sessions  # noqa: E402
 from shared.ledger.quota_store import apply_quota_config  # noqa: E402
 from shared.ledger.schema import Claim, DeadLetter, InboxMessage  # noqa: E402
+from shared.settings import BrokerSettings  # noqa: E402
 from tests.e2e.helpers import free_port  # noqa: E402
 from tests.private_postgres import PrivatePostgres  # noqa: E402
 
@@ -401,7 +402,10 @@ async def missed_admissions(session: Any, fleet: Fleet, classes: Any, config: Qu
     allocator should have admitted them already (every release and submission has been decided)."""
     queue = await load_queue(session)
     waiting = tuple(dataclasses.replace(w, answered=False) for w in queue.waiting.values())
-    result = run_cycle(Snapshot(fleet, merge_classes(classes), config, tuple(queue.running.values()), waiting))
+    # by the allocator's rules: now, and its minRuntime (a claim it holds back from preemption is not stuck)
+    config = dataclasses.replace(config, default_min_runtime=BrokerSettings().min_runtime)
+    result = run_cycle(Snapshot(fleet, merge_classes(classes), config, tuple(queue.running.values()), waiting,
+                                now=time.time()))
     return [f"{d.tenant}/{d.name}" for d in result.decisions if d.decision.state is State.ALLOCATED]
 
 
