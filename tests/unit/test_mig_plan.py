@@ -70,3 +70,25 @@ def test_idle_slices_go_back_to_a_whole_gpu_when_a_whole_gpu_is_wanted() -> None
     assert [(g.gpu, g.planned) for g in plan.layouts] == [(0, WHOLE)]
     assert plan.admits == [("lab", "whole")]
     assert plan.mig_parted()["mig-configs"] == {"claimbroker-m": [{"devices": [0], "mig-enabled": False}]}
+
+
+def test_the_lab_fleet_gets_slices_for_its_waiting_1g_and_3g_claims() -> None:
+    """The built-in mixed fleet: its MIG node's seven 1g.10gb slices run; more 1g.10gb and four 3g.40gb
+    claims wait (two fit its free 3g slices). The plan admits them all, re-laying idle whole GPUs only,
+    each layout one the model can carve."""
+    from shared.fleet.sources import load_inventory
+
+    docs = load_inventory([])
+    lab = Fleet.from_slices(docs.slices, docs.labels)
+    running = held(lab, [slice_claim(f"run-{i}", "1g.10gb", i) for i in range(7)])
+    assert len(running) == 7
+    waiting = [slice_claim(f"one-{i}", "1g.10gb", 10 + i) for i in range(3)] + [
+        slice_claim(f"three-{i}", "3g.40gb", 20 + i) for i in range(4)]  # two fit the MIG node's 3g slices
+    plan = plan_mig(lab, BUILTIN_CLASSES, QuotaConfig(), running, waiting)
+    assert sorted(plan.admits) == sorted(w.key for w in waiting)
+    assert len(plan.without) == 2 and len(plan.gained) == 5
+    busy = {(r.allocation.node, int(r.allocation.keys[0][2].split("-")[1])) for r in running}
+    assert all(g.now == WHOLE and (g.node, g.gpu) not in busy for g in plan.layouts)
+    for g in plan.layouts:
+        assert sum(g.planned == f"all-{p.name}" for p in lookup_model(g.model).profiles) == 1 \
+            or g.planned == "all-balanced"
