@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.admin_api.app import create_app
+from shared.dra.inventory import Fleet
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import ApiToken, AuditEntry, Cohort, Tenant
 from shared.ledger.tokens import create_token, hash_token
@@ -70,7 +71,10 @@ async def admin_api(db_url: str) -> AsyncIterator[Api]:
     async with factory() as s:
         admin_id = await s.scalar(select(ApiToken.id).where(ApiToken.token_hash == hash_token(admin)))
     assert admin_id is not None
-    transport = httpx.ASGITransport(app=create_app(engine))
+    async def no_nodes() -> Fleet:  # what-if answers on an empty fleet here
+        return Fleet()
+
+    transport = httpx.ASGITransport(app=create_app(engine, fleet=no_nodes))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
             yield Api(client, factory, bearer(admin), bearer(viewer), bearer(scoped), admin_id)
