@@ -16,6 +16,7 @@ from shared.admission.quota import QuotaFileError, parse_quotas
 from shared.admission.whatif import Change, what_if
 from shared.contract.events import inventory_payload, read_inventory
 from shared.dra import model as dra
+from shared.dra.cel import SelectorError, compile_selector
 from shared.dra.classes import merge_classes
 from shared.dra.inventory import NodeInventory
 from shared.fleet.sources import InventoryFileError, documents_from
@@ -47,6 +48,11 @@ async def post_whatif(body: WhatIfIn, request: Request, s: Session, token: Calle
         raise HTTPException(422, f"no node {', '.join(unknown)} in the fleet")
     try:
         proposed = parse_quotas(body.quotas, where="quotas") if body.quotas is not None else None
+        for i, flavor in enumerate(proposed.listed_flavors if proposed is not None else ()):
+            try:
+                compile_selector(flavor.selector)
+            except SelectorError as error:
+                raise QuotaFileError(f"quotas.flavors[{i}].selector: {error}") from None
         added = documents_from(body.add_inventory, "addInventory") if body.add_inventory else None
     except (QuotaFileError, InventoryFileError, dra.DocumentError) as error:
         raise HTTPException(422, str(error)) from None

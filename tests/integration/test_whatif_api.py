@@ -69,5 +69,8 @@ async def test_a_drain_and_a_cut_quota_answered_and_nothing_written(client: tupl
     assert wrong.status_code == 422 and "no node zz" in wrong.json()["detail"]
     bad = await api.post("/v1/whatif", json={"quotas": {"kind": "Quotas", "tenants": [{"weight": 1}]}}, headers=admin)
     assert bad.status_code == 422 and "quotas" in bad.json()["detail"]
+    selector = await api.post("/v1/whatif", headers=admin, json={"quotas": {"kind": "Quotas", "flavors": [
+        {"name": "x", "selector": "((("}]}})
+    assert selector.status_code == 422 and "quotas.flavors[0].selector" in selector.json()["detail"]
     async with factory() as s:  # type: ignore[operator]
         assert await s.scalar(select(func.count()).select_from(AuditEntry)) == before
