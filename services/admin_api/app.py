@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.admin_api import claims, credentials, quotas, tenants, tokens, whatif
+from services.admin_api import claims, credentials, quotas, tenants, tokens, waiting, whatif
 from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
 from services.admin_api.page import USAGE_PAGE
 from shared.dra.inventory import Fleet
@@ -23,15 +23,17 @@ from shared.ledger.engine import sessions
 
 
 def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None,
-               fleet: Callable[[], Awaitable[Fleet]] | None = None) -> FastAPI:
+               fleet: Callable[[], Awaitable[Fleet]] | None = None, pending_alert_after: float = 600.0) -> FastAPI:
     """Everything the app needs comes in through its arguments; nothing is read from the environment here.
     `apply_bus_credentials`: where the embedded NATS server runs in this process, what applies a change of
-    bus credentials to it at once. `fleet`: the fleet as the bus has it, for what-if."""
+    bus credentials to it at once. `fleet`: the fleet as the bus has it, for what-if. `pending_alert_after`:
+    the broker's, for tenants without their own (the waiting view counts claims past it)."""
     # storable_parameters runs first on every route: a NUL in a path or query parameter is a 422, not a 500.
     app = FastAPI(title="claim-broker admin API", version="1", dependencies=[Depends(storable_parameters)])
     app.state.sessions = sessions(engine)
     app.state.apply_bus_credentials = apply_bus_credentials
     app.state.fleet = fleet
+    app.state.pending_alert_after = pending_alert_after
 
     async def _http_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
@@ -90,4 +92,5 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     app.include_router(tokens.router)
     app.include_router(credentials.router)
     app.include_router(whatif.router)
+    app.include_router(waiting.router)
     return app

@@ -1,8 +1,8 @@
 """The usage page served at `/`: one self-contained HTML document (inline CSS and JS, no CDN, no build).
 
 It asks for a viewer token (or reads `?token=`, then drops it from the address bar and keeps it in
-sessionStorage), fetches /v1/usage, the Pending claims and recent alerts with it, and polls every
-5 seconds. Everything from the API is inserted with textContent, never as HTML.
+sessionStorage), fetches /v1/usage, the queue grouped by tenant and reason (/v1/waiting; a group's claims when
+it is opened), open alerts and recent ones with it, and polls every 5 seconds. Everything from the API is inserted with textContent, never as HTML.
 """
 
 USAGE_PAGE = """<!doctype html>
@@ -59,11 +59,14 @@ USAGE_PAGE = """<!doctype html>
       <span><i class="swatch" style="background:var(--borrowed)"></i>borrowed</span>
       <span><i class="swatch" style="background:var(--nominal)"></i>nominal quota</span></div>
     <div id="usage"></div>
-    <h2>Pending queue</h2>
+    <h2>Waiting, by tenant and reason</h2>
     <div id="pending-demand" class="numbers"></div>
-    <table><thead><tr><th>tenant</th><th>claim</th><th>waiting since</th><th>reason</th></tr></thead>
+    <table><thead><tr><th>tenant</th><th>claims</th><th>devices</th><th>oldest wait</th><th>reason</th></tr></thead>
       <tbody id="pending"></tbody></table>
-    <h2>Recent alerts</h2>
+    <h3>Waits per tenant</h3>
+    <table><thead><tr><th>tenant</th><th>waiting</th><th>p50</th><th>p90</th><th>max</th>
+      <th>past its pendingAlertAfter</th></tr></thead><tbody id="waits"></tbody></table>
+    <h2>Alerts (open first)</h2>
     <table><thead><tr><th>last seen</th><th>severity</th><th>kind</th><th>summary</th><th>count</th></tr></thead>
       <tbody id="alerts"></tbody></table>
   </div>
@@ -126,22 +129,52 @@ function renderUsage(usage) {
   }
 }
 
-function renderPending(claims, usage) {
+function duration(seconds) {
+  if (seconds < 90) return `${Math.round(seconds)}s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)}m`;
+  if (seconds < 172800) return `${(seconds / 3600).toFixed(1)}h`;
+  return `${(seconds / 86400).toFixed(1)}d`;
+}
+
+async function showClaims(row, group) {  // a group's claims, fetched when it is opened
+  if (row.dataset.loaded) return;
+  row.dataset.loaded = "1";
+  const page = await get(`/v1/claims?state=Pending&namespace=${encodeURIComponent(group.tenant)}&limit=200`);
+  const names = page.items.filter(c => (c.reason || "not decided yet") === group.reason).map(c => c.name);
+  row.querySelector(".claims").textContent = names.join(", ") + (page.next ? " ..." : "");
+}
+
+function renderPending(waiting, usage) {
   const body = document.getElementById("pending");
   body.replaceChildren();
-  for (const c of claims.items) {
-    body.append(el("tr", {class: "pending-claim", "data-claim": `${c.namespace}/${c.name}`},
-      el("td", {}, c.namespace), el("td", {}, c.name), el("td", {}, new Date(c.submittedAt).toLocaleString()),
-      el("td", {class: "reason"}, c.reason || "")));
+  for (const g of waiting.groups) {
+    const details = el("details", {}, el("summary", {class: "reason"}, g.reason), el("div", {class: "claims numbers"}));
+    const row = el("tr", {class: "waiting-group", "data-tenant": g.tenant, "data-claims": g.claims,
+                         "data-devices": g.devices},
+      el("td", {}, g.tenant), el("td", {class: "numbers"}, g.claims), el("td", {class: "numbers"}, g.devices),
+      el("td", {class: "numbers", title: new Date(g.oldestSubmittedAt).toLocaleString()}, duration(g.oldestWaitSeconds)),
+      el("td", {}, details));
+    details.addEventListener("toggle", () => { if (details.open) showClaims(row, g).catch(() => {}); });
+    body.append(row);
   }
-  if (!claims.items.length) body.append(el("tr", {}, el("td", {colspan: 4, class: "empty"}, "nothing waits")));
+  if (!waiting.groups.length) body.append(el("tr", {}, el("td", {colspan: 5, class: "empty"}, "nothing waits")));
+  const waits = document.getElementById("waits");
+  waits.replaceChildren();
+  for (const t of waiting.tenants) {
+    waits.append(el("tr", {class: "tenant-waits", "data-tenant": t.tenant},
+      el("td", {}, t.tenant), el("td", {class: "numbers"}, t.waiting),
+      el("td", {class: "numbers"}, duration(t.p50WaitSeconds)), el("td", {class: "numbers"}, duration(t.p90WaitSeconds)),
+      el("td", {class: "numbers"}, duration(t.maxWaitSeconds)), el("td", {class: "numbers"}, t.pastAlertAfter)));
+  }
   const demand = usage.pending.map(p => `${p.tenant}: ${p.claims} claims, ${p.devices} devices`).join(" · ");
   document.getElementById("pending-demand").textContent = demand;
 }
 
-function renderAlerts(alerts) {
+function renderAlerts(open, recent) {
   const body = document.getElementById("alerts");
   body.replaceChildren();
+  const shown = new Set(open.map(a => a.key + "@" + a.lastSeen));
+  const alerts = [...open, ...recent.filter(a => a.resolved && !shown.has(a.key + "@" + a.lastSeen))];
   for (const a of alerts) {
     body.append(el("tr", {class: "alert", "data-key": a.key},
       el("td", {}, new Date(a.lastSeen).toLocaleString()), el("td", {class: "sev-" + a.severity}, a.severity),
@@ -153,9 +186,9 @@ function renderAlerts(alerts) {
 async function refresh() {
   const status = document.getElementById("status");
   try {
-    const [usage, pending, alerts] = await Promise.all([
-      get("/v1/usage"), get("/v1/claims?state=Pending&limit=200"), get("/v1/alerts?limit=20")]);
-    renderUsage(usage); renderPending(pending, usage); renderAlerts(alerts);
+    const [usage, waiting, open, recent] = await Promise.all([
+      get("/v1/usage"), get("/v1/waiting"), get("/v1/alerts?resolved=false&limit=50"), get("/v1/alerts?limit=20")]);
+    renderUsage(usage); renderPending(waiting, usage); renderAlerts(open, recent);
     document.getElementById("data").hidden = false;
     document.getElementById("login").hidden = true;
     status.textContent = `updated ${new Date().toLocaleTimeString()}, polling every ${REFRESH_MS / 1000}s`;

@@ -108,7 +108,9 @@ class Rows(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.usage: dict[tuple[str, str], dict[str, str]] = {}
-        self.pending: dict[str, str] = {}
+        self.pending: dict[str, str] = {}  # tenant -> the reason of its group (one group each here)
+        self.groups: dict[str, dict[str, str]] = {}
+        self.waits: list[str] = []
         self.alerts: list[str] = []
         self._claim: str | None = None
         self._in_reason = False
@@ -118,15 +120,18 @@ class Rows(HTMLParser):
         classes = a.get("class", "").split()
         if "usage-row" in classes:
             self.usage[(a["data-tenant"], a["data-flavor"])] = a
-        elif "pending-claim" in classes:
-            self._claim = a["data-claim"]
+        elif "waiting-group" in classes:
+            self._claim = a["data-tenant"]
+            self.groups[a["data-tenant"]] = a
+        elif "tenant-waits" in classes:
+            self.waits.append(a["data-tenant"])
         elif "reason" in classes and self._claim is not None:
             self._in_reason = True
         elif "alert" in classes:
             self.alerts.append(a["data-key"])
 
     def handle_endtag(self, tag: str) -> None:
-        if tag == "td":
+        if tag in ("td", "summary"):
             self._in_reason = False
 
     def handle_data(self, data: str) -> None:
@@ -152,9 +157,12 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     assert re.search(r'class="in" style="width: 66\.66\d*%;?"', dom), "vision's 4 within nominal of 6"
     assert re.search(r'class="over" style="left: 66\.66\d*%; width: 33\.33\d*%;?"', dom), "2 borrowed"
 
-    assert parsed.pending == {
-        "speech/wait-big": "Insufficient nvidia.com/gpu: requested 2, free 0 of 8 on 1 node",
-        "vision/wait-quota": "quota H100 of vision: nominal 4 + borrowing 4, used 6, requested 2 more"}
+    assert parsed.pending == {  # the queue grouped by tenant and reason, with the devices asked
+        "speech": "Insufficient nvidia.com/gpu: requested 2, free 0 of 8 on 1 node",
+        "vision": "quota H100 of vision: nominal 4 + borrowing 4, used 6, requested 2 more"}
+    assert {t: (g["data-claims"], g["data-devices"]) for t, g in parsed.groups.items()} == {
+        "speech": ("1", "2"), "vision": ("1", "2")}
+    assert parsed.waits == ["speech", "vision"]
     assert "speech: 1 claims, 2 devices" in dom and "vision: 1 claims, 2 devices" in dom
     assert parsed.alerts == ["claim-pending-too-long:speech/wait-big"]
     assert "polling every 5s" in dom
