@@ -1,8 +1,9 @@
 """The usage page served at `/`: one self-contained HTML document (inline CSS and JS, no CDN, no build).
 
 It asks for a viewer token (or reads `?token=`, then drops it from the address bar and keeps it in
-sessionStorage), fetches /v1/usage, the queue grouped by tenant and reason (/v1/waiting; a group's claims when
-it is opened), open alerts and recent ones with it, and polls every 5 seconds. Everything from the API is inserted with textContent, never as HTML.
+sessionStorage), fetches /v1/usage, the queue grouped by tenant and reason (/v1/waiting; a group's
+claims when it is opened), open alerts and recent ones with it, and polls every 5 seconds. Everything
+from the API is inserted with textContent, never as HTML.
 """
 
 USAGE_PAGE = """<!doctype html>
@@ -152,7 +153,8 @@ function renderPending(waiting, usage) {
     const row = el("tr", {class: "waiting-group", "data-tenant": g.tenant, "data-claims": g.claims,
                          "data-devices": g.devices},
       el("td", {}, g.tenant), el("td", {class: "numbers"}, g.claims), el("td", {class: "numbers"}, g.devices),
-      el("td", {class: "numbers", title: new Date(g.oldestSubmittedAt).toLocaleString()}, duration(g.oldestWaitSeconds)),
+      el("td", {class: "numbers", title: new Date(g.oldestSubmittedAt).toLocaleString()},
+         duration(g.oldestWaitSeconds)),
       el("td", {}, details));
     details.addEventListener("toggle", () => { if (details.open) showClaims(row, g).catch(() => {}); });
     body.append(row);
@@ -163,7 +165,8 @@ function renderPending(waiting, usage) {
   for (const t of waiting.tenants) {
     waits.append(el("tr", {class: "tenant-waits", "data-tenant": t.tenant},
       el("td", {}, t.tenant), el("td", {class: "numbers"}, t.waiting),
-      el("td", {class: "numbers"}, duration(t.p50WaitSeconds)), el("td", {class: "numbers"}, duration(t.p90WaitSeconds)),
+      el("td", {class: "numbers"}, duration(t.p50WaitSeconds)),
+      el("td", {class: "numbers"}, duration(t.p90WaitSeconds)),
       el("td", {class: "numbers"}, duration(t.maxWaitSeconds)), el("td", {class: "numbers"}, t.pastAlertAfter)));
   }
   const demand = usage.pending.map(p => `${p.tenant}: ${p.claims} claims, ${p.devices} devices`).join(" · ");
