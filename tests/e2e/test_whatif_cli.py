@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,16 +18,9 @@ from shared.ledger.engine import sessions
 from shared.ledger.schema import Claim, ClaimEvent
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
+from tests.e2e.test_cli import run
 
 pytestmark = pytest.mark.e2e
-CLI = [sys.executable, "-m", "services.cli"]
-
-
-async def run(*args: str) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(*CLI, *args, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    return process.returncode or 0, out.decode(), err.decode()
 
 
 async def test_a_drain_and_a_quota_on_the_live_broker_change_nothing(tmp_path: Path) -> None:
