@@ -8,8 +8,6 @@ from datetime import UTC, datetime, timedelta
 from shared.ledger.schema import Claim, Tenant
 from tests.integration.admin import Api
 
-NOW = datetime.now(UTC)
-
 
 def spec(count: int) -> dict[str, object]:
     return {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
@@ -18,14 +16,15 @@ def spec(count: int) -> dict[str, object]:
 
 async def test_the_queue_grouped_by_tenant_and_reason(api: Api) -> None:
     full = "Insufficient nvidia.com/gpu: requested 1, free 0 of 8 on 1 node"
+    now = datetime.now(UTC)  # at the test, not at collection: the suite may reach it minutes later
     async with api.factory() as s, s.begin():
         s.add(Tenant(name="vision", pending_alert_after_s=60.0))
         s.add_all([Claim(namespace="vision", name=f"v{i}", state="Pending", spec=spec(1 + i % 2), sequence=1,
-                         reason=full, submitted_at=NOW - timedelta(seconds=30 * (i + 1))) for i in range(4)])
+                         reason=full, submitted_at=now - timedelta(seconds=30 * (i + 1))) for i in range(4)])
         s.add(Claim(namespace="vision", name="typo", state="Pending", spec=spec(8), sequence=1, reason=None,
-                    submitted_at=NOW - timedelta(seconds=5)))
+                    submitted_at=now - timedelta(seconds=5)))
         s.add(Claim(namespace="speech", name="s0", state="Pending", spec=spec(2), sequence=1, reason=full,
-                    submitted_at=NOW - timedelta(hours=1)))
+                    submitted_at=now - timedelta(hours=1)))
         s.add(Claim(namespace="speech", name="done", state="Allocated", spec=spec(1), sequence=1))
     body = (await api.client.get("/v1/waiting", headers=api.viewer)).json()
     assert [(g["tenant"], g["reason"], g["claims"], g["devices"]) for g in body["groups"]] == [
