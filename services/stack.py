@@ -143,7 +143,7 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
             return stack.allocator.fleet
         return await read_fleet(stack.admin_url, settings.tls_ca)
 
-    app = create_app(stack.engine, apply, fleet, settings.pending_alert_after)
+    app = create_app(stack.engine, apply, fleet, settings.pending_alert_after, settings.inventory_ttl)
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on",
                             ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,

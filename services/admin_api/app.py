@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.admin_api import claims, credentials, quotas, tenants, tokens, waiting, whatif
+from services.admin_api import claims, credentials, nodes, quotas, tenants, tokens, waiting, whatif
 from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
 from services.admin_api.page import USAGE_PAGE
 from shared.dra.inventory import Fleet
@@ -23,7 +23,8 @@ from shared.ledger.engine import sessions
 
 
 def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None,
-               fleet: Callable[[], Awaitable[Fleet]] | None = None, pending_alert_after: float = 600.0) -> FastAPI:
+               fleet: Callable[[], Awaitable[Fleet]] | None = None, pending_alert_after: float = 600.0,
+               inventory_ttl: float = 90.0) -> FastAPI:
     """Everything the app needs comes in through its arguments; nothing is read from the environment here.
     `apply_bus_credentials`: where the embedded NATS server runs in this process, what applies a change of
     bus credentials to it at once. `fleet`: the fleet as the bus has it, for what-if. `pending_alert_after`:
@@ -34,6 +35,7 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     app.state.apply_bus_credentials = apply_bus_credentials
     app.state.fleet = fleet
     app.state.pending_alert_after = pending_alert_after
+    app.state.inventory_ttl = inventory_ttl  # a node heard from longer ago shows as stale on the node map
 
     async def _http_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
@@ -93,4 +95,5 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     app.include_router(credentials.router)
     app.include_router(whatif.router)
     app.include_router(waiting.router)
+    app.include_router(nodes.router)
     return app

@@ -43,6 +43,15 @@ USAGE_PAGE = """<!doctype html>
   form { margin: 48px auto; max-width: 420px; background: #fff; padding: 24px; border: 1px solid var(--line); }
   input { width: 100%; padding: 6px; margin: 8px 0; font: inherit; }
   .error { color: #b91c1c; }
+  #nodes { display: flex; flex-wrap: wrap; gap: 6px; }
+  .node { background: #fff; border: 1px solid var(--line); padding: 4px; }
+  .node .name { font-size: 11px; color: var(--muted); }
+  .cells { display: flex; flex-wrap: wrap; gap: 2px; max-width: 120px; }
+  .cell { width: 12px; height: 12px; border-radius: 2px; background: #d1fae5; }
+  .cell.mig { width: 6px; }
+  .cell.allocated { background: var(--used); } .cell.allocated.others { background: #94a3b8; }
+  .cell.throttled { background: var(--borrowed); } .cell.unhealthy { background: #b91c1c; }
+  .cell.stale { background: #e5e7eb; }
 </style>
 </head>
 <body>
@@ -60,6 +69,13 @@ USAGE_PAGE = """<!doctype html>
       <span><i class="swatch" style="background:var(--borrowed)"></i>borrowed</span>
       <span><i class="swatch" style="background:var(--nominal)"></i>nominal quota</span></div>
     <div id="usage"></div>
+    <h2>Node map</h2>
+    <div class="legend"><span><i class="swatch" style="background:var(--used)"></i>allocated</span>
+      <span><i class="swatch" style="background:#d1fae5"></i>idle</span>
+      <span><i class="swatch" style="background:var(--borrowed)"></i>throttled</span>
+      <span><i class="swatch" style="background:#b91c1c"></i>unhealthy</span>
+      <span><i class="swatch" style="background:#e5e7eb"></i>stale inventory</span></div>
+    <div id="nodes"></div>
     <h2>Waiting, by tenant and reason</h2>
     <div id="pending-demand" class="numbers"></div>
     <table><thead><tr><th>tenant</th><th>claims</th><th>devices</th><th>oldest wait</th><th>reason</th></tr></thead>
@@ -130,6 +146,25 @@ function renderUsage(usage) {
   }
 }
 
+function renderNodes(nodes) {  // a cell per device (a narrow one per MIG slice), nodes wrapping
+  const box = document.getElementById("nodes");
+  box.replaceChildren();
+  for (const n of nodes) {
+    const cells = el("div", {class: "cells"});
+    for (const d of n.devices) {
+      const holder = d.state === "allocated" ? (d.tenant ? ` to ${d.tenant} (${d.claim})` : " (another tenant)") : "";
+      const classes = ["cell", d.kind === "mig" ? "mig" : "gpu", d.state];
+      if (d.state === "allocated" && !d.tenant) classes.push("others");
+      cells.append(el("div", {class: classes.join(" "), "data-node": n.node, "data-device": d.name,
+                              "data-state": d.state, "data-tenant": d.tenant || "",
+                              title: `${n.node} ${d.name}${d.model ? " (" + d.model + ")" : ""}: ` +
+                                     `${d.state}${holder}`}));
+    }
+    box.append(el("div", {class: "node", "data-node": n.node}, el("div", {class: "name"}, n.node), cells));
+  }
+  if (!nodes.length) box.append(el("p", {class: "empty"}, "no inventory yet"));
+}
+
 function duration(seconds) {
   if (seconds < 90) return `${Math.round(seconds)}s`;
   if (seconds < 5400) return `${Math.round(seconds / 60)}m`;
@@ -192,6 +227,7 @@ async function refresh() {
     const [usage, waiting, open, recent] = await Promise.all([
       get("/v1/usage"), get("/v1/waiting"), get("/v1/alerts?resolved=false&limit=50"), get("/v1/alerts?limit=20")]);
     renderUsage(usage); renderPending(waiting, usage); renderAlerts(open, recent);
+    renderNodes(await get("/v1/nodes").catch(() => []));  // no fleet view in this process: no map
     document.getElementById("data").hidden = false;
     document.getElementById("login").hidden = true;
     status.textContent = `updated ${new Date().toLocaleTimeString()}, polling every ${REFRESH_MS / 1000}s`;

@@ -20,9 +20,11 @@ import uvicorn
 from services.admin_api.app import create_app
 from services.notifier import history
 from shared.alerts.book import Alert, Message
+from shared.dra.inventory import Fleet
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import Claim, DeviceAllocation, Quota, Tenant
 from shared.ledger.tokens import create_token
+from tests.builders import fleet, node
 
 pytestmark = pytest.mark.e2e
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -82,7 +84,11 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning", lifespan="off"))
+    async def fleet_view() -> Fleet:  # node-01's H100s, node-02's A100s: the ledger's devices above are theirs
+        return fleet(*node("node-01", "H100", 8), *node("node-02", "A100", 4))
+
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, fleet=fleet_view), log_level="warning",
+                                           lifespan="off"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         await asyncio.sleep(0.05)
@@ -111,6 +117,7 @@ class Rows(HTMLParser):
         self.pending: dict[str, str] = {}  # tenant -> the reason of its group (one group each here)
         self.groups: dict[str, dict[str, str]] = {}
         self.waits: list[str] = []
+        self.cells: dict[tuple[str, str], tuple[str, str]] = {}  # (node, device) -> (state, tenant)
         self.alerts: list[str] = []
         self._claim: str | None = None
         self._in_reason = False
@@ -123,6 +130,8 @@ class Rows(HTMLParser):
         elif "waiting-group" in classes:
             self._claim = a["data-tenant"]
             self.groups[a["data-tenant"]] = a
+        elif "cell" in classes:
+            self.cells[(a["data-node"], a["data-device"])] = (a["data-state"], a["data-tenant"])
         elif "tenant-waits" in classes:
             self.waits.append(a["data-tenant"])
         elif "reason" in classes and self._claim is not None:
@@ -163,6 +172,12 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     assert {t: (g["data-claims"], g["data-devices"]) for t, g in parsed.groups.items()} == {
         "speech": ("1", "2"), "vision": ("1", "2")}
     assert parsed.waits == ["speech", "vision"]
+    # the node map: a cell per device, allocated ones with their tenant, the rest idle
+    assert len(parsed.cells) == 12
+    allocated = {("node-01", f"gpu-{i}"): ("allocated", "vision") for i in range(6)}
+    allocated[("node-02", "gpu-0")] = ("allocated", "speech")
+    assert {k: v for k, v in parsed.cells.items() if v[0] == "allocated"} == allocated
+    assert sum(1 for state, _ in parsed.cells.values() if state == "idle") == 5
     assert "speech: 1 claims, 2 devices" in dom and "vision: 1 claims, 2 devices" in dom
     assert parsed.alerts == ["claim-pending-too-long:speech/wait-big"]
     assert "polling every 5s" in dom

@@ -1,0 +1,43 @@
+"""GET /v1/nodes: every device of the fleet with its state, its holder shown only to who may see it."""
+
+from __future__ import annotations
+
+import httpx
+
+from services.admin_api.app import create_app
+from shared.dra.inventory import Fleet
+from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.schema import Claim, DeviceAllocation
+from shared.ledger.tokens import create_token
+from tests.builders import fleet, node
+
+
+async def test_devices_with_their_state_and_holder_for_whom_may_see_it(db_url: str) -> None:
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    factory = sessions(engine)
+    async with factory() as s, s.begin():
+        train = Claim(namespace="vision", name="train", state="Allocated", spec={}, sequence=1, node="n1")
+        s.add(train)
+        await s.flush()
+        s.add(DeviceAllocation(driver="gpu.nvidia.com", pool="n1", device="gpu-1", claim_id=train.id, node="n1",
+                               request="gpu", flavor="H100", units=2.0))
+    viewer = {"Authorization": f"Bearer {await create_token(factory, 'viewer', None)}"}
+    speech = {"Authorization": f"Bearer {await create_token(factory, 'viewer', 'speech')}"}
+
+    async def fleet_view() -> Fleet:
+        return fleet(*node("n1", "H100", 2), *node("n2", "A100", 1))
+
+    transport = httpx.ASGITransport(app=create_app(engine, fleet=fleet_view))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+            seen = (await api.get("/v1/nodes", headers=viewer)).json()
+            assert [(n["node"], [(d["name"], d["state"], d["tenant"]) for d in n["devices"]]) for n in seen] == [
+                ("n1", [("gpu-0", "idle", None), ("gpu-1", "allocated", "vision")]),
+                ("n2", [("gpu-0", "idle", None)])]
+            scoped = (await api.get("/v1/nodes", headers=speech)).json()
+            assert scoped[0]["devices"][1] == {**seen[0]["devices"][1], "tenant": None, "claim": None}
+            assert "vision" not in str(scoped)
+            assert (await api.get("/v1/nodes")).status_code == 401
+    finally:
+        await engine.dispose()
