@@ -14,11 +14,10 @@ from pydantic import Field
 from services.admin_api.common import PROBLEMS, Caller, Input, Session, admin
 from shared.admission.quota import QuotaFileError, parse_quotas
 from shared.admission.whatif import Change, what_if
-from shared.contract.events import inventory_payload, read_inventory
+from shared.contract.events import node_inventories
 from shared.dra import model as dra
 from shared.dra.cel import SelectorError, compile_selector
 from shared.dra.classes import merge_classes
-from shared.dra.inventory import NodeInventory
 from shared.fleet.sources import InventoryFileError, documents_from
 from shared.ledger.claims_read import read_claims
 from shared.ledger.quota_store import load_quota_config
@@ -56,15 +55,7 @@ async def post_whatif(body: WhatIfIn, request: Request, s: Session, token: Calle
         added = documents_from(body.add_inventory, "addInventory") if body.add_inventory else None
     except (QuotaFileError, InventoryFileError, dra.DocumentError) as error:
         raise HTTPException(422, str(error)) from None
-    nodes: tuple[NodeInventory, ...] = ()
-    if added is not None:
-        by_node: dict[str, list[dra.ResourceSlice]] = {}
-        for piece in added.slices:
-            if piece.spec.node_name:
-                by_node.setdefault(piece.spec.node_name, []).append(piece)
-        now = time.time()
-        nodes = tuple(read_inventory(inventory_payload(node, slices, labels=added.labels.get(node, {}), sequence=1,
-                                                       observed_at=now)) for node, slices in sorted(by_node.items()))
+    nodes = node_inventories(added.slices, added.labels, observed_at=time.time()) if added is not None else ()
     running, waiting, documents = await read_claims(s)
     config = await load_quota_config(s)
     change = Change(quotas=proposed, add_nodes=nodes, drain=frozenset(body.drain),

@@ -41,14 +41,13 @@ async def _read_ledger(factory: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def _added_nodes(paths: list[Path]) -> tuple[Any, ...]:
-    from services.watcher.files import node_payloads
-    from shared.contract.events import read_inventory
+    from shared.contract.events import node_inventories
     from shared.fleet.sources import load_inventory
 
     if not paths:
         return ()
-    payloads = node_payloads(load_inventory(paths), sequence=1, observed_at=time.time())
-    return tuple(read_inventory(payload) for payload in payloads.values())
+    documents = load_inventory(paths)
+    return node_inventories(documents.slices, documents.labels, observed_at=time.time())
 
 
 @app.command()

@@ -22,7 +22,7 @@ from shared.admission.flavors import Flavors
 from shared.admission.kept import KeptState
 from shared.admission.model import ClaimKey, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
-from shared.contract.events import inventory_payload, read_inventory
+from shared.contract.events import node_inventories
 from shared.dra import model as dra
 from shared.dra.inventory import Fleet, FleetDevice, NodeInventory
 from shared.fleet.topology import DRIVER, GpuModel, carved, lookup_model, topology_to_resource_slices
@@ -95,8 +95,8 @@ class _Node:
                 "mig": mig}
         slices = [dra.ResourceSlice.model_validate(s)
                   for s in topology_to_resource_slices({"kind": "Topology", "nodes": [spec]})]
-        return read_inventory(inventory_payload(self.name, slices, labels=dict(self.labels), sequence=1,
-                                                observed_at=0.0))
+        (inventory,) = node_inventories(slices, {self.name: self.labels}, observed_at=0.0)
+        return inventory
 
 
 def _read_node(inventory: NodeInventory) -> _Node | None:

@@ -49,6 +49,19 @@ def claim_status(
     return status
 
 
+def node_inventories(slices: Sequence[dra.ResourceSlice], labels: Mapping[str, Mapping[str, str]], *,
+                     observed_at: float, sequence: int = 1) -> tuple[NodeInventory, ...]:
+    """Each node's inventory from node-local slices, as a watcher would publish it and a reader read it
+    (what-if's added nodes, the MIG planner's re-laid ones)."""
+    by_node: dict[str, list[dra.ResourceSlice]] = {}
+    for piece in slices:
+        if piece.spec.node_name:
+            by_node.setdefault(piece.spec.node_name, []).append(piece)
+    return tuple(read_inventory(inventory_payload(node, pieces, labels=labels.get(node, {}), sequence=sequence,
+                                                  observed_at=observed_at))
+                 for node, pieces in sorted(by_node.items()))
+
+
 def inventory_payload(
     node: str,
     slices: Sequence[dra.ResourceSlice],
