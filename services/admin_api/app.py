@@ -15,7 +15,17 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.admin_api import claims, credentials, nodes, quotas, tenants, tokens, waiting, whatif
+from services.admin_api import (
+    claims,
+    credentials,
+    nodes,
+    quotas,
+    tenants,
+    tokens,
+    usage_history,
+    waiting,
+    whatif,
+)
 from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
 from services.admin_api.page import USAGE_PAGE
 from shared.dra.inventory import Fleet
@@ -89,6 +99,7 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
         return JSONResponse({"status": "ready"})
 
     app.include_router(tenants.router)
+    app.include_router(usage_history.router)  # before /v1/usage's routes, which it extends
     app.include_router(quotas.router)
     app.include_router(claims.router)
     app.include_router(tokens.router)

@@ -6,13 +6,14 @@ holds the others."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import Field
 from sqlalchemy import select
 
 from services.admin_api.common import PROBLEMS, Caller, Model, Session
-from shared.dra.inventory import THROTTLED, UNHEALTHY
+from shared.dra.inventory import THROTTLED, UNHEALTHY, FleetDevice
 from shared.ledger.schema import Claim, DeviceAllocation
 
 router = APIRouter(responses=PROBLEMS)
@@ -20,21 +21,29 @@ router = APIRouter(responses=PROBLEMS)
 
 class DeviceCell(Model):
     name: str
+    driver: str
+    pool: str
     kind: str = Field(description="gpu or mig")
+    parent: str | None = Field(description="a MIG slice's GPU on the same node (by its uuid)")
     state: str = Field(description="allocated, idle, throttled, unhealthy or stale")
     tenant: str | None = Field(description="who holds it (only its own tenant for a tenant-scoped viewer)")
     claim: str | None
     model: str | None
+    temperature_c: int | None = Field(description="from the watcher's telemetry (NVML); none from files or Kubernetes")
+    throttle_reasons: list[str] = Field(description="NVML clock event reasons, as NVML names them")
 
 
 class NodeCells(Model):
     node: str
+    generation: str = Field(description="architecture and product of its GPUs, what the map groups nodes by")
+    stale: bool = Field(description="no inventory heard within the inventory TTL")
     devices: list[DeviceCell]
 
 
 @router.get("/v1/nodes", response_model=list[NodeCells], tags=["fleet"])
 async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCells]:
-    """Nodes in name order, each device with its state, for the page's node map."""
+    """Nodes by generation, then name, each device with its state, for the page's node map. Abstract
+    DynamicMIG partitions (carved only when allocated) are listed only while allocated."""
     fleet_of = getattr(request.app.state, "fleet", None)
     if fleet_of is None:
         raise HTTPException(503, "this API process has no view of the fleet (run it with the broker, or with NATS)")
@@ -45,12 +54,15 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
         .join(Claim, Claim.id == DeviceAllocation.claim_id))}
     now = time.time()
     out = []
-    for name in sorted(fleet.nodes):
-        node = fleet.nodes[name]
+    for name, node in fleet.nodes.items():
         stale = bool(node.observed_at) and now - node.observed_at > ttl
+        gpu_by_uuid = {str(d.attributes.get(UUID)): d.name for d in node.devices if _kind(d) == "gpu"}
         cells = []
         for device in node.devices:
             holder = held.get(device.key)
+            kind = _kind(device)
+            if holder is None and kind == "mig" and device.consumes_counters:
+                continue  # a DynamicMIG placement that nobody holds is a possibility, not a device
             if holder is not None:
                 state = "allocated"
             elif stale:
@@ -58,11 +70,31 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
             else:
                 state = {UNHEALTHY: "unhealthy", THROTTLED: "throttled"}.get(device.health, "idle")
             mine = holder is not None and (token.tenant is None or holder[0] == token.tenant)
-            kind = device.attributes.get("gpu.nvidia.com/type")
-            model = device.attributes.get("gpu.nvidia.com/productName")
-            cells.append(DeviceCell(name=device.name, kind=str(kind) if kind is not None else "gpu", state=state,
-                                    tenant=holder[0] if mine and holder else None,
-                                    claim=holder[1] if mine and holder else None,
-                                    model=str(model) if model is not None else None))
-        out.append(NodeCells(node=name, devices=cells))
+            parent = device.attributes.get(PARENT_UUID)
+            model = device.attributes.get(PRODUCT)
+            cells.append(DeviceCell(
+                name=device.name, driver=device.driver, pool=device.pool, kind=kind,
+                parent=gpu_by_uuid.get(str(parent), str(parent)) if parent is not None else None, state=state,
+                tenant=holder[0] if mine and holder else None, claim=holder[1] if mine and holder else None,
+                model=str(model) if model is not None else None, temperature_c=device.temperature_c,
+                throttle_reasons=list(device.throttle_reasons)))
+        out.append(NodeCells(node=name, generation=_generation(node.devices), stale=stale, devices=cells))
+    out.sort(key=lambda n: (n.generation, n.node))
     return out
+
+
+UUID, PARENT_UUID = "gpu.nvidia.com/uuid", "gpu.nvidia.com/parentUUID"
+PRODUCT, ARCHITECTURE = "gpu.nvidia.com/productName", "gpu.nvidia.com/architecture"
+
+
+def _kind(device: FleetDevice) -> str:
+    kind = device.attributes.get("gpu.nvidia.com/type")
+    return str(kind) if kind is not None else "gpu"
+
+
+def _generation(devices: tuple[FleetDevice, ...]) -> str:
+    """The most common architecture and product among the node's devices: 'Hopper NVIDIA H100 80GB HBM3'."""
+    seen = Counter(" ".join(str(d.attributes[a]) for a in (ARCHITECTURE, PRODUCT) if a in d.attributes)
+                   for d in devices)
+    seen.pop("", None)
+    return seen.most_common(1)[0][0] if seen else "unknown"

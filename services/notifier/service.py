@@ -9,8 +9,9 @@ from their content, and on start rows written within JetStream's duplicate windo
 so a crash between commit and publish loses nothing and duplicates nothing.
 
 Every `usage_check_interval` (by self.clock; once at start) `check_usage` reads quota usage and pending
-demand from the ledger and the fleet's flavors from inventory (services/notifier/usage.py) and feeds
-quota-near-limit and idle-larger-flavor. Those rules are levels, re-evaluated each pass: a condition
+demand from the ledger and the fleet's flavors from inventory (services/notifier/usage.py), feeds
+quota-near-limit and idle-larger-flavor, and writes the minute's usage sample (the usage page's fleet over
+time). Those rules are levels, re-evaluated each pass: a condition
 that still holds is not a new observation, so only its start and its end are published.
 """
 
@@ -53,7 +54,7 @@ from shared.alerts.rules import (
 from shared.contract import subjects
 from shared.contract.messages import NodeInventory
 from shared.dra.classes import merge_classes
-from shared.ledger import inbox
+from shared.ledger import inbox, usage_history
 from shared.ledger.claims_read import read_claims
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config
@@ -253,8 +254,10 @@ class Notifier:
         """One pass of the ledger-driven rules; the loop calls it every `usage_check_interval`, tests may
         call it directly. A quota deleted from the ledger ends its alert: its pair is no longer listed."""
         self._usage_due = self.clock() + self.usage_interval
-        async with self.sessions() as session:
+        async with self.sessions() as session, session.begin():
             figures = await read_figures(session, self.flavors)
+            await usage_history.record(session, self.clock(), figures.used,
+                                       {(u.tenant, u.flavor): u.nominal for u in figures.usages}, figures.capacity)
         listed = {alert_key(QUOTA_NEAR_LIMIT, u.tenant, u.flavor) for u in figures.usages}
         gone = [Resolve(key, "its quota is no longer configured") for key in self.book.open_keys()
                 if key.startswith(f"{QUOTA_NEAR_LIMIT}:") and key not in listed]

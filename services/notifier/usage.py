@@ -33,12 +33,15 @@ MIG_CLASS = "mig.nvidia.com"
 
 @dataclass(frozen=True)
 class Figures:
-    """One pass's inputs for the two rules."""
+    """One pass's inputs for the two rules, and for the minute's usage sample (used per tenant and flavor,
+    the fleet's devices per flavor)."""
 
     usages: list[QuotaUsage]
     pending: dict[str, int]
     idle: dict[str, int]
     values: dict[str, float]
+    used: dict[tuple[str, str], int]
+    capacity: dict[str, int]
 
 
 class FleetFlavors:
@@ -131,7 +134,7 @@ def figures(config: QuotaConfig, used: Mapping[tuple[str, str], int],
     for (_, flavor), n in used.items():
         allocated[flavor] += n
     idle = {flavor: max(0, n - allocated[flavor]) for flavor, n in fleet.items()}
-    return Figures(usages, dict(pending), idle, values)
+    return Figures(usages, dict(pending), idle, values, dict(used), dict(fleet))
 
 
 async def waiting_for_mig(session: AsyncSession) -> bool:

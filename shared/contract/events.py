@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.dra import model as dra
-from shared.dra.inventory import NodeInventory, counters_from_slices, devices_from_slices
+from shared.dra.inventory import FleetDevice, NodeInventory, counters_from_slices, devices_from_slices
 from shared.fleet import telemetry
 
 
@@ -103,10 +103,10 @@ def read_inventory(payload: Mapping[str, Any]) -> NodeInventory:
         if not isinstance(obj, dra.ResourceSlice):
             raise dra.DocumentError(f"slices[{index}]: expected ResourceSlice")
         slices.append(obj)
-    health = {name: reading.health for name, reading in telemetry.from_json(payload.get("telemetry")).items()}
+    readings = telemetry.from_json(payload.get("telemetry"))
     devices = devices_from_slices(slices).get(node, [])
-    if health:  # telemetry marks devices throttled or unhealthy; placement reads it from the device
-        devices = [replace(d, health=health.get(d.name, d.health)) for d in devices]
+    if readings:  # telemetry marks devices throttled or unhealthy; placement reads it from the device
+        devices = [_with_reading(d, readings.get(d.name)) for d in devices]
     return NodeInventory(
         node=node,
         devices=tuple(devices),
@@ -115,6 +115,13 @@ def read_inventory(payload: Mapping[str, Any]) -> NodeInventory:
         sequence=int(payload.get("sequence", 0)),
         observed_at=float(payload.get("observedAtUnix", 0.0)),
     )
+
+
+def _with_reading(device: FleetDevice, reading: telemetry.DeviceTelemetry | None) -> FleetDevice:
+    if reading is None:
+        return device
+    return replace(device, health=reading.health, temperature_c=reading.temperature_c,
+                   throttle_reasons=reading.throttle_reasons)
 
 
 def alert(

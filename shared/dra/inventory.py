@@ -60,6 +60,9 @@ class FleetDevice:
     taints: tuple[dra.DeviceTaint, ...] = ()
     consumes_counters: tuple[dra.DeviceCounterConsumption, ...] = ()
     health: str = HEALTHY  # from the node's telemetry: placement takes Throttled last, Unhealthy never
+    # The readings behind `health`, for people (the usage page's node map); placement reads only health.
+    temperature_c: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
 
     @cached_property
     def key(self) -> tuple[str, str, str]:  # built once: placement and usage look devices up by key constantly

@@ -275,3 +275,16 @@ def _stamp_revision(session: Session, _context: Any, _instances: Any) -> None:
     for row in session.dirty:
         if isinstance(row, Claim) and session.is_modified(row):
             row.revision = revision
+
+
+class UsageSample(Base):
+    """Devices in use per tenant and flavor, and each flavor's devices in the fleet (tenant ''), once a
+    minute: the usage page's fleet over time. Kept a week and a day (shared/ledger/usage_history.py)."""
+
+    __tablename__ = "usage_samples"
+    at: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # unix seconds, a whole minute
+    tenant: Mapped[str] = mapped_column(String(253), primary_key=True)
+    flavor: Mapped[str] = mapped_column(String(253), primary_key=True)
+    used: Mapped[int] = mapped_column(Integer, default=0)
+    nominal: Mapped[int] = mapped_column(Integer, default=0)
+    capacity: Mapped[int] = mapped_column(Integer, default=0)  # the fleet row's; 0 on a tenant's

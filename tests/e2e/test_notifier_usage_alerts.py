@@ -24,7 +24,7 @@ from shared.contract import events, subjects
 from shared.dra import model as dra
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.quota_store import apply_quota_config
-from shared.ledger.schema import AlertRecord, Claim, DeviceAllocation
+from shared.ledger.schema import AlertRecord, Claim, DeviceAllocation, UsageSample
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
 from tests.e2e.helpers import T0, Collector, FakeClock, alerts
@@ -170,6 +170,27 @@ async def test_idle_larger_flavor_fires_while_b200_idles_and_resolves(start: Sta
     assert keys(await h.notifier.check_usage()) == [("idle-larger-flavor:H100", True)]
     await h.wait_seen("idle-larger-flavor", [("idle-larger-flavor:H100", 1, False),
                                              ("idle-larger-flavor:H100", 1, True)])
+
+
+async def test_each_minute_s_usage_is_sampled_once_for_the_fleet_over_time(start: Start) -> None:
+    h = await start()
+    await h.inventory("h1", "H100", 4)
+    await h.quotas({"name": "vision", "quotas": {"H100": {"nominal": 1}}}, {"name": "speech", "quotas": {}})
+    await h.claim("vision", "train", "Allocated", devices=3, node="h1")
+    h.clock.now = T0 + 60
+    await h.notifier.check_usage()
+    await h.claim("speech", "asr", "Allocated", devices=1, node="h1")
+    await h.notifier.check_usage()  # the same minute: already sampled, nothing written
+    async with h.factory() as session:
+        rows = sorted((r.at, r.tenant, r.flavor, r.used, r.nominal, r.capacity)
+                      for r in await session.scalars(select(UsageSample).where(UsageSample.at == T0 + 60)))
+    assert rows == [(T0 + 60, "", "H100", 0, 0, 4), (T0 + 60, "vision", "H100", 3, 1, 0)]
+    h.clock.now = T0 + 120
+    await h.notifier.check_usage()
+    async with h.factory() as session:
+        later = {(r.tenant, r.used) for r in await session.scalars(select(UsageSample).where(
+            UsageSample.at == T0 + 120))}
+    assert later == {("", 0), ("vision", 3), ("speech", 1)}
 
 
 async def test_no_idle_alert_when_the_larger_flavor_is_all_allocated(start: Start) -> None:
