@@ -134,6 +134,7 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
     import uvicorn
 
     from services.admin_api.app import create_app
+    from services.admin_api.live import LiveFeed
 
     apply = stack.authority.apply if stack.authority is not None else None
 
@@ -143,9 +144,10 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
             return stack.allocator.fleet
         return await read_fleet(stack.admin_url, settings.tls_ca)
 
-    app = create_app(stack.engine, apply, fleet, settings.pending_alert_after, settings.inventory_ttl)
+    live = LiveFeed(lambda: connect(stack.admin_url, name="claimbroker-admin-api-live", tls_ca=settings.tls_ca))
+    app = create_app(stack.engine, apply, fleet, settings.pending_alert_after, settings.inventory_ttl, live)
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
-                            log_level="warning", lifespan="on",
+                            log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,
                             ssl_keyfile=str(settings.api_tls_key) if settings.api_tls_key else None)
     server = uvicorn.Server(config)
@@ -168,9 +170,12 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
     try:
         await asyncio.shield(serving)
     except asyncio.CancelledError:
+        await live.close()  # open event streams end first: uvicorn waits for every response to finish
         server.should_exit = True  # a clean uvicorn shutdown instead of a cancelled lifespan
         await serving
         raise
+    finally:
+        await live.close()
 
 
 SERVICES = ("watcher", "allocator", "notifier", "admin-api")

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.admin_api import (
     claims,
     credentials,
+    live,
     nodes,
     quotas,
     tenants,
@@ -27,6 +28,7 @@ from services.admin_api import (
     whatif,
 )
 from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
+from services.admin_api.live import LiveFeed
 from services.admin_api.page import USAGE_PAGE
 from shared.dra.inventory import Fleet
 from shared.ledger.engine import sessions
@@ -34,17 +36,19 @@ from shared.ledger.engine import sessions
 
 def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None,
                fleet: Callable[[], Awaitable[Fleet]] | None = None, pending_alert_after: float = 600.0,
-               inventory_ttl: float = 90.0) -> FastAPI:
+               inventory_ttl: float = 90.0, live_feed: LiveFeed | None = None) -> FastAPI:
     """Everything the app needs comes in through its arguments; nothing is read from the environment here.
     `apply_bus_credentials`: where the embedded NATS server runs in this process, what applies a change of
     bus credentials to it at once. `fleet`: the fleet as the bus has it, for what-if. `pending_alert_after`:
-    the broker's, for tenants without their own (the waiting view counts claims past it)."""
+    the broker's, for tenants without their own (the waiting view counts claims past it). `live_feed`: the
+    broker's events for the page's live feed (/v1/events)."""
     # storable_parameters runs first on every route: a NUL in a path or query parameter is a 422, not a 500.
     app = FastAPI(title="claim-broker admin API", version="1", dependencies=[Depends(storable_parameters)])
     app.state.sessions = sessions(engine)
     app.state.apply_bus_credentials = apply_bus_credentials
     app.state.fleet = fleet
     app.state.pending_alert_after = pending_alert_after
+    app.state.live = live_feed
     app.state.inventory_ttl = inventory_ttl  # a node heard from longer ago shows as stale on the node map
 
     async def _http_error(_: Request, error: Exception) -> JSONResponse:
@@ -107,4 +111,5 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     app.include_router(whatif.router)
     app.include_router(waiting.router)
     app.include_router(nodes.router)
+    app.include_router(live.router)
     return app

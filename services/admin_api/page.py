@@ -1,9 +1,16 @@
 """The usage page served at `/`: one self-contained HTML document (inline CSS and JS, no CDN, no build).
 
 It asks for a viewer token (or reads `?token=`, then drops it from the address bar and keeps it in
-sessionStorage), fetches /v1/usage, the queue grouped by tenant and reason (/v1/waiting; a group's
-claims when it is opened), open alerts and recent ones with it, and polls every 5 seconds. Everything
-from the API is inserted with textContent, never as HTML.
+sessionStorage), then shows: the fleet over time (/v1/usage/history, SVG stacked areas per flavor, a
+tenant's on click), usage against quota (/v1/usage), the node map (/v1/nodes, a cell per GPU and MIG
+slice, by generation), the queue grouped by tenant and reason (/v1/waiting; a group's claims when it is
+opened) and alerts, open first.
+
+Live: it reads /v1/events (server-sent events over the broker's own events, with fetch so the token
+travels as a header) and applies a claim's devices to the node map as its status arrives; other panels
+are fetched again at most every 0.5 s, and only those an event touched. Without the stream (no bus in
+this process, or it dropped) it polls every 5 s and tries the stream again. Everything from the API is
+inserted with textContent, never as HTML. Each panel's render time is kept in `window.renderTimes`.
 """
 
 USAGE_PAGE = """<!doctype html>
@@ -14,7 +21,7 @@ USAGE_PAGE = """<!doctype html>
 <title>claim-broker usage</title>
 <style>
   :root { --fg: #1d2330; --muted: #6b7280; --line: #e5e7eb; --used: #2563eb; --borrowed: #f59e0b;
-          --nominal: #111827; --bg: #f8fafc; }
+          --nominal: #111827; --bg: #f8fafc; --idle: #d1fae5; }
   * { box-sizing: border-box; }
   body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--fg); margin: 0;
          background: var(--bg); }
@@ -43,15 +50,33 @@ USAGE_PAGE = """<!doctype html>
   form { margin: 48px auto; max-width: 420px; background: #fff; padding: 24px; border: 1px solid var(--line); }
   input { width: 100%; padding: 6px; margin: 8px 0; font: inherit; }
   .error { color: #b91c1c; }
-  #nodes { display: flex; flex-wrap: wrap; gap: 6px; }
-  .node { background: #fff; border: 1px solid var(--line); padding: 4px; }
-  .node .name { font-size: 11px; color: var(--muted); }
+  .panel { padding-bottom: 8px; }
+  .controls button { font: inherit; font-size: 12px; padding: 2px 8px; margin-right: 4px; background: #fff;
+                     border: 1px solid var(--line); border-radius: 3px; cursor: pointer; }
+  .controls button.on { background: var(--fg); color: #fff; }
+  .controls select { font: inherit; font-size: 12px; margin-left: 12px; }
+  .charts { display: flex; flex-wrap: wrap; gap: 12px; }
+  .chart { background: #fff; border: 1px solid var(--line); padding: 6px 8px; }
+  .chart svg { display: block; }
+  .chart .axis { font-size: 10px; fill: var(--muted); }
+  .usage-row .who { cursor: pointer; text-decoration: underline dotted; }
+  .generation h3 { margin: 12px 0 4px; }
+  .nodes { display: flex; flex-wrap: wrap; gap: 4px; }
+  .node { background: #fff; border: 1px solid var(--line); padding: 3px; }
+  .node .name { font-size: 10px; color: var(--muted); max-width: 120px; overflow: hidden; white-space: nowrap; }
+  .node.stale { opacity: .6; }
   .cells { display: flex; flex-wrap: wrap; gap: 2px; max-width: 120px; }
-  .cell { width: 12px; height: 12px; border-radius: 2px; background: #d1fae5; }
-  .cell.mig { width: 6px; }
+  .cell { width: 12px; height: 12px; border-radius: 2px; background: var(--idle); }
+  .gpu-box { display: flex; flex-wrap: wrap; gap: 1px; width: 12px; height: 12px; }
+  .gpu-box .cell { width: 5px; height: 5px; border-radius: 1px; }
   .cell.allocated { background: var(--used); } .cell.allocated.others { background: #94a3b8; }
   .cell.throttled { background: var(--borrowed); } .cell.unhealthy { background: #b91c1c; }
   .cell.stale { background: #e5e7eb; }
+  #nodes.small .node { padding: 1px; } #nodes.small .node .name { display: none; }
+  #nodes.small .cells { gap: 1px; max-width: 28px; }
+  #nodes.small .cell, #nodes.small .gpu-box { width: 6px; height: 6px; }
+  #nodes.small .gpu-box .cell { width: 2px; height: 2px; }
+  #status.live::before { content: "\25CF "; color: #16a34a; }
 </style>
 </head>
 <body>
@@ -64,18 +89,33 @@ USAGE_PAGE = """<!doctype html>
     <p id="login-error" class="error"></p>
   </form>
   <div id="data" hidden>
+    <section class="panel" id="panel-history">
+    <h2>Fleet over time</h2>
+    <div class="controls"><span id="windows"></span><select id="history-tenant" aria-label="whose usage">
+      <option value="">whole fleet</option></select></div>
+    <div class="legend" id="history-legend"></div>
+    <div id="history" class="charts"></div>
+    </section>
+    <section class="panel" id="panel-usage">
     <h2>Usage by flavor</h2>
     <div class="legend"><span><i class="swatch" style="background:var(--used)"></i>used within nominal</span>
       <span><i class="swatch" style="background:var(--borrowed)"></i>borrowed</span>
-      <span><i class="swatch" style="background:var(--nominal)"></i>nominal quota</span></div>
+      <span><i class="swatch" style="background:var(--nominal)"></i>nominal quota</span>
+      <span>a tenant's name shows its usage over time</span></div>
     <div id="usage"></div>
+    </section>
+    <section class="panel" id="panel-nodes">
     <h2>Node map</h2>
     <div class="legend"><span><i class="swatch" style="background:var(--used)"></i>allocated</span>
-      <span><i class="swatch" style="background:#d1fae5"></i>idle</span>
+      <span><i class="swatch" style="background:#94a3b8"></i>allocated to another tenant</span>
+      <span><i class="swatch" style="background:var(--idle)"></i>idle</span>
       <span><i class="swatch" style="background:var(--borrowed)"></i>throttled</span>
       <span><i class="swatch" style="background:#b91c1c"></i>unhealthy</span>
-      <span><i class="swatch" style="background:#e5e7eb"></i>stale inventory</span></div>
+      <span><i class="swatch" style="background:#e5e7eb"></i>stale inventory</span>
+      <span>small squares: MIG slices inside their GPU; hover for temperature and throttle reasons</span></div>
     <div id="nodes"></div>
+    </section>
+    <section class="panel" id="panel-waiting">
     <h2>Waiting, by tenant and reason</h2>
     <div id="pending-demand" class="numbers"></div>
     <table><thead><tr><th>tenant</th><th>claims</th><th>devices</th><th>oldest wait</th><th>reason</th></tr></thead>
@@ -83,15 +123,28 @@ USAGE_PAGE = """<!doctype html>
     <h3>Waits per tenant</h3>
     <table><thead><tr><th>tenant</th><th>waiting</th><th>p50</th><th>p90</th><th>max</th>
       <th>past its pendingAlertAfter</th></tr></thead><tbody id="waits"></tbody></table>
+    </section>
+    <section class="panel" id="panel-alerts">
     <h2>Alerts (open first)</h2>
     <table><thead><tr><th>last seen</th><th>severity</th><th>kind</th><th>summary</th><th>count</th></tr></thead>
       <tbody id="alerts"></tbody></table>
+    </section>
   </div>
 </main>
 <script>
 "use strict";
-const REFRESH_MS = 5000;  // polling: simple, and enough for a page people glance at
-let token = null, timer = null;
+const POLL_MS = 5000;        // without the live stream
+const FULL_MS = 60000;       // with it: everything again once a minute (stale inventory is a matter of time)
+const SOON_MS = 500;         // events coalesce: a panel is fetched at most this often
+const HISTORY_MS = 60000;    // usage samples are a minute apart
+const WINDOWS = ["hour", "day", "week"];
+let token = null, timer = null, live = false, stream = null, lastFull = 0, lastHistory = 0;
+let historyWindow = "hour", historyTenant = "";
+const cellsByKey = new Map();    // "driver/pool/device" -> its cell on the node map
+const claimKeys = new Map();     // "tenant/claim" -> device keys it holds, as far as the page knows
+const soonPanels = new Set();
+let soonTimer = null;
+window.renderTimes = {};
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -100,6 +153,18 @@ function el(tag, attrs, ...children) {
   }
   for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  return node;
+}
+
+function timed(name, render) {
+  const started = performance.now();
+  render();
+  window.renderTimes[name] = Math.round((performance.now() - started) * 10) / 10;
 }
 
 async function get(path) {
@@ -112,6 +177,89 @@ async function get(path) {
   }
   return response.json();
 }
+
+// --- fleet over time -------------------------------------------------------------------------
+
+function renderHistory(history) {
+  const box = document.getElementById("history");
+  box.replaceChildren();
+  const tenant = history.tenant;
+  const layers = tenant ? [["used", "var(--used)", "used within nominal"], ["borrowed", "var(--borrowed)", "borrowed"]]
+                        : [["used", "var(--used)", "used within nominal"], ["borrowed", "var(--borrowed)", "borrowed"],
+                           ["idle", "var(--idle)", "idle"]];
+  const legend = document.getElementById("history-legend");
+  legend.replaceChildren(...layers.map(([, color, label]) =>
+    el("span", {}, el("i", {class: "swatch", style: `background:${color}`}), label)));
+  if (tenant) legend.append(el("span", {}, el("i", {class: "swatch", style: "background:var(--nominal)"}),
+                               `${tenant}'s nominal quota`));
+  const W = 340, H = 110, PAD = 18;
+  for (const f of history.flavors) {
+    const points = f.points, n = points.length;
+    const top = p => layers.reduce((sum, [k]) => sum + (p[k] || 0), 0);
+    const scale = Math.max(1, ...points.map(p => Math.max(top(p), tenant ? (p.nominal || 0) : 0)));
+    const x = i => (n > 1 ? i / (n - 1) : 0) * W;
+    const y = v => PAD + (H - PAD) * (1 - v / scale);
+    const line = (run, value) =>
+      run.map((i, j) => `${j ? "L" : "M"}${x(i).toFixed(1)},${y(value(j)).toFixed(1)}`).join("");
+    const chart = svg("svg", {width: W, height: H + 14, viewBox: `0 0 ${W} ${H + 14}`, role: "img",
+                              "aria-label": `${f.flavor} devices over the last ${history.window}`});
+    let runs = [], run = [];  // stretches with samples; a gap is left blank, not drawn as zero
+    points.forEach((p, i) => { if (p.used === null) { if (run.length) runs.push(run); run = []; } else run.push(i); });
+    if (run.length) runs.push(run);
+    for (const r of runs) {
+      let below = r.map(() => 0);
+      for (const [k, color] of layers) {
+        const above = r.map((i, j) => below[j] + (points[i][k] || 0));
+        const path = line(r, j => above[j]) + "L" +
+          line(r.slice().reverse(), j => below[r.length - 1 - j]).slice(1) + "Z";
+        chart.append(svg("path", {d: r.length > 1 ? path : `M${x(r[0])},${y(above[0])}h2V${y(below[0])}h-2Z`,
+                                  fill: color, class: `layer layer-${k}`}));
+        below = above;
+      }
+      if (tenant) {
+        chart.append(svg("path", {d: line(r, j => points[r[j]].nominal || 0), stroke: "var(--nominal)",
+                                  fill: "none", "stroke-width": 1.5, class: "nominal-line"}));
+      }
+    }
+    const label = (t, anchor, xx, yy) => {
+      const text = svg("text", {x: xx, y: yy, class: "axis", "text-anchor": anchor});
+      text.textContent = t;
+      return text;
+    };
+    const first = new Date(points[0].at * 1000), last = new Date(points[n - 1].at * 1000);
+    const clock = {hour: "2-digit", minute: "2-digit"};
+    const when = d => history.window === "hour" ? d.toLocaleTimeString([], clock)
+                                                : d.toLocaleString([], {weekday: "short", ...clock});
+    chart.append(label(`${Math.round(scale)} devices`, "start", 0, 10), label(when(first), "start", 0, H + 12),
+                 label(when(last), "end", W, H + 12));
+    const latest = [...points].reverse().find(p => p.used !== null);
+    const now = latest ? layers.map(([k, , l]) => `${l} ${(latest[k] || 0).toFixed(1)}`).join(", ") : "no samples yet";
+    box.append(el("div", {class: "chart", "data-flavor": f.flavor, "data-runs": runs.length},
+                  el("div", {class: "numbers"}, el("b", {}, f.flavor), " · now: " + now), chart));
+  }
+  if (!history.flavors.length) box.append(el("p", {class: "empty"},
+    "no usage samples yet: the notifier writes one a minute once flavors and quotas are set"));
+}
+
+async function loadHistory() {
+  const query = `/v1/usage/history?window=${historyWindow}` +
+                (historyTenant ? `&tenant=${encodeURIComponent(historyTenant)}` : "");
+  const history = await get(query);
+  timed("history", () => renderHistory(history));
+  lastHistory = Date.now();
+}
+
+function showHistory(window_, tenant) {
+  if (window_ !== undefined) historyWindow = window_;
+  if (tenant !== undefined) historyTenant = tenant;
+  for (const b of document.querySelectorAll("#windows button")) {
+    b.classList.toggle("on", b.dataset.window === historyWindow);
+  }
+  document.getElementById("history-tenant").value = historyTenant;
+  loadHistory().catch(failed);
+}
+
+// --- usage against quota -----------------------------------------------------------------------
 
 function renderUsage(usage) {
   const box = document.getElementById("usage");
@@ -137,33 +285,110 @@ function renderUsage(usage) {
       if (borrowed) text += `, ${borrowed} borrowed`;
       if (r.lent) text += `, ${r.lent} lent`;
       text += ` (${r.usedUnits} GPU units)`;
+      const who = el("div", {class: "who", title: `${r.tenant}'s usage over time`},
+                     r.tenant + (r.cohort ? ` (${r.cohort})` : ""));
+      who.addEventListener("click", () => showHistory(undefined, r.tenant));
       section.append(el("div", {class: "row usage-row", "data-tenant": r.tenant, "data-flavor": flavor,
                                 "data-used": r.used, "data-nominal": r.nominal, "data-borrowed": borrowed,
-                                "data-lent": r.lent},
-        el("div", {}, r.tenant + (r.cohort ? ` (${r.cohort})` : "")), bar, el("div", {class: "numbers"}, text)));
+                                "data-lent": r.lent}, who, bar, el("div", {class: "numbers"}, text)));
     }
     box.append(section);
   }
+  const select = document.getElementById("history-tenant");
+  const tenants = [...new Set(usage.items.map(r => r.tenant))].sort();
+  const have = [...select.options].slice(1).map(o => o.value);
+  if (tenants.join("\\n") !== have.join("\\n")) {
+    select.replaceChildren(el("option", {value: ""}, "whole fleet"), ...tenants.map(t => el("option", {value: t}, t)));
+    select.value = historyTenant;
+  }
 }
 
-function renderNodes(nodes) {  // a cell per device (a narrow one per MIG slice), nodes wrapping
+// --- node map ----------------------------------------------------------------------------------
+
+function cellTitle(node, d) {
+  let text = `${node} ${d.name}${d.model ? " (" + d.model + ")" : ""}: ${d.state}`;
+  if (d.state === "allocated") text += d.tenant ? ` to ${d.tenant} (${d.claim})` : " (another tenant)";
+  if (d.temperatureC !== null && d.temperatureC !== undefined) text += `; ${d.temperatureC} °C`;
+  if (d.throttleReasons && d.throttleReasons.length) text += `; throttle reasons: ${d.throttleReasons.join(", ")}`;
+  return text;
+}
+
+function cellFor(node, d) {
+  const classes = ["cell", d.kind === "mig" ? "mig" : "gpu", d.state];
+  if (d.state === "allocated" && !d.tenant) classes.push("others");
+  const key = `${d.driver}/${d.pool}/${d.name}`;
+  const cell = el("div", {class: classes.join(" "), "data-node": node, "data-device": d.name, "data-key": key,
+                          "data-state": d.state, "data-tenant": d.tenant || "", title: cellTitle(node, d)});
+  cellsByKey.set(key, cell);
+  if (d.tenant && d.claim) {
+    const claim = `${d.tenant}/${d.claim}`;
+    if (!claimKeys.has(claim)) claimKeys.set(claim, new Set());
+    claimKeys.get(claim).add(key);
+  }
+  return cell;
+}
+
+function renderNodes(nodes) {  // grouped by generation; a cell per GPU, its MIG slices inside it; nodes wrap
   const box = document.getElementById("nodes");
   box.replaceChildren();
+  cellsByKey.clear(); claimKeys.clear();
+  const devices = nodes.reduce((sum, n) => sum + n.devices.length, 0);
+  box.classList.toggle("small", devices > 1500);  // a thousand 8-GPU nodes fit a screen or two
+  let section = null, generation = null;
   for (const n of nodes) {
-    const cells = el("div", {class: "cells"});
-    for (const d of n.devices) {
-      const holder = d.state === "allocated" ? (d.tenant ? ` to ${d.tenant} (${d.claim})` : " (another tenant)") : "";
-      const classes = ["cell", d.kind === "mig" ? "mig" : "gpu", d.state];
-      if (d.state === "allocated" && !d.tenant) classes.push("others");
-      cells.append(el("div", {class: classes.join(" "), "data-node": n.node, "data-device": d.name,
-                              "data-state": d.state, "data-tenant": d.tenant || "",
-                              title: `${n.node} ${d.name}${d.model ? " (" + d.model + ")" : ""}: ` +
-                                     `${d.state}${holder}`}));
+    if (n.generation !== generation) {
+      generation = n.generation;
+      const inGeneration = nodes.filter(m => m.generation === generation);
+      const counts = {};
+      for (const m of inGeneration) for (const d of m.devices) counts[d.state] = (counts[d.state] || 0) + 1;
+      const summary = Object.entries(counts).map(([state, count]) => `${count} ${state}`).join(", ");
+      section = el("div", {class: "nodes"});
+      box.append(el("section", {class: "generation", "data-generation": generation},
+        el("h3", {}, `${generation}: ${inGeneration.length} node${inGeneration.length === 1 ? "" : "s"}, ${summary}`),
+        section));
     }
-    box.append(el("div", {class: "node", "data-node": n.node}, el("div", {class: "name"}, n.node), cells));
+    const cells = el("div", {class: "cells"});
+    const boxes = new Map();  // GPU name -> the box its MIG slices go in
+    for (const d of n.devices.filter(d => d.kind === "mig")) {
+      if (!boxes.has(d.parent)) boxes.set(d.parent, el("div", {class: "gpu-box", title: `${n.node} ${d.parent}: MIG`}));
+      boxes.get(d.parent).append(cellFor(n.node, d));
+    }
+    for (const d of n.devices) {
+      if (d.kind === "mig") continue;
+      cells.append(cellFor(n.node, d));
+      if (boxes.has(d.name)) { cells.append(boxes.get(d.name)); boxes.delete(d.name); }
+    }
+    for (const orphan of boxes.values()) cells.append(orphan);  // slices whose GPU is not listed
+    section.append(el("div", {class: "node" + (n.stale ? " stale" : ""), "data-node": n.node, title: n.node},
+                      el("div", {class: "name"}, n.node), cells));
   }
   if (!nodes.length) box.append(el("p", {class: "empty"}, "no inventory yet"));
 }
+
+function setCell(key, state, tenant, claim) {
+  const cell = cellsByKey.get(key);
+  if (!cell) return;
+  cell.dataset.state = state;
+  cell.dataset.tenant = tenant || "";
+  cell.className = `cell ${cell.classList.contains("mig") ? "mig" : "gpu"} ${state}` +
+                   (state === "allocated" && !tenant ? " others" : "");
+  cell.title = `${cell.dataset.node} ${cell.dataset.device}: ${state}` +
+               (state === "allocated" ? (tenant ? ` to ${tenant} (${claim})` : " (another tenant)") : "");
+}
+
+function applyStatus(event) {  // the node map follows a claim's devices as its status arrives
+  const claim = event.tenant ? `${event.tenant}/${event.claim}` : null;
+  if (event.state === "Allocated") {
+    for (const d of event.devices) setCell(`${d.driver}/${d.pool}/${d.device}`, "allocated", event.tenant, event.claim);
+    if (claim) claimKeys.set(claim, new Set(event.devices.map(d => `${d.driver}/${d.pool}/${d.device}`)));
+  } else if (claim && claimKeys.has(claim)) {
+    for (const key of claimKeys.get(claim)) setCell(key, "idle");
+    claimKeys.delete(claim);
+  }
+  window.lastStatusApplied = {claim, state: event.state, at: Date.now()};
+}
+
+// --- waiting and alerts --------------------------------------------------------------------------
 
 function duration(seconds) {
   if (seconds < 90) return `${Math.round(seconds)}s`;
@@ -221,26 +446,112 @@ function renderAlerts(open, recent) {
   if (!alerts.length) body.append(el("tr", {}, el("td", {colspan: 5, class: "empty"}, "no alerts")));
 }
 
-async function refresh() {
+// --- fetching --------------------------------------------------------------------------------------
+
+async function load(panels) {  // fetch what these panels show, then render them
+  const want = new Set(panels);
+  const jobs = {};
+  if (want.has("usage") || want.has("waiting")) { jobs.usage = get("/v1/usage"); jobs.waiting = get("/v1/waiting"); }
+  if (want.has("alerts")) {
+    jobs.open = get("/v1/alerts?resolved=false&limit=50");
+    jobs.recent = get("/v1/alerts?limit=20");
+  }
+  if (want.has("nodes")) jobs.nodes = get("/v1/nodes").catch(() => []);  // no fleet view in this process: no map
+  const got = Object.fromEntries(await Promise.all(Object.entries(jobs).map(async ([k, p]) => [k, await p])));
+  if (got.usage) {
+    timed("usage", () => renderUsage(got.usage));
+    timed("waiting", () => renderPending(got.waiting, got.usage));
+  }
+  if (got.open) timed("alerts", () => renderAlerts(got.open, got.recent));
+  if (got.nodes) timed("nodes", () => renderNodes(got.nodes));
+}
+
+function showStatus() {
   const status = document.getElementById("status");
+  status.textContent = `updated ${new Date().toLocaleTimeString()}, ` +
+    (live ? "live" : `polling every ${POLL_MS / 1000}s`);
+  status.className = live ? "live" : "";
+}
+
+function failed(error) {
+  if (error.auth) { askForToken("the token was refused; paste a viewer token"); return; }
+  const status = document.getElementById("status");
+  status.textContent = "refresh failed: " + error.message + " (retrying)";
+  status.className = "error";
+}
+
+async function refresh() {
+  const started = performance.now();
   try {
-    const [usage, waiting, open, recent] = await Promise.all([
-      get("/v1/usage"), get("/v1/waiting"), get("/v1/alerts?resolved=false&limit=50"), get("/v1/alerts?limit=20")]);
-    renderUsage(usage); renderPending(waiting, usage); renderAlerts(open, recent);
-    renderNodes(await get("/v1/nodes").catch(() => []));  // no fleet view in this process: no map
+    await load(["usage", "waiting", "alerts", "nodes"]);
+    if (Date.now() - lastHistory >= HISTORY_MS) await loadHistory();
     document.getElementById("data").hidden = false;
     document.getElementById("login").hidden = true;
-    status.textContent = `updated ${new Date().toLocaleTimeString()}, polling every ${REFRESH_MS / 1000}s`;
-    status.className = "";
-  } catch (error) {
-    if (error.auth) { askForToken("the token was refused; paste a viewer token"); return; }
-    status.textContent = "refresh failed: " + error.message + " (retrying)";
-    status.className = "error";
+    lastFull = Date.now();
+    window.renderTimes.total = Math.round(performance.now() - started);
+    showStatus();
+  } catch (error) { failed(error); }
+}
+
+function soon(...panels) {
+  panels.forEach(p => soonPanels.add(p));
+  if (soonTimer) return;
+  soonTimer = setTimeout(() => {
+    soonTimer = null;
+    const panels = [...soonPanels];
+    soonPanels.clear();
+    load(panels).then(showStatus, failed);
+  }, SOON_MS);
+}
+
+function onEvent(event) {
+  if (event.type === "status") { applyStatus(event); soon("usage", "waiting", "nodes"); }
+  else if (event.type === "inventory") soon("nodes");
+  else if (event.type === "alert") soon("alerts");
+  else if (event.type === "resync") refresh();
+}
+
+async function follow() {  // the live stream; returns when it ends
+  const controller = new AbortController();
+  stream = controller;
+  const response = await fetch("/v1/events", {headers: {"Authorization": "Bearer " + token},
+                                               signal: controller.signal});
+  if (response.status === 401) throw Object.assign(new Error("the token was refused"), {auth: true});
+  if (!response.ok || !response.body) return;
+  const reader = response.body.getReader(), decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, {stream: true});
+    let cut;
+    while ((cut = buffer.indexOf("\\n\\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let kind = "message", data = "";
+      for (const line of block.split("\\n")) {
+        if (line.startsWith("event:")) kind = line.slice(6).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trim();
+      }
+      if (kind === "hello") { live = true; showStatus(); refresh(); }
+      else if (kind === "bye") return;
+      else if (data) onEvent(JSON.parse(data));
+    }
+  }
+}
+
+async function keepFollowing() {
+  const mine = token;
+  while (token === mine && token) {
+    try { await follow(); } catch (error) { if (error.auth) { failed(error); return; } }
+    if (live) { live = false; showStatus(); }
+    await new Promise(resolve => setTimeout(resolve, POLL_MS));  // polling covers the gap; then try again
   }
 }
 
 function askForToken(message) {
-  clearInterval(timer); timer = null; token = null;
+  clearInterval(timer); timer = null; token = null; live = false;
+  if (stream) stream.abort();
   sessionStorage.removeItem("claimbroker-token");
   document.getElementById("data").hidden = true;
   document.getElementById("login").hidden = false;
@@ -252,9 +563,16 @@ function start(value) {
   sessionStorage.setItem("claimbroker-token", value);
   refresh();
   clearInterval(timer);
-  timer = setInterval(refresh, REFRESH_MS);
+  timer = setInterval(() => { if (!live || Date.now() - lastFull >= FULL_MS) refresh(); }, POLL_MS);
+  keepFollowing();
 }
 
+document.getElementById("windows").append(...WINDOWS.map(w => {
+  const button = el("button", {type: "button", "data-window": w, class: w === historyWindow ? "on" : ""}, w);
+  button.addEventListener("click", () => showHistory(w));
+  return button;
+}));
+document.getElementById("history-tenant").addEventListener("change", e => showHistory(undefined, e.target.value));
 document.getElementById("login").addEventListener("submit", event => {
   event.preventDefault();
   start(document.getElementById("token").value.trim());

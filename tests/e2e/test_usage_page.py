@@ -5,41 +5,60 @@ reasons. A screenshot is kept under test-artifacts/ (gitignored)."""
 from __future__ import annotations
 
 import asyncio
-import os
+import math
 import re
-import shutil
 import socket
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 import uvicorn
+from sqlalchemy import insert
 
 from services.admin_api.app import create_app
 from services.notifier import history
 from shared.alerts.book import Alert, Message
-from shared.dra.inventory import Fleet
+from shared.dra.inventory import THROTTLED, Fleet
 from shared.ledger.engine import create_engine, migrate, sessions
-from shared.ledger.schema import Claim, DeviceAllocation, Quota, Tenant
+from shared.ledger.schema import Claim, DeviceAllocation, Quota, Tenant, UsageSample
 from shared.ledger.tokens import create_token
-from tests.builders import fleet, node
+from tests.builders import fleet, gpu, node
+from tests.e2e.browser import Browser, browse, chromium
 
 pytestmark = pytest.mark.e2e
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-         "--virtual-time-budget=5000", "--window-size=1200,900"]
 
 
-def chromium() -> str:
-    found = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (make test installs Debian's chromium)")
-        pytest.skip("chromium is not installed; `make test` installs it")
-    return found
+# node-03: a hot, throttled H100 and one cut into MIG slices (the map draws them inside their GPU)
+MIG_NODE = [
+    replace(gpu("node-03", 0, "H100", architecture="Hopper"), health=THROTTLED, temperature_c=88,
+            throttle_reasons=("SwThermalSlowdown", "HwThermalSlowdown")),
+    replace(gpu("node-03", 1, "H100", architecture="Hopper"), temperature_c=41),
+    *(gpu("node-03", 2 + i, "H100", architecture="Hopper", type="mig", parentUUID="GPU-node-03-1",
+          profile="3g.40gb" if i < 2 else "1g.10gb") for i in range(3)),
+]
+
+
+def day_of_samples(now: float) -> list[dict[str, object]]:
+    """A day of the notifier's minute samples, with an hour's gap (the notifier was down)."""
+    minute = int(now) // 60 * 60
+    rows: list[dict[str, object]] = []
+    for m in range(1440):
+        if 300 <= m < 360:
+            continue
+        at = minute - 60 * m
+        rows += [{"at": at, "tenant": "vision", "flavor": "H100", "used": min(8, round(5 + 3 * math.sin(m / 90))),
+                  "nominal": 4, "capacity": 0},
+                 {"at": at, "tenant": "speech", "flavor": "H100", "used": round(1 + math.cos(m / 60)),
+                  "nominal": 2, "capacity": 0},
+                 {"at": at, "tenant": "speech", "flavor": "A100", "used": 1 + (m // 200) % 3, "nominal": 3,
+                  "capacity": 0},
+                 {"at": at, "tenant": "", "flavor": "H100", "used": 0, "nominal": 0, "capacity": 10},
+                 {"at": at, "tenant": "", "flavor": "A100", "used": 0, "nominal": 0, "capacity": 4}]
+    return rows
 
 
 @dataclass
@@ -81,11 +100,13 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
                                                "claim-pending-too-long:speech/wait-big", "speech/wait-big waits",
                                                {}, {"tenant": "speech", "claim": "wait-big"}),
                                          1_800_000_000.0, 1_800_000_010.0, 1, False)])
+        await s.execute(insert(UsageSample), day_of_samples(time.time()))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+
     async def fleet_view() -> Fleet:  # node-01's H100s, node-02's A100s: the ledger's devices above are theirs
-        return fleet(*node("node-01", "H100", 8), *node("node-02", "A100", 4))
+        return fleet(*node("node-01", "H100", 8), *node("node-02", "A100", 4), *MIG_NODE)
 
     server = uvicorn.Server(uvicorn.Config(create_app(engine, fleet=fleet_view), log_level="warning",
                                            lifespan="off"))
@@ -99,15 +120,6 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
     await engine.dispose()
 
 
-async def browse(binary: str, profile: Path, *args: str) -> str:
-    process = await asyncio.create_subprocess_exec(
-        binary, *FLAGS, f"--user-data-dir={profile}", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), 90)
-    assert process.returncode == 0, err.decode()[-2000:]
-    return out.decode()
-
-
 class Rows(HTMLParser):
     """The usage rows' data attributes and the pending claims' reasons, from the dumped DOM."""
 
@@ -119,6 +131,8 @@ class Rows(HTMLParser):
         self.waits: list[str] = []
         self.cells: dict[tuple[str, str], tuple[str, str]] = {}  # (node, device) -> (state, tenant)
         self.alerts: list[str] = []
+        self.generations: list[str] = []
+        self.charts: dict[str, str] = {}  # flavor -> stretches of samples drawn
         self._claim: str | None = None
         self._in_reason = False
 
@@ -138,6 +152,10 @@ class Rows(HTMLParser):
             self._in_reason = True
         elif "alert" in classes:
             self.alerts.append(a["data-key"])
+        elif "generation" in classes:
+            self.generations.append(a["data-generation"])
+        elif "chart" in classes:
+            self.charts[a["data-flavor"]] = a["data-runs"]
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("td", "summary"):
@@ -172,15 +190,21 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     assert {t: (g["data-claims"], g["data-devices"]) for t, g in parsed.groups.items()} == {
         "speech": ("1", "2"), "vision": ("1", "2")}
     assert parsed.waits == ["speech", "vision"]
-    # the node map: a cell per device, allocated ones with their tenant, the rest idle
-    assert len(parsed.cells) == 12
+    # the node map: a cell per device and MIG slice, allocated ones with their tenant, the rest idle
+    assert len(parsed.cells) == 17
     allocated = {("node-01", f"gpu-{i}"): ("allocated", "vision") for i in range(6)}
     allocated[("node-02", "gpu-0")] = ("allocated", "speech")
     assert {k: v for k, v in parsed.cells.items() if v[0] == "allocated"} == allocated
-    assert sum(1 for state, _ in parsed.cells.values() if state == "idle") == 5
+    assert sum(1 for state, _ in parsed.cells.values() if state == "idle") == 9
+    assert parsed.cells[("node-03", "gpu-0")] == ("throttled", "")
+    assert "88 °C; throttle reasons: SwThermalSlowdown, HwThermalSlowdown" in dom
+    assert parsed.generations == ["A100", "H100", "Hopper H100"]
+    assert dom.count('class="gpu-box"') == 1, "node-03's slices drawn inside gpu-1"
+    # the fleet over time: a chart per flavor, the hour's samples drawn as one stretch (the gap is hours ago)
+    assert parsed.charts == {"A100": "1", "H100": "1"}
     assert "speech: 1 claims, 2 devices" in dom and "vision: 1 claims, 2 devices" in dom
     assert parsed.alerts == ["claim-pending-too-long:speech/wait-big"]
-    assert "polling every 5s" in dom
+    assert "polling every 5s" in dom, "no bus in this API process: it polls"
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "usage-page.png"
@@ -196,3 +220,33 @@ async def test_usage_page_asks_for_a_token(page: Page, tmp_path: Path) -> None:
     assert '<form id="login">' in dom and 'id="data" hidden' in dom, "no token: the form, no data"
     refused = await browse(binary, tmp_path / "profile2", "--dump-dom", f"{page.url}/?token=cb_wrong")
     assert "the token was refused" in refused and 'class="row usage-row"' not in refused
+
+
+PANELS = ("history", "usage", "nodes", "waiting", "alerts")
+
+
+async def test_each_panel_renders_and_is_photographed(page: Page, tmp_path: Path) -> None:
+    """Driven in real time: the day's window shows the notifier's missing hour as a gap, a tenant's name
+    shows its usage over time against its nominal quota; each panel's screenshot lands in test-artifacts/
+    (the ones in docs/ are these)."""
+    browser = await Browser.open(chromium(), tmp_path / "profile", f"{page.url}/?token={page.token}")
+    try:
+        times = await browser.wait_for("window.renderTimes.total && window.renderTimes.history !== undefined && "
+                                       "window.renderTimes")
+        print(f"render ms per panel: {times}")
+        await browser.evaluate("document.querySelector('#windows [data-window=day]').click()")
+        assert await browser.wait_for("document.querySelector('#history .chart[data-flavor=H100]')"
+                                      "?.dataset.runs === '2' && document.querySelectorAll('#history .chart').length")
+        ARTIFACTS.mkdir(exist_ok=True)
+        for panel in PANELS:
+            await browser.screenshot(ARTIFACTS / f"usage-page-{panel}.png", f"#panel-{panel}")
+        await browser.evaluate("document.querySelector('.usage-row[data-tenant=vision] .who').click()")
+        assert await browser.wait_for("document.querySelector('#history .nominal-line') && "
+                                      "document.getElementById('history-tenant').value") == "vision"
+        assert await browser.evaluate("[...document.querySelectorAll('#history .chart')].map(c => c.dataset.flavor)"
+                                      ) == ["H100"], "vision has samples of H100 only"
+        await browser.screenshot(ARTIFACTS / "usage-page-tenant.png", "#panel-history")
+        for name in (*PANELS, "tenant"):
+            assert (ARTIFACTS / f"usage-page-{name}.png").stat().st_size > 3_000
+    finally:
+        await browser.close()

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings
 from services.admin_api.app import create_app
 from services.admin_api.quotas import requested_devices
 from shared.admission.quota import BUILTIN_FLAVORS, parse_quotas
+from shared.dra.inventory import Fleet
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.quota_store import apply_quota_config, load_quota_config
 from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation
@@ -485,13 +486,20 @@ def fuzzed() -> Iterator[tuple[Any, dict[str, str]]]:
             return token
 
         token = asyncio.run(prepare())
-        yield schemathesis.openapi.from_asgi("/openapi.json", create_app(create_engine(url))), bearer(token)
+
+        async def no_nodes() -> Fleet:  # what-if and the node map answer on an empty fleet, not a 503
+            return Fleet()
+
+        app = create_app(create_engine(url), fleet=no_nodes)
+        yield schemathesis.openapi.from_asgi("/openapi.json", app), bearer(token)
 
 
 def _operations() -> list[str]:
     engine = create_engine("sqlite+aiosqlite:///:memory:")  # never connected: only the document is read
     paths = create_app(engine).openapi()["paths"]
-    return [f"{method.upper()} {path}" for path, methods in paths.items() for method in methods]
+    # /v1/events is an endless stream (503 without a bus): tests/e2e/test_live_feed.py reads it
+    return [f"{method.upper()} {path}" for path, methods in paths.items() for method in methods
+            if path != "/v1/events"]
 
 
 @pytest.mark.parametrize("label", _operations())
