@@ -123,6 +123,9 @@ USAGE_PAGE = """<!doctype html>
     <h3>Waits per tenant</h3>
     <table><thead><tr><th>tenant</th><th>waiting</th><th>p50</th><th>p90</th><th>max</th>
       <th>past its pendingAlertAfter</th></tr></thead><tbody id="waits"></tbody></table>
+    <h3 id="admitted-title">Waited before admission, per tenant and flavor</h3>
+    <table><thead><tr><th>tenant</th><th>flavor</th><th>admitted</th><th>p50</th><th>p90</th><th>max</th></tr></thead>
+      <tbody id="admitted"></tbody></table>
     </section>
     <section class="panel" id="panel-alerts">
     <h2>Alerts (open first)</h2>
@@ -257,6 +260,7 @@ function showHistory(window_, tenant) {
   }
   document.getElementById("history-tenant").value = historyTenant;
   loadHistory().catch(failed);
+  soon("waiting");  // its waits before admission follow the window
 }
 
 // --- usage against quota -----------------------------------------------------------------------
@@ -429,6 +433,19 @@ function renderPending(waiting, usage) {
       el("td", {class: "numbers"}, duration(t.p90WaitSeconds)),
       el("td", {class: "numbers"}, duration(t.maxWaitSeconds)), el("td", {class: "numbers"}, t.pastAlertAfter)));
   }
+  const admitted = document.getElementById("admitted");
+  admitted.replaceChildren();
+  for (const a of waiting.admitted) {
+    admitted.append(el("tr", {class: "admitted-waits", "data-tenant": a.tenant, "data-flavor": a.flavor || ""},
+      el("td", {}, a.tenant), el("td", {}, a.flavor || "(no flavor)"), el("td", {class: "numbers"}, a.admitted),
+      ...[a.p50WaitSeconds, a.p90WaitSeconds, a.maxWaitSeconds].map(v => el("td", {class: "numbers"}, duration(v)))));
+  }
+  if (!waiting.admitted.length) {
+    const none = `nothing admitted in the last ${waiting.window}`;
+    admitted.append(el("tr", {}, el("td", {colspan: 6, class: "empty"}, none)));
+  }
+  document.getElementById("admitted-title").textContent =
+    `Waited before admission, per tenant and flavor, over the last ${waiting.window}`;
   const demand = usage.pending.map(p => `${p.tenant}: ${p.claims} claims, ${p.devices} devices`).join(" · ");
   document.getElementById("pending-demand").textContent = demand;
 }
@@ -451,7 +468,10 @@ function renderAlerts(open, recent) {
 async function load(panels) {  // fetch what these panels show, then render them
   const want = new Set(panels);
   const jobs = {};
-  if (want.has("usage") || want.has("waiting")) { jobs.usage = get("/v1/usage"); jobs.waiting = get("/v1/waiting"); }
+  if (want.has("usage") || want.has("waiting")) {
+    jobs.usage = get("/v1/usage");
+    jobs.waiting = get(`/v1/waiting?window=${historyWindow}`);
+  }
   if (want.has("alerts")) {
     jobs.open = get("/v1/alerts?resolved=false&limit=50");
     jobs.recent = get("/v1/alerts?limit=20");

@@ -1,17 +1,20 @@
 """GET /v1/waiting: the queue as a person reads it, grouped by tenant and reason (a thousand claims waiting
-for the same thing are one row), with how long they have waited, per tenant."""
+for the same thing are one row), with how long they have waited, per tenant; and how long the claims
+admitted within a window had waited, per tenant and flavor."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import Field
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.admin_api.common import PROBLEMS, Caller, Model, Session, Stamp
+from services.admin_api.common import PROBLEMS, Caller, Model, Principal, Session, Stamp
 from shared.ledger.schema import Claim, Tenant
+from shared.ledger.usage_history import WINDOWS
 
 router = APIRouter(responses=PROBLEMS)
 
@@ -34,9 +37,21 @@ class TenantWaits(Model):
     past_alert_after: int = Field(description="claims waiting longer than the tenant's pendingAlertAfter")
 
 
+class AdmittedWaits(Model):
+    tenant: str
+    flavor: str | None = Field(description="of the claim's allocation (its first device)")
+    admitted: int = Field(description="claims allocated within the window")
+    p50_wait_seconds: float
+    p90_wait_seconds: float
+    max_wait_seconds: float
+
+
 class Waiting(Model):
     groups: list[WaitingGroup] = Field(description="largest first")
     tenants: list[TenantWaits]
+    window: str
+    admitted: list[AdmittedWaits] = Field(description="per tenant and flavor, how long the claims allocated "
+                                                      "within the window waited from submission")
 
 
 def _asked(spec: Any) -> int:
@@ -57,15 +72,41 @@ def _asked(spec: Any) -> int:
     return total
 
 
+async def _admitted(s: AsyncSession, token: Principal, window: str, now: datetime) -> list[AdmittedWaits]:
+    since = now - timedelta(seconds=WINDOWS[window][0])
+    query = (select(Claim.namespace, Claim.flavor, Claim.submitted_at, Claim.allocated_at)
+             .where(Claim.allocated_at >= since))
+    if token.tenant is not None:
+        query = query.where(Claim.namespace == token.tenant)
+    waits: dict[tuple[str, str | None], list[float]] = {}
+    for tenant, flavor, submitted, allocated in await s.execute(query):
+        assert allocated is not None  # the query's condition
+        waited = (_aware(allocated) - _aware(submitted)).total_seconds()
+        waits.setdefault((tenant, flavor), []).append(max(0.0, waited))
+    out = []
+    for (tenant, flavor), values in sorted(waits.items(), key=lambda item: (item[0][0], item[0][1] or "")):
+        values.sort()
+        out.append(AdmittedWaits(tenant=tenant, flavor=flavor, admitted=len(values),
+                                 p50_wait_seconds=round(_percentile(values, 0.5), 1),
+                                 p90_wait_seconds=round(_percentile(values, 0.9), 1),
+                                 max_wait_seconds=round(values[-1], 1)))
+    return out
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def _percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))] if sorted_values else 0.0
 
 
 @router.get("/v1/waiting", response_model=Waiting, tags=["claims"])
-async def get_waiting(request: Request, s: Session, token: Caller) -> Waiting:
-    """Waiting claims grouped by tenant and reason (count, devices asked, oldest), and per tenant the
-    waits' p50, p90 and maximum and how many wait past its pendingAlertAfter. A tenant-scoped viewer sees
-    its tenant only."""
+async def get_waiting(request: Request, s: Session, token: Caller,
+                      window: Literal["hour", "day", "week"] = "hour") -> Waiting:
+    """Waiting claims grouped by tenant and reason (count, devices asked, oldest), per tenant the waits'
+    p50, p90 and maximum and how many wait past its pendingAlertAfter, and per tenant and flavor how long
+    the claims allocated within the window had waited. A tenant-scoped viewer sees its tenant only."""
     query = select(Claim.namespace, Claim.reason, Claim.spec, Claim.submitted_at).where(Claim.state == "Pending")
     if token.tenant is not None:
         query = query.where(Claim.namespace == token.tenant)
@@ -75,7 +116,7 @@ async def get_waiting(request: Request, s: Session, token: Caller) -> Waiting:
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     waits: dict[str, list[float]] = {}
     for tenant, reason, spec, submitted in await s.execute(query):
-        submitted = submitted if submitted.tzinfo is not None else submitted.replace(tzinfo=UTC)
+        submitted = _aware(submitted)
         waited = max(0.0, (now - submitted).total_seconds())
         waits.setdefault(tenant, []).append(waited)
         group = groups.setdefault((tenant, reason or "not decided yet"),
@@ -84,7 +125,7 @@ async def get_waiting(request: Request, s: Session, token: Caller) -> Waiting:
         group["devices"] += _asked(spec)
         group["oldest"] = min(group["oldest"], submitted)
     ordered = sorted(groups.items(), key=lambda item: (-item[1]["claims"], item[0]))
-    out = Waiting(groups=[], tenants=[])
+    out = Waiting(groups=[], tenants=[], window=window, admitted=await _admitted(s, token, window, now))
     for (tenant, reason), group in ordered:
         out.groups.append(WaitingGroup(tenant=tenant, reason=reason, claims=group["claims"], devices=group["devices"],
                                        oldest_submitted_at=group["oldest"],

@@ -100,6 +100,7 @@ class ClaimRow:
     updated_at: datetime
     allocated_at: datetime | None
     explain: dict[str, Any] | None = None
+    flavor: str | None = None  # not read either: set with an allocation, else cleared
 
 
 @dataclass
@@ -143,7 +144,8 @@ def emit_event(session: AsyncSession, subject: str, message_id: str, payload: di
     _writes(session).outbox.append({"subject": subject, "message_id": message_id, "payload": payload})
 
 
-_WRITTEN_COLUMNS = ("state", "reason", "allocation", "node", "sequence", "updated_at", "allocated_at", "explain")
+_WRITTEN_COLUMNS = ("state", "reason", "allocation", "node", "sequence", "updated_at", "allocated_at", "explain",
+                    "flavor")
 _UPDATE_CLAIM = (update(_CLAIMS).where(_CLAIMS.c.id == bindparam("row_id"))
                  .values({name: bindparam(f"new_{name}", type_=_CLAIMS.c[name].type) for name in
                           (*_WRITTEN_COLUMNS, "revision")}))
@@ -213,12 +215,14 @@ def apply_decision(session: AsyncSession, row: ClaimRow, decision: Decision,
     row.node = decision.allocation.node if decision.allocation else None
     writes = _writes(session)
     writes.claims[row.id] = row
+    row.flavor = None
     if decision.allocation is not None:
         node = decision.allocation.node
         for result in decision.allocation.results:
             if result.admin_access:
                 continue  # monitoring access holds no device
             flavor, units = (flavors or {}).get(result.key, (None, 0.0))
+            row.flavor = row.flavor or flavor
             writes.devices.append({"driver": result.driver, "pool": result.pool, "device": result.device,
                                    "claim_id": row.id, "node": node, "request": result.request,
                                    "flavor": flavor, "units": units})

@@ -94,7 +94,10 @@ class Claim(Base):
     # Arrival order for fair share; a preempted claim keeps its place. None: the row's id (the allocator
     # inserts new claims in bulk, in the order they were queued).
     arrival: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    allocated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    allocated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True, index=True)
+    # The flavor of its last allocation's first device, kept after release: the usage page's waits before
+    # admission per tenant and flavor (with allocated_at - submitted_at).
+    flavor: Mapped[str | None] = mapped_column(String(253), nullable=True)
     # Why it waits, as structured data (blocking quotas, shortfall, what preemption would take, what
     # change would let it in), written by the allocator with each Pending decision; served by the API.
     explain: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -80,8 +81,11 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
         s.add_all([Quota(tenant="vision", flavor="H100", nominal=4, borrowing_limit=4),
                    Quota(tenant="speech", flavor="H100", nominal=2),
                    Quota(tenant="speech", flavor="A100", nominal=3)])
-        held = Claim(namespace="vision", name="train", state="Allocated", spec={}, sequence=1, node="node-01")
-        small = Claim(namespace="speech", name="asr", state="Allocated", spec={}, sequence=1, node="node-02")
+        now = datetime.now(UTC)
+        held = Claim(namespace="vision", name="train", state="Allocated", spec={}, sequence=1, node="node-01",
+                     flavor="H100", submitted_at=now - timedelta(minutes=50), allocated_at=now - timedelta(minutes=41))
+        small = Claim(namespace="speech", name="asr", state="Allocated", spec={}, sequence=1, node="node-02",
+                      flavor="A100", submitted_at=now - timedelta(minutes=20), allocated_at=now - timedelta(minutes=19))
         s.add_all([held, small])
         await s.flush()
         s.add_all([DeviceAllocation(driver="gpu.nvidia.com", pool="node-01", device=f"gpu-{i}", claim_id=held.id,
@@ -132,6 +136,7 @@ class Rows(HTMLParser):
         self.cells: dict[tuple[str, str], tuple[str, str]] = {}  # (node, device) -> (state, tenant)
         self.alerts: list[str] = []
         self.generations: list[str] = []
+        self.admitted: list[tuple[str, str]] = []
         self.charts: dict[str, str] = {}  # flavor -> stretches of samples drawn
         self._claim: str | None = None
         self._in_reason = False
@@ -146,6 +151,8 @@ class Rows(HTMLParser):
             self.groups[a["data-tenant"]] = a
         elif "cell" in classes:
             self.cells[(a["data-node"], a["data-device"])] = (a["data-state"], a["data-tenant"])
+        elif "admitted-waits" in classes:
+            self.admitted.append((a["data-tenant"], a["data-flavor"]))
         elif "tenant-waits" in classes:
             self.waits.append(a["data-tenant"])
         elif "reason" in classes and self._claim is not None:
@@ -190,6 +197,8 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     assert {t: (g["data-claims"], g["data-devices"]) for t, g in parsed.groups.items()} == {
         "speech": ("1", "2"), "vision": ("1", "2")}
     assert parsed.waits == ["speech", "vision"]
+    assert parsed.admitted == [("speech", "A100"), ("vision", "H100")]  # waited 1 and 9 minutes
+    assert "Waited before admission, per tenant and flavor, over the last hour" in dom
     # the node map: a cell per device and MIG slice, allocated ones with their tenant, the rest idle
     assert len(parsed.cells) == 17
     allocated = {("node-01", f"gpu-{i}"): ("allocated", "vision") for i in range(6)}
@@ -226,7 +235,8 @@ PANELS = ("history", "usage", "nodes", "waiting", "alerts")
 
 
 async def test_each_panel_renders_and_is_photographed(page: Page, tmp_path: Path) -> None:
-    """Driven in real time: the day's window shows the notifier's missing hour as a gap, a tenant's name
+    """Driven in real time: the day's window shows the notifier's missing hour as a gap (and the waits
+    before admission follow the window), a tenant's name
     shows its usage over time against its nominal quota; each panel's screenshot lands in test-artifacts/
     (the ones in docs/ are these)."""
     browser = await Browser.open(chromium(), tmp_path / "profile", f"{page.url}/?token={page.token}")
@@ -237,6 +247,7 @@ async def test_each_panel_renders_and_is_photographed(page: Page, tmp_path: Path
         await browser.evaluate("document.querySelector('#windows [data-window=day]').click()")
         assert await browser.wait_for("document.querySelector('#history .chart[data-flavor=H100]')"
                                       "?.dataset.runs === '2' && document.querySelectorAll('#history .chart').length")
+        assert await browser.wait_for("document.getElementById('admitted-title').textContent.endsWith('last day')")
         ARTIFACTS.mkdir(exist_ok=True)
         for panel in PANELS:
             await browser.screenshot(ARTIFACTS / f"usage-page-{panel}.png", f"#panel-{panel}")

@@ -119,7 +119,8 @@ async def test_a_decision_is_written_with_its_devices_and_revision(db_url: str) 
             statuses = [(e.sequence, e.state) for e in await session.scalars(select(ClaimEvent))]
         assert written is not None
         assert (written.state, written.node, written.allocation, written.explain, written.sequence,
-                written.revision) == ("Allocated", "n1", allocation.to_json(), {"why": "kept"}, 1, revision)
+                written.revision, written.flavor) == ("Allocated", "n1", allocation.to_json(), {"why": "kept"}, 1,
+                                                      revision, "H100")
         assert devices == [("gpu-0", "n1", "H100", 2.0)] and statuses == [(1, "Allocated")]
     finally:
         await engine.dispose()

@@ -1,4 +1,5 @@
-"""usage_samples: devices in use per tenant and flavor once a minute, for the usage page's fleet over time
+"""usage_samples (devices in use per tenant and flavor once a minute) and a claim's allocated flavor: the
+usage page's fleet over time and waits before admission per tenant and flavor
 
 Revision ID: 0010
 Revises: 0009
@@ -27,7 +28,13 @@ def upgrade() -> None:
         sa.Column('capacity', sa.Integer(), nullable=False),
         sa.PrimaryKeyConstraint('at', 'tenant', 'flavor', name=op.f('pk_usage_samples')),
     )
+    with op.batch_alter_table('claims') as batch:
+        batch.add_column(sa.Column('flavor', sa.String(length=253), nullable=True))
+        batch.create_index('ix_claims_allocated_at', ['allocated_at'], unique=False)
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('claims') as batch:
+        batch.drop_index('ix_claims_allocated_at')
+        batch.drop_column('flavor')
     op.drop_table('usage_samples')
