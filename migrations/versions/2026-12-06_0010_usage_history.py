@@ -1,5 +1,4 @@
-"""usage_samples (devices in use per tenant and flavor once a minute) and a claim's allocated flavor: the
-usage page's fleet over time and waits before admission per tenant and flavor
+"""usage_samples and claims.flavor: the usage page's fleet over time and waits before admission per flavor
 
 Revision ID: 0010
 Revises: 0009

@@ -76,7 +76,7 @@ USAGE_PAGE = """<!doctype html>
   #nodes.small .cells { gap: 1px; max-width: 28px; }
   #nodes.small .cell, #nodes.small .gpu-box { width: 6px; height: 6px; }
   #nodes.small .gpu-box .cell { width: 2px; height: 2px; }
-  #status.live::before { content: "\25CF "; color: #16a34a; }
+  #status.live::before { content: "\u25cf "; color: #16a34a; }
 </style>
 </head>
 <body>
@@ -236,9 +236,10 @@ function renderHistory(history) {
     chart.append(label(`${Math.round(scale)} devices`, "start", 0, 10), label(when(first), "start", 0, H + 12),
                  label(when(last), "end", W, H + 12));
     const latest = [...points].reverse().find(p => p.used !== null);
-    const now = latest ? layers.map(([k, , l]) => `${l} ${(latest[k] || 0).toFixed(1)}`).join(", ") : "no samples yet";
+    const now = latest ? `at ${new Date(latest.at * 1000).toLocaleTimeString([], clock)}: ` +
+      layers.map(([k, , l]) => `${l} ${(latest[k] || 0).toFixed(1)}`).join(", ") : "no samples yet";
     box.append(el("div", {class: "chart", "data-flavor": f.flavor, "data-runs": runs.length},
-                  el("div", {class: "numbers"}, el("b", {}, f.flavor), " · now: " + now), chart));
+                  el("div", {class: "numbers"}, el("b", {}, f.flavor), " · " + now), chart));
   }
   if (!history.flavors.length) box.append(el("p", {class: "empty"},
     "no usage samples yet: the notifier writes one a minute once flavors and quotas are set"));
