@@ -56,7 +56,7 @@ USAGE_PAGE = """<!doctype html>
   .controls button.on { background: var(--fg); color: #fff; }
   .controls select { font: inherit; font-size: 12px; margin-left: 12px; }
   .charts { display: flex; flex-wrap: wrap; gap: 12px; }
-  .chart { background: #fff; border: 1px solid var(--line); padding: 6px 8px; }
+  .chart { background: #fff; border: 1px solid var(--line); padding: 6px 8px; width: 358px; }
   .chart svg { display: block; }
   .chart .axis { font-size: 10px; fill: var(--muted); }
   .usage-row .who { cursor: pointer; text-decoration: underline dotted; }

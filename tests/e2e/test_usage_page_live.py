@@ -63,6 +63,13 @@ async def test_an_allocation_reaches_the_node_map_within_two_seconds_of_its_stat
         browsers.append(speech)
         for page in (everyone, speech):
             assert await page.wait_for(LIVE) > 0, "the node map is drawn and the live stream open"
+        # every panel drawn on the lab's fleet: its six nodes by generation, the MIG node's slices inside
+        # their GPUs, a chart per flavor from the notifier's first sample
+        assert set(await everyone.wait_for("window.renderTimes.history !== undefined && window.renderTimes")) >= {
+            "usage", "waiting", "alerts", "nodes", "history", "total"}
+        assert await everyone.evaluate("document.querySelectorAll('.node').length") == 6
+        assert await everyone.evaluate("document.querySelectorAll('.gpu-box .cell.mig').length") > 0
+        assert await everyone.evaluate("document.querySelectorAll('#history .chart').length") > 0
 
         nc = await connect(stack.admin_url, name="test")
         try:
@@ -78,6 +85,8 @@ async def test_an_allocation_reaches_the_node_map_within_two_seconds_of_its_stat
             print(f"allocation on the node map {latency * 1000:.0f} ms after the test heard its status")
             assert latency < 2.0
             assert (await everyone.evaluate(f"{cell(key)}.title")).endswith("allocated to vision (train)")
+            assert await everyone.wait_for("document.querySelector('.usage-row[data-tenant=vision]')"
+                                           "?.dataset.used === '1'"), "the usage panel followed, unpolled"
 
             # another tenant's viewer: the device is taken, by someone it is not told about
             await speech.wait_for(f"{cell(key)}?.dataset.state === 'allocated'", timeout=5)
