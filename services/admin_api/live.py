@@ -107,6 +107,8 @@ class LiveFeed:
             self._nc = None
 
     async def _on_status(self, message: Msg) -> None:
+        if not self._listeners:  # nobody watches: not even parsed
+            return
         status = _json(message)
         if status is None:
             return
@@ -122,6 +124,8 @@ class LiveFeed:
             listener.offer(whole if listener.tenant in (None, tenant) else anonymous)
 
     async def _on_inventory(self, message: Msg) -> None:
+        if not self._listeners:  # nobody watches: not even parsed
+            return
         inventory = _json(message)
         if inventory is None or not isinstance(inventory.get("node"), str):
             return
@@ -135,6 +139,8 @@ class LiveFeed:
             listener.offer({"type": "inventory", "node": node})
 
     async def _on_alert(self, message: Msg) -> None:
+        if not self._listeners:  # nobody watches: not even parsed
+            return
         alert = _json(message)
         if alert is None:
             return

@@ -138,7 +138,8 @@ USAGE_PAGE = """<!doctype html>
 "use strict";
 const POLL_MS = 5000;        // without the live stream
 const FULL_MS = 60000;       // with it: everything again once a minute (stale inventory is a matter of time)
-const SOON_MS = 500;         // events coalesce: a panel is fetched at most this often
+const SOON_MS = 500;         // events coalesce: a panel is fetched at most this often, or 4 times as long as
+                             // its last fetch took (the API may share its process with the allocator)
 const HISTORY_MS = 60000;    // usage samples are a minute apart
 const WINDOWS = ["hour", "day", "week"];
 let token = null, timer = null, live = false, stream = null, lastFull = 0, lastHistory = 0;
@@ -514,15 +515,20 @@ async function refresh() {
   } catch (error) { failed(error); }
 }
 
+let lastLoadMs = 0;
+
 function soon(...panels) {
   panels.forEach(p => soonPanels.add(p));
   if (soonTimer) return;
-  soonTimer = setTimeout(() => {
-    soonTimer = null;
+  soonTimer = setTimeout(async () => {
     const panels = [...soonPanels];
     soonPanels.clear();
-    load(panels).then(showStatus, failed);
-  }, SOON_MS);
+    const started = performance.now();
+    await load(panels).then(showStatus, failed);
+    lastLoadMs = performance.now() - started;
+    soonTimer = null;
+    if (soonPanels.size) soon();  // what arrived meanwhile
+  }, Math.max(SOON_MS, 4 * lastLoadMs));
 }
 
 function onEvent(event) {
@@ -538,6 +544,10 @@ async function follow() {  // the live stream; returns when it ends
   const response = await fetch("/v1/events", {headers: {"Authorization": "Bearer " + token},
                                                signal: controller.signal});
   if (response.status === 401) throw Object.assign(new Error("the token was refused"), {auth: true});
+  if (response.status === 503) {  // no bus in this API process: polling it is, asking again now and then
+    await new Promise(resolve => setTimeout(resolve, 6 * POLL_MS));
+    return;
+  }
   if (!response.ok || !response.body) return;
   const reader = response.body.getReader(), decoder = new TextDecoder();
   let buffer = "";
