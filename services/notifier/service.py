@@ -34,7 +34,7 @@ from services import metrics
 from services.consumer import PullConsumer
 from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json
 from services.notifier import history
-from services.notifier.usage import FleetFlavors, read_figures, waiting_for_mig
+from services.notifier.usage import Figures, FleetFlavors, read_figures, waiting_for_mig
 from services.notifier.webhooks import WebhookDispatcher
 from services.outage import Outage, publish_degraded, until_done
 from shared.admission.mig_plan import plan_mig
@@ -254,10 +254,9 @@ class Notifier:
         """One pass of the ledger-driven rules; the loop calls it every `usage_check_interval`, tests may
         call it directly. A quota deleted from the ledger ends its alert: its pair is no longer listed."""
         self._usage_due = self.clock() + self.usage_interval
-        async with self.sessions() as session, session.begin():
+        async with self.sessions() as session:
             figures = await read_figures(session, self.flavors)
-            await usage_history.record(session, self.clock(), figures.used,
-                                       {(u.tenant, u.flavor): u.nominal for u in figures.usages}, figures.capacity)
+        await self._sample(figures)
         listed = {alert_key(QUOTA_NEAR_LIMIT, u.tenant, u.flavor) for u in figures.usages}
         gone = [Resolve(key, "its quota is no longer configured") for key in self.book.open_keys()
                 if key.startswith(f"{QUOTA_NEAR_LIMIT}:") and key not in listed]
@@ -269,6 +268,16 @@ class Notifier:
             self.usage_checks += 1
             self._progress.notify_all()
         return sent
+
+    async def _sample(self, figures: Figures) -> None:
+        """This minute's usage sample for the page's fleet over time; a failure costs a point of the chart,
+        never the pass's alerts."""
+        nominal = {(u.tenant, u.flavor): u.nominal for u in figures.usages}
+        try:
+            async with self.sessions() as session, session.begin():
+                await usage_history.record(session, self.clock(), figures.used, nominal, figures.capacity)
+        except Exception:
+            log.exception("usage sample not written; the next pass tries again")
 
     async def _mig_advice(self) -> list[Action]:
         """mig-relayout-suggested: a plan only while claims for a MIG device wait (planning weighs every
