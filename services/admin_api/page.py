@@ -234,7 +234,8 @@ function renderHistory(history) {
     const clock = {hour: "2-digit", minute: "2-digit"};
     const when = d => history.window === "hour" ? d.toLocaleTimeString([], clock)
                                                 : d.toLocaleString([], {weekday: "short", ...clock});
-    chart.append(label(`${Math.round(scale)} devices`, "start", 0, 10), label(when(first), "start", 0, H + 12),
+    const units = f.unitsPerDevice ? ` (${+(scale * f.unitsPerDevice).toFixed(1)} GPU units)` : "";
+    chart.append(label(`${Math.round(scale)} devices${units}`, "start", 0, 10), label(when(first), "start", 0, H + 12),
                  label(when(last), "end", W, H + 12));
     const latest = [...points].reverse().find(p => p.used !== null);
     const now = latest ? `at ${new Date(latest.at * 1000).toLocaleTimeString([], clock)}: ` +

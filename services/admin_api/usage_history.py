@@ -12,6 +12,7 @@ from pydantic import Field
 
 from services.admin_api.common import PROBLEMS, Caller, Model, Session, visible
 from shared.ledger import usage_history
+from shared.ledger.quota_store import load_quota_config
 
 router = APIRouter(responses=PROBLEMS)
 
@@ -27,6 +28,8 @@ class HistoryPoint(Model):
 
 class FlavorHistory(Model):
     flavor: str
+    units_per_device: float | None = Field(description="the flavor's GPU units per device (its value), to read "
+                                                       "the devices as GPU units; null for a flavor no longer set")
     points: list[HistoryPoint]
 
 
@@ -47,7 +50,8 @@ async def usage_history_of(s: Session, token: Caller, window: Literal["hour", "d
             visible(token, tenant)
         tenant = token.tenant
     series = await usage_history.read(s, window, time.time(), tenant)
+    values = {flavor.name: flavor.value for flavor in (await load_quota_config(s)).flavors}
     return UsageHistory(window=window, bucket_seconds=usage_history.WINDOWS[window][1], tenant=tenant,
-                        flavors=[FlavorHistory(flavor=f.flavor, points=[
+                        flavors=[FlavorHistory(flavor=f.flavor, units_per_device=values.get(f.flavor), points=[
                             HistoryPoint(at=p.at, used=p.used, borrowed=p.borrowed, idle=p.idle, nominal=p.nominal)
                             for p in f.points]) for f in series])

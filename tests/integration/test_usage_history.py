@@ -33,6 +33,7 @@ async def test_samples_averaged_into_the_window_s_points(api: Api) -> None:
     body = (await api.client.get("/v1/usage/history", headers=api.viewer)).json()
     assert (body["window"], body["bucketSeconds"], body["tenant"]) == ("hour", 60, None)
     series = {f["flavor"]: f["points"] for f in body["flavors"]}
+    assert {f["flavor"]: f["unitsPerDevice"] for f in body["flavors"]} == {"A100": 1.0, "H100": 2.0}
     assert set(series) == {"A100", "H100"} and all(len(points) == 60 for points in series.values())
     by_time = {p["at"]: p for p in series["H100"]}
     assert by_time[minute - 120] == {"at": minute - 120, "used": 6.0, "borrowed": 2.0, "idle": 8.0, "nominal": None}
