@@ -196,6 +196,11 @@ function renderHistory(history) {
     el("span", {}, el("i", {class: "swatch", style: `background:${color}`}), label)));
   if (tenant) legend.append(el("span", {}, el("i", {class: "swatch", style: "background:var(--nominal)"}),
                                `${tenant}'s nominal quota`));
+  if (tenant && !historyTenant) {  // a tenant-scoped token: the API answers with its own tenant only
+    const select = document.getElementById("history-tenant");
+    select.options[0].hidden = true;
+    select.options[0].textContent = tenant;
+  }
   const W = 340, H = 110, PAD = 18;
   for (const f of history.flavors) {
     const points = f.points, n = points.length;

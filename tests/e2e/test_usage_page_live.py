@@ -92,6 +92,8 @@ async def test_an_allocation_reaches_the_node_map_within_two_seconds_of_its_stat
             await speech.wait_for(f"{cell(key)}?.dataset.state === 'allocated'", timeout=5)
             assert await speech.evaluate(f"{cell(key)}.dataset.tenant") == ""
             assert (await speech.evaluate(f"{cell(key)}.className")).endswith("allocated others")
+            assert await speech.wait_for("document.getElementById('history-tenant').selectedOptions[0].textContent"
+                                         " === 'speech'"), "its own history, not the whole fleet's"
             text = await speech.evaluate("document.body.innerHTML")
             assert "vision" not in text and "train" not in text
 
