@@ -389,15 +389,20 @@ function setCell(key, state, tenant, claim) {
 }
 
 function applyStatus(event) {  // the node map follows a claim's devices as its status arrives
+  // Returns whether the map must be fetched again: a freed device's own state (idle, throttled, unhealthy)
+  // is the server's to say, and another tenant's released claim names no devices.
   const claim = event.tenant ? `${event.tenant}/${event.claim}` : null;
+  let freed = event.state === "Released" || event.state === "Preempted";
   if (event.state === "Allocated") {
     for (const d of event.devices) setCell(`${d.driver}/${d.pool}/${d.device}`, "allocated", event.tenant, event.claim);
     if (claim) claimKeys.set(claim, new Set(event.devices.map(d => `${d.driver}/${d.pool}/${d.device}`)));
   } else if (claim && claimKeys.has(claim)) {
     for (const key of claimKeys.get(claim)) setCell(key, "idle");
     claimKeys.delete(claim);
+    freed = true;
   }
   window.lastStatusApplied = {claim, state: event.state, at: Date.now()};
+  return freed;
 }
 
 // --- waiting and alerts --------------------------------------------------------------------------
@@ -538,7 +543,7 @@ function soon(...panels) {
 }
 
 function onEvent(event) {
-  if (event.type === "status") { applyStatus(event); soon("usage", "waiting", "nodes"); }
+  if (event.type === "status") { soon("usage", "waiting", ...(applyStatus(event) ? ["nodes"] : [])); }
   else if (event.type === "inventory") soon("nodes");
   else if (event.type === "alert") soon("alerts");
   else if (event.type === "resync") refresh();

@@ -79,20 +79,22 @@ async def read(session: AsyncSession, window: str, now: float, tenant: str | Non
     sums = (select(slot, UsageSample.flavor, func.sum(case((tenants, within), else_=0)),
                    func.sum(case((tenants, over), else_=0)), func.sum(case((tenants, UsageSample.used), else_=0)),
                    func.sum(case((UsageSample.tenant == FLEET, UsageSample.capacity), else_=0)),
-                   func.sum(case((tenants, UsageSample.nominal), else_=0)), func.count(func.distinct(UsageSample.at)))
+                   func.sum(case((tenants, UsageSample.nominal), else_=0)), func.count(func.distinct(UsageSample.at)),
+                   func.sum(case((tenants, 1), else_=0)))
             .where(UsageSample.at >= start, UsageSample.at < end)
             .group_by(slot, UsageSample.flavor))
     found: dict[str, dict[int, Point]] = {}
-    for index, flavor, w, b, u, c, n, samples in await session.execute(sums):
+    mine: set[str] = set()  # flavors with the tenant's (or any tenant's) rows in the window
+    for index, flavor, w, b, u, c, n, samples, rows in await session.execute(sums):
         if not samples:
             continue
+        if rows:
+            mine.add(flavor)
         at = int(index) * bucket
         idle = max(0.0, (float(c) - float(u)) / samples) if tenant is None else None
         found.setdefault(flavor, {})[at] = Point(at, float(w) / samples, float(b) / samples, idle,
                                                  float(n) / samples if tenant is not None else None)
     if tenant is not None:  # a tenant's flavors are those it has rows for, not every flavor of the fleet
-        mine = set(await session.scalars(select(UsageSample.flavor).distinct().where(
-            UsageSample.tenant == tenant, UsageSample.at >= start, UsageSample.at < end)))
         found = {flavor: points for flavor, points in found.items() if flavor in mine}
     return [Series(flavor, [points.get(at) or Point(at, None, None, None) for at in range(start, end, bucket)])
             for flavor, points in sorted(found.items())]
