@@ -92,11 +92,58 @@ def with_namespace(document: Any, tenant: str) -> Any:
     return {**document, "metadata": metadata}
 
 
+class _Repeated(dict[str, Any]):
+    """A JSON object that named a field more than once (json.loads keeps the last value)."""
+
+    repeated: list[str]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: a plain dict, or a _Repeated that remembers the keys given twice."""
+    document = dict(pairs)
+    if len(document) == len(pairs):
+        return document
+    repeated = _Repeated(document)
+    seen: set[str] = set()
+    repeated.repeated = [k for k, _ in pairs if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
+    return repeated
+
+
+def _opaque_parameters(path: str) -> bool:
+    """An opaque config's parameters are a RawExtension: the API server keeps their bytes and decodes them
+    leniently, so a field given twice there is no error."""
+    return re.fullmatch(r"spec\.devices\.config\[[0-9]+\]\.opaque\.parameters.*", path) is not None
+
+
+def repeated_field_problems(document: Any) -> list[str]:
+    """Each field a JSON document gives twice, by path: the API server's strict decoding (kubectl's default,
+    --validate=strict) refuses it as "duplicate field", where json.loads would silently keep the last."""
+    problems = []
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item, _Repeated) and not _opaque_parameters(path):
+                problems += [f"{path or '<document>'}: duplicate field {dra.shown(k)}" for k in item.repeated]
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+    return sorted(problems)
+
+
 def read_submission(payload: bytes, tenant: str) -> dra.ResourceClaim:
     """Parse a submit message for `tenant`; raises InvalidClaim naming the field. Its `name` is set only
     when the claim's name is valid, since a Rejected status is written under it."""
+    repeated = False
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal repeated
+        document = _object(pairs)
+        repeated = repeated or isinstance(document, _Repeated)
+        return document
+
     try:
-        document = json.loads(payload)
+        document = json.loads(payload, object_pairs_hook=hook)
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise InvalidClaim(f"payload is not JSON: {error}") from None
     if (problem := tenant_problem(tenant)) is not None:
@@ -115,6 +162,8 @@ def read_submission(payload: bytes, tenant: str) -> dra.ResourceClaim:
         )
     if name_problem is not None and isinstance(raw_name, str):
         raise InvalidClaim(name_problem, namespace=tenant)
+    if repeated and (problems := repeated_field_problems(document)):
+        raise InvalidClaim(dra.joined(problems), name=name, namespace=tenant)
     try:
         claim = dra.parse_claim(with_namespace(document, tenant))
         settings_of(claim)

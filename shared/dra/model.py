@@ -9,12 +9,23 @@ sizes and references, each problem reported with its field path.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+
+from shared.dra.cel_references import undeclared_references
 
 API_VERSION = "resource.k8s.io/v1"
 # Limits of resource/v1/types.go and apimachinery's ObjectMeta validation.
@@ -173,12 +184,69 @@ class _Spec(BaseModel):
 
 
 class ObjectMeta(BaseModel):
+    """The metadata of a ResourceSlice or DeviceClass: tolerant, they come from the cluster or a driver."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
     name: str = ""
     namespace: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     generate_name: str | None = None
+
+
+def _null_is_empty(value: Any) -> Any:
+    """Go's decoder leaves a field it reads as JSON null at its zero value: an empty list or map."""
+    return () if value is None else value
+
+
+def _null_values_are_empty(value: Any) -> Any:
+    """A null value in a map[string]string decodes to "" in Go."""
+    if isinstance(value, dict):
+        return {k: "" if v is None else v for k, v in value.items()}
+    return {} if value is None else value
+
+
+_StringMap = Annotated[dict[str, str], BeforeValidator(_null_values_are_empty)]
+
+
+class OwnerReference(_Spec):
+    api_version: str | None = None
+    kind: str | None = None
+    name: str | None = None
+    uid: str | None = None
+    controller: bool | None = Field(default=None, strict=True)
+    block_owner_deletion: bool | None = Field(default=None, strict=True)
+
+
+class ManagedFieldsEntry(_Spec):
+    manager: str | None = None
+    operation: str | None = None
+    api_version: str | None = None
+    time: str | None = None
+    fields_type: str | None = None
+    fields_v1: Any = None
+    subresource: str | None = None
+
+
+class ClaimMeta(_Spec):
+    """A claim's metadata: every ObjectMeta field with its type, unknown fields refused (as kubectl's
+    --validate=strict does for the whole object). `claim_problems` holds ObjectMeta's rules."""
+
+    name: Annotated[str, BeforeValidator(lambda v: "" if v is None else v)] = ""
+    generate_name: str | None = None
+    namespace: str | None = None
+    self_link: str | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+    generation: int | None = Field(default=None, strict=True)
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    deletion_grace_period_seconds: int | None = Field(default=None, strict=True)
+    labels: _StringMap = Field(default_factory=dict)
+    annotations: _StringMap = Field(default_factory=dict)
+    owner_references: Annotated[tuple[OwnerReference, ...], BeforeValidator(_null_is_empty)] = ()
+    finalizers: Annotated[tuple[str, ...], BeforeValidator(_null_is_empty)] = ()
+    managed_fields: Annotated[tuple[ManagedFieldsEntry, ...], BeforeValidator(_null_is_empty)] = ()
 
 
 class CELSelector(_Spec):
@@ -295,6 +363,15 @@ class DeviceClaim(_Spec):
     config: tuple[DeviceClaimConfiguration, ...] = ()
 
 
+class ClaimStatus(_Spec):
+    """What a claim copied from a cluster carries; the API server drops it on create, so only its shape
+    matters (a string or an unknown field there fails to decode)."""
+
+    allocation: dict[str, Any] | None = None
+    reserved_for: tuple[dict[str, Any], ...] | None = None
+    devices: tuple[dict[str, Any], ...] | None = None
+
+
 class ResourceClaimSpec(_Spec):
     devices: DeviceClaim = DeviceClaim()
 
@@ -306,9 +383,9 @@ class ResourceClaim(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
     api_version: Literal["resource.k8s.io/v1"]
     kind: Literal["ResourceClaim"]
-    metadata: ObjectMeta
+    metadata: ClaimMeta
     spec: ResourceClaimSpec
-    status: Any = None
+    status: ClaimStatus | None = None
 
 
 class DeviceAttribute(_Spec):
@@ -396,21 +473,146 @@ class ResourceSlice(BaseModel):
 # --- the API server's rules for a ResourceClaim ------------------------------------------------------
 
 
-def claim_problems(claim: ResourceClaim) -> list[str]:
-    """Every rule of ValidateResourceClaim that a parsed claim can break, as `path: problem` lines."""
+def claim_problems(claim: ResourceClaim, *, on_create: bool = True) -> list[str]:
+    """Every rule of ValidateResourceClaim that a parsed claim can break, as `path: problem` lines.
+    `on_create`: the claim is being submitted, as `kubectl create` would create it, so what the API server
+    refuses only on create (a resourceVersion) is refused too; a claim read back from a cluster has one."""
     problems: list[str] = []
-    _check_metadata(claim.metadata, problems)
+    _check_metadata(claim.metadata, problems, on_create=on_create)
     _check_devices(claim.spec.devices, "spec.devices", problems)
     return problems
 
 
-def _check_metadata(meta: ObjectMeta, problems: list[str]) -> None:
+STANDARD_FINALIZERS = frozenset({"kubernetes", "orphan", "foregroundDeletion"})  # helper.IsStandardFinalizerName
+MAX_FIELD_MANAGER = 128  # metav1 validation FieldManagerMaxLength
+MAX_SUBRESOURCE = 256  # metav1 validation MaxSubresourceNameLength
+_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|[+-](\d{2}):(\d{2}))")
+RFC3339_RULE = "must be an RFC 3339 time such as 2026-01-02T15:04:05Z"
+
+
+def is_rfc3339(text: str) -> bool:
+    """What Go's time.Parse(time.RFC3339, ...) takes (metav1.Time's JSON form): anything else fails to decode."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return False
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    try:
+        datetime.date(year, month, day)
+    except ValueError:
+        return False
+    zone_ok = match[8] == "Z" or (int(match[9]) < 24 and int(match[10]) < 60)
+    return hour < 24 and minute < 60 and second < 60 and zone_ok
+
+
+def _generate_name_problem(prefix: str) -> str | None:
+    """NameIsDNSSubdomain(prefix, true): a trailing '-' is masked (apimachinery's maskTrailingDash, which
+    drops the last two characters and appends 'a'), the rest must make a DNS subdomain."""
+    masked = prefix[:-2] + "a" if len(prefix) > 1 and prefix.endswith("-") else prefix
+    return None if is_dns_subdomain(masked) else f"{DNS_SUBDOMAIN_RULE}; a trailing '-' is allowed"
+
+
+def _owner_reference_problems(references: tuple[OwnerReference, ...], problems: list[str]) -> None:
+    """apimachinery's ValidateOwnerReferences."""
+    controllers: list[str] = []
+    for i, ref in enumerate(references):
+        at = f"metadata.ownerReferences[{i}]"
+        api_version = ref.api_version or ""
+        group, slash, version = api_version.rpartition("/") if api_version.count("/") <= 1 else ("", "", "")
+        if not version:
+            problems.append(f"{at}.apiVersion: {shown(api_version)} must name a version (e.g. v1 or apps/v1)")
+        if not ref.kind:
+            problems.append(f"{at}.kind: must not be empty")
+        if not ref.name:
+            problems.append(f"{at}.name: must not be empty")
+        if not ref.uid:
+            problems.append(f"{at}.uid: must not be empty")
+        if (group, version, ref.kind) == ("", "v1", "Event"):
+            problems.append(f"{at}: /v1, Kind=Event is disallowed from being an owner")
+        if ref.controller:
+            controllers.append(f"{ref.kind}/{ref.name}")
+    if len(controllers) > 1:
+        problems.append(f"metadata.ownerReferences: only one reference can have controller set to true; found "
+                        f"{shown(controllers[0])} and {shown(controllers[1])}")
+
+
+def _finalizer_problems(finalizers: tuple[str, ...], problems: list[str]) -> None:
+    """ValidateFinalizers, and core validation's rule that a name without a domain is a standard one."""
+    for i, finalizer in enumerate(finalizers):
+        at = f"metadata.finalizers[{i}]"
+        if (problem := qualified_name_problem(finalizer)) is not None:
+            problems.append(f"{at}: {shown(finalizer)} {problem}")
+        elif "/" not in finalizer and finalizer not in STANDARD_FINALIZERS:
+            problems.append(f"{at}: {shown(finalizer)} is neither a standard finalizer name "
+                            f"({', '.join(sorted(STANDARD_FINALIZERS))}) nor fully qualified (example.com/name)")
+    if "orphan" in finalizers and "foregroundDeletion" in finalizers:
+        problems.append("metadata.finalizers: orphan and foregroundDeletion cannot both be set")
+
+
+def _is_field_set(value: Any) -> bool:
+    """Whether managedFields' fieldsV1 decodes as a field set (structured-merge-diff's FromJSON): objects
+    whose keys are "." or start with f:, k:, v: or i:. The API server keeps entries that decode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, dict):
+            return False
+        for key, child in item.items():
+            if key != "." and key[:2] not in ("f:", "k:", "v:", "i:"):
+                return False
+            stack.append(child)
+    return True
+
+
+def _managed_fields_problems(entries: tuple[ManagedFieldsEntry, ...], problems: list[str]) -> None:
+    """metav1 ValidateManagedFields, on the entries the API server keeps: on create its field manager keeps
+    the list it was sent when every entry's fieldsV1 decodes (and `[{}]` asks it to reset the list)."""
+    if entries == (ManagedFieldsEntry(),):
+        return
+    if not all(e.fields_v1 is None or _is_field_set(e.fields_v1) for e in entries):
+        return  # the field manager replaces what it cannot decode
+    for i, entry in enumerate(entries):
+        at = f"metadata.managedFields[{i}]"
+        if entry.operation not in ("Apply", "Update"):
+            problems.append(f"{at}.operation: {shown(entry.operation or '')} must be Apply or Update")
+        if entry.fields_type and entry.fields_type != "FieldsV1":
+            problems.append(f"{at}.fieldsType: {shown(entry.fields_type)} must be FieldsV1")
+        manager = entry.manager or ""
+        if len(manager) > MAX_FIELD_MANAGER:
+            problems.append(f"{at}.manager: must be at most {MAX_FIELD_MANAGER} characters")
+        elif not all(c.isprintable() for c in manager):
+            problems.append(f"{at}.manager: {shown(manager)} must hold printable characters only")
+        if len(entry.subresource or "") > MAX_SUBRESOURCE:
+            problems.append(f"{at}.subresource: must be at most {MAX_SUBRESOURCE} characters")
+        if entry.time is not None and not is_rfc3339(entry.time):
+            problems.append(f"{at}.time: {shown(entry.time)} {RFC3339_RULE}")
+
+
+def _set_resource_version(version: str | None) -> bool:
+    """Whether storage sees a resourceVersion on the object (etcd3 store.Create parses it as an unsigned
+    integer and refuses any but 0; one it cannot parse is cleared instead)."""
+    return version is not None and version.isascii() and version.isdigit() and 0 < int(version) < 2**64
+
+
+def _check_metadata(meta: ClaimMeta, problems: list[str], *, on_create: bool) -> None:
     if not meta.name:
-        problems.append("metadata.name: is required")
+        problems.append("metadata.name: is required" + (
+            " (the broker does not generate names: give one instead of generateName)" if meta.generate_name else ""))
     elif not is_dns_subdomain(meta.name):
         problems.append(f"metadata.name: {shown(meta.name)} {DNS_SUBDOMAIN_RULE}")
+    if meta.generate_name and (problem := _generate_name_problem(meta.generate_name)) is not None:
+        problems.append(f"metadata.generateName: {shown(meta.generate_name)} {problem}")
     if meta.namespace and not is_dns_label(meta.namespace):
         problems.append(f"metadata.namespace: {shown(meta.namespace)} {DNS_LABEL_RULE}")
+    if meta.generation is not None and meta.generation < 0:
+        problems.append(f"metadata.generation: {meta.generation} must be greater than or equal to 0")
+    for field_name, value in (("creationTimestamp", meta.creation_timestamp),
+                              ("deletionTimestamp", meta.deletion_timestamp)):
+        if value is not None and not is_rfc3339(value):
+            problems.append(f"metadata.{field_name}: {shown(value)} {RFC3339_RULE}")
+    if on_create and _set_resource_version(meta.resource_version):
+        problems.append(f"metadata.resourceVersion: {shown(meta.resource_version)} must not be set on a claim being "
+                        "created (the API server refuses it: \"resourceVersion should not be set on objects to be "
+                        "created\"); remove it from a claim copied from a cluster")
     for key, value in meta.labels.items():
         if (problem := qualified_name_problem(key)) is not None:
             problems.append(f"metadata.labels: key {shown(key)} {problem}")
@@ -423,6 +625,9 @@ def _check_metadata(meta: ObjectMeta, problems: list[str]) -> None:
         size += len(key.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass"))
     if size > MAX_ANNOTATIONS_SIZE:
         problems.append(f"metadata.annotations: {size} bytes in all, over the limit of {MAX_ANNOTATIONS_SIZE}")
+    _owner_reference_problems(meta.owner_references, problems)
+    _finalizer_problems(meta.finalizers, problems)
+    _managed_fields_problems(meta.managed_fields, problems)
 
 
 def _too_many(items: tuple[Any, ...], limit: int, path: str, problems: list[str]) -> bool:
@@ -492,7 +697,10 @@ def _check_body(body: _RequestBody, path: str, problems: list[str], *, exact: bo
         problems.append(f"{path}.deviceClassName: is required")
     elif not is_dns_subdomain(body.device_class_name):
         problems.append(f"{path}.deviceClassName: {shown(body.device_class_name)} {DNS_SUBDOMAIN_RULE}")
-    _too_many(body.selectors, MAX_SELECTORS, f"{path}.selectors", problems)
+    if not _too_many(body.selectors, MAX_SELECTORS, f"{path}.selectors", problems):
+        for k, selector in enumerate(body.selectors):
+            problems += [f"{path}.selectors[{k}].cel.expression: CEL compile error: {reference}"
+                         for reference in undeclared_references(selector.cel.expression)]
     count = body.count
     if body.allocation_mode == "All":
         if count is not None:
@@ -618,11 +826,13 @@ def describe_validation_error(error: ValidationError) -> str:
     for item in error.errors():
         path = _location(item["loc"])
         message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (the API server's strict field validation, kubectl's default, refuses it)"
         parts.append(f"{path}: {message}" if path else message)
-    return _joined(parts)
+    return joined(parts)
 
 
-def _joined(problems: list[str]) -> str:
+def joined(problems: list[str]) -> str:
     """At most MAX_PROBLEMS_SHOWN problems of at most 1,000 characters each: the reason is stored and
     published (a NATS message is at most 1 MiB), and a long path deep in a document says no more."""
     more = len(problems) - MAX_PROBLEMS_SHOWN
@@ -646,9 +856,10 @@ _KINDS: dict[str, type[BaseModel]] = {
 }
 
 
-def parse_object(document: Any) -> ResourceClaim | ResourceSlice | DeviceClass:
+def parse_object(document: Any, *, on_create: bool = True) -> ResourceClaim | ResourceSlice | DeviceClass:
     """Parse one resource.k8s.io/v1 document, refusing unknown kinds and API versions by name. A claim
-    must also pass `claim_problems`, and hold no string the ledger cannot store."""
+    must also pass `claim_problems` (`on_create`: as a claim being created), and hold no string the ledger
+    cannot store."""
     if not isinstance(document, dict):
         raise DocumentError(f"expected a mapping with apiVersion and kind, got {type(document).__name__}")
     kind = document.get("kind")
@@ -657,18 +868,19 @@ def parse_object(document: Any) -> ResourceClaim | ResourceSlice | DeviceClass:
     if document.get("apiVersion") != API_VERSION:
         raise DocumentError(f"apiVersion: {_brief(document.get('apiVersion'))} is not {API_VERSION!r}")
     if kind == "ResourceClaim" and (problems := text_problems(document)):
-        raise DocumentError(_joined(problems))
+        raise DocumentError(joined(problems))
     try:
         parsed = _KINDS[kind].model_validate(document)
     except ValidationError as error:
         raise DocumentError(describe_validation_error(error)) from None
-    if isinstance(parsed, ResourceClaim) and (problems := claim_problems(parsed)):
-        raise DocumentError(_joined(problems))
+    if isinstance(parsed, ResourceClaim) and (problems := claim_problems(parsed, on_create=on_create)):
+        raise DocumentError(joined(problems))
     return parsed  # type: ignore[return-value]
 
 
-def parse_claim(document: Any) -> ResourceClaim:
-    obj = parse_object(document)
+def parse_claim(document: Any, *, on_create: bool = True) -> ResourceClaim:
+    """A claim being submitted (`on_create`), or one read back from a cluster (it has a resourceVersion)."""
+    obj = parse_object(document, on_create=on_create)
     if not isinstance(obj, ResourceClaim):
         raise DocumentError(f"kind: expected ResourceClaim, got {_brief(document.get('kind'))}")
     return obj

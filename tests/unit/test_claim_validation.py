@@ -18,6 +18,7 @@ import yaml
 
 from services.allocator.ledger_ops import claim_values
 from shared.dra import model as dra
+from shared.dra.cel_references import undeclared_references
 from shared.dra.claims import INT32_MAX, INT32_MIN, InvalidClaim, read_submission, settings_of
 
 TENANT = "t1"
@@ -86,6 +87,23 @@ def nested(depth: int) -> Any:
 
 def tolerating(**toleration: Any) -> dict[str, Any]:
     return requests(exact(tolerations=[toleration]))
+
+
+def selecting(expression: str) -> dict[str, Any]:
+    return requests(exact(selectors=[{"cel": {"expression": expression}}]))
+
+
+def owner(**fields: Any) -> dict[str, Any]:
+    """An ownerReference as a cluster writes it; fields given here replace the defaults."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "d9607e19-f88f-11e6-a518-42010a800195",
+            **fields}
+
+
+def managed(**fields: Any) -> dict[str, Any]:
+    """A managedFields entry as a cluster writes it; fields given here replace the defaults."""
+    return {"manager": "kubectl-create", "operation": "Update", "apiVersion": "resource.k8s.io/v1",
+            "time": "2026-01-02T15:04:05Z", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:spec": {"f:devices": {".": {}, "f:requests": {}}}}, **fields}
 
 
 R0 = "spec.devices.requests[0]"
@@ -268,6 +286,66 @@ REFUSED: list[tuple[str, Any, str, str, str | None]] = [
     ("annotation-key-nul", annotated("no\x00te", "x"), TENANT, "metadata.annotations", KEEPS),
     ("selector-nul", requests(exact(selectors=[{"cel": {"expression": "true\x00"}}])), TENANT,
      f"{EXACT}.selectors[0].cel.expression", KEEPS),
+    # ObjectMeta's other fields (apimachinery ValidateObjectMetaAccessor, core validateKubeFinalizerName) and
+    # what the API server refuses only on create (storage: "resourceVersion should not be set ...")
+    ("resource-version", claim(resourceVersion="17"), TENANT, "metadata.resourceVersion", KEEPS),
+    ("generate-name", claim(generateName="Train_"), TENANT, "metadata.generateName", KEEPS),
+    ("generate-name-only", with_("metadata", {"generateName": "train-"}), TENANT, "metadata.name", NO_NAME),
+    ("generation-negative", claim(generation=-1), TENANT, "metadata.generation", KEEPS),
+    ("generation-string", claim(generation="1"), TENANT, "metadata.generation", KEEPS),
+    ("creation-timestamp-word", claim(creationTimestamp="yesterday"), TENANT, "metadata.creationTimestamp", KEEPS),
+    ("creation-timestamp-date-only", claim(creationTimestamp="2026-01-02"), TENANT, "metadata.creationTimestamp",
+     KEEPS),
+    ("deletion-timestamp-month-13", claim(deletionTimestamp="2026-13-01T00:00:00Z"), TENANT,
+     "metadata.deletionTimestamp", KEEPS),
+    ("deletion-grace-string", claim(deletionGracePeriodSeconds="30"), TENANT, "metadata.deletionGracePeriodSeconds",
+     KEEPS),
+    ("uid-number", claim(uid=5), TENANT, "metadata.uid", KEEPS),
+    ("finalizer-unqualified", claim(finalizers=["my-finalizer"]), TENANT, "metadata.finalizers[0]", KEEPS),
+    ("finalizer-bad-name", claim(finalizers=["example.com/bad name"]), TENANT, "metadata.finalizers[0]", KEEPS),
+    ("finalizers-orphan-and-foreground", claim(finalizers=["orphan", "foregroundDeletion"]), TENANT,
+     "metadata.finalizers", KEEPS),
+    ("finalizers-string", claim(finalizers="orphan"), TENANT, "metadata.finalizers", KEEPS),
+    ("owner-reference-empty", claim(ownerReferences=[{}]), TENANT, "metadata.ownerReferences[0].apiVersion", KEEPS),
+    ("owner-reference-no-uid", claim(ownerReferences=[owner(uid="")]), TENANT, "metadata.ownerReferences[0].uid",
+     KEEPS),
+    ("owner-reference-no-version", claim(ownerReferences=[owner(apiVersion="batch/")]), TENANT,
+     "metadata.ownerReferences[0].apiVersion", KEEPS),
+    ("owner-reference-event", claim(ownerReferences=[owner(apiVersion="v1", kind="Event")]), TENANT,
+     "metadata.ownerReferences[0]", KEEPS),
+    ("owner-references-two-controllers", claim(ownerReferences=[owner(controller=True),
+                                                                owner(name="b", uid="u-2", controller=True)]),
+     TENANT, "metadata.ownerReferences", KEEPS),
+    ("owner-reference-controller-string", claim(ownerReferences=[owner(controller="true")]), TENANT,
+     "metadata.ownerReferences[0].controller", KEEPS),
+    ("owner-reference-unknown-field", claim(ownerReferences=[owner(colour="red")]), TENANT,
+     "metadata.ownerReferences[0].colour", KEEPS),
+    ("managed-fields-operation", claim(managedFields=[managed(operation="Patch")]), TENANT,
+     "metadata.managedFields[0].operation", KEEPS),
+    ("managed-fields-no-operation", claim(managedFields=[{"manager": "kubectl"}]), TENANT,
+     "metadata.managedFields[0].operation", KEEPS),
+    ("managed-fields-type", claim(managedFields=[managed(fieldsType="FieldsV2")]), TENANT,
+     "metadata.managedFields[0].fieldsType", KEEPS),
+    ("managed-fields-manager-129", claim(managedFields=[managed(manager="m" * 129)]), TENANT,
+     "metadata.managedFields[0].manager", KEEPS),
+    ("managed-fields-time", claim(managedFields=[managed(time="now")]), TENANT, "metadata.managedFields[0].time",
+     KEEPS),
+    ("metadata-unknown-field", claim(colour="red"), TENANT, "metadata.colour", KEEPS),
+    ("metadata-cluster-name", claim(clusterName="c1"), TENANT, "metadata.clusterName", KEEPS),  # gone since 1.25
+    # status: dropped on create, but it must still decode as a ResourceClaimStatus
+    ("status-string", with_("status", "Allocated"), TENANT, "status", KEEPS),
+    ("status-unknown-field", with_("status", {"phase": "Bound"}), TENANT, "status.phase", KEEPS),
+    ("status-allocation-list", with_("status", {"allocation": []}), TENANT, "status.allocation", KEEPS),
+    # CEL that Kubernetes' DRA compiler refuses for naming what it does not declare, wherever it sits
+    ("cel-undeclared-variable", selecting('device.driver == "gpu.nvidia.com" || gpu.ready'), TENANT,
+     f"{EXACT}.selectors[0].cel.expression", KEEPS),
+    ("cel-undeclared-function", selecting('true || nosuch(1) == 1'), TENANT, f"{EXACT}.selectors[0].cel.expression",
+     KEEPS),
+    ("cel-undefined-device-field", selecting('true || device.model == "H100"'), TENANT,
+     f"{EXACT}.selectors[0].cel.expression", KEEPS),
+    ("cel-undeclared-in-subrequest",
+     requests(first_available("gpu", sub("one", selectors=[{"cel": {"expression": "false && x"}}]))), TENANT,
+     f"{R0}.firstAvailable[0].selectors[0].cel.expression", KEEPS),
 ]
 
 
@@ -352,7 +430,7 @@ ACCEPTED: list[tuple[str, dict[str, Any], Any]] = [
     ("toleration-effect-none", tolerating(operator="Exists", effect="None"), lambda c: True),
     ("capacity-quantity", requests(exact(capacity={"requests": {f"{GPU}/memory": "40Gi", "cores": "500m"}})),
      lambda c: True),
-    ("selector-10240-bytes", requests(exact(selectors=[{"cel": {"expression": "x" * 10_240}}])), lambda c: True),
+    ("selector-10240-bytes", selecting('device.driver != "' + "x" * (10_240 - 19) + '"'), lambda c: True),
     ("priority-max", annotated("claimbroker.io/priority", str(INT32_MAX)),
      lambda c: settings_of(c).priority == INT32_MAX),
     ("priority-min", annotated("claimbroker.io/priority", str(INT32_MIN)),
@@ -364,8 +442,29 @@ ACCEPTED: list[tuple[str, dict[str, Any], Any]] = [
     ("annotations-under-256ki", annotated("example.com/note", "x" * 200_000), lambda c: True),
     ("labels", claim(labels={"app.kubernetes.io/name": "trainer", "empty": ""}), lambda c: True),
     ("namespace-of-the-tenant", claim(namespace=TENANT), lambda c: c.metadata.namespace == TENANT),
-    ("cluster-metadata", claim(uid="0b6c2c4e", resourceVersion="17", managedFields=[{"manager": "kubectl"}]),
+    # ObjectMeta as a cluster writes it: what the API server overwrites on create (uid, timestamps) or keeps
+    ("cluster-metadata", claim(uid="0b6c2c4e-f88f-11e6-a518-42010a800195", resourceVersion="", generation=1,
+                               creationTimestamp="2026-01-02T15:04:05Z", selfLink="", deletionGracePeriodSeconds=30,
+                               ownerReferences=[owner(controller=True, blockOwnerDeletion=True)],
+                               finalizers=["claimbroker.io/allocation", "kubernetes"], managedFields=[managed()]),
+     lambda c: c.metadata.owner_references[0].kind == "Job"),
+    ("resource-version-0", claim(resourceVersion="0"), lambda c: True),  # storage reads 0 as unset
+    ("resource-version-not-a-number", claim(resourceVersion="abc"), lambda c: True),  # storage clears it
+    ("creation-timestamp-null", claim(creationTimestamp=None), lambda c: True),  # kubectl --dry-run writes it
+    ("creation-timestamp-fraction-and-offset", claim(creationTimestamp="2026-01-02T15:04:05.123+02:00"),
      lambda c: True),
+    ("generate-name-beside-a-name", claim(generateName="train-"), lambda c: c.metadata.name == "claim"),
+    ("managed-fields-reset", claim(managedFields=[{}]), lambda c: True),  # `[{}]` asks the server to reset them
+    ("managed-fields-undecodable", claim(managedFields=[managed(operation="Patch", fieldsV1={"bogus": 1})]),
+     lambda c: True),  # the field manager replaces entries it cannot decode
+    ("labels-null", claim(labels=None), lambda c: c.metadata.labels == {}),
+    ("annotation-null-value", annotated("example.com/note", None),  # Go reads null in a map as ""
+     lambda c: c.metadata.annotations == {"example.com/note": ""}),
+    ("cel-macro-and-bind-variables", selecting('device.attributes["gpu.nvidia.com"].exists(k, k == "productName") && '
+                                               'cel.bind(d, device.driver, d == "gpu.nvidia.com") && '
+                                               '{"a": 1}.all(k, v, v > 0) && type(1) == int'), lambda c: True),
+    ("cel-optional-and-namespaces", selecting('device.attributes["gpu.nvidia.com"].?profile.orValue("") == "" && '
+                                              'sets.contains([1], [1]) && optional.of(1).hasValue()'), lambda c: True),
     ("status", with_("status", {"allocation": {"devices": {"results": []}}}), lambda c: True),
     ("non-ascii-annotation-value", annotated("example.com/owner", "Zoë ٣"), lambda c: True),
 ]
@@ -388,3 +487,66 @@ def test_a_payload_that_is_not_an_object_is_refused_without_a_name() -> None:
         assert caught.value.name is None
     with pytest.raises(InvalidClaim, match="metadata"):
         read_submission(json.dumps(with_("metadata", "text")).encode(), TENANT)
+
+
+def _twice(document: dict[str, Any], once: str, twice: str) -> bytes:
+    """The document's JSON with the text `once` replaced by `twice`: a field given two values."""
+    text = json.dumps(document)
+    assert once in text, once
+    return text.replace(once, twice, 1).encode()
+
+
+# (id, payload, the problem the message names): Kubernetes' strict decoding refuses a field given twice,
+# where json.loads would keep the last value
+REPEATED: list[tuple[str, bytes, str]] = [
+    ("metadata-name", _twice(claim(), '"name": "claim"', '"name": "claim", "name": "other"'),
+     'metadata: duplicate field "name"'),
+    ("top-level-spec", _twice(claim(), '"spec": ', '"spec": {}, "spec": '), '<document>: duplicate field "spec"'),
+    ("request-count", _twice(requests(exact(count=1)), '"count": 1', '"count": 1, "count": 30'),
+     f'{EXACT}: duplicate field "count"'),
+    ("annotation", _twice(annotated("claimbroker.io/priority", "1"), '"claimbroker.io/priority": "1"',
+                          '"claimbroker.io/priority": "1", "claimbroker.io/priority": "100"'),
+     'metadata.annotations: duplicate field "claimbroker.io/priority"'),
+]
+
+
+@pytest.mark.parametrize(("payload", "problem"), [pytest.param(*row[1:], id=row[0]) for row in REPEATED])
+def test_a_field_given_twice_is_refused(payload: bytes, problem: str) -> None:
+    with pytest.raises(InvalidClaim) as caught:
+        read_submission(payload, TENANT)
+    assert problem in str(caught.value), str(caught.value)
+    assert caught.value.name is not None, "the claim's name is readable: its Rejected status says why"
+
+
+def test_a_field_given_twice_inside_opaque_parameters_is_kept() -> None:
+    """Parameters are a RawExtension: the API server stores their bytes and decodes them leniently."""
+    document = config(opaque(parameters={"kind": "GpuConfig", "sharing": "TimeSlicing"}))
+    payload = _twice(document, '"sharing": "TimeSlicing"', '"sharing": "MPS", "sharing": "TimeSlicing"')
+    claim_read = read_submission(payload, TENANT)
+    assert claim_read.spec.devices.config[0].opaque.parameters["sharing"] == "TimeSlicing"
+
+
+def test_a_resource_version_is_refused_only_when_a_claim_is_created() -> None:
+    """A claim read back from a cluster has one (the claims-from-a-cluster path parses with on_create=False)."""
+    document = with_("metadata.namespace", TENANT, claim(resourceVersion="4711"))
+    with pytest.raises(dra.DocumentError, match="metadata.resourceVersion"):
+        dra.parse_claim(document)
+    assert dra.parse_claim(document, on_create=False).metadata.resource_version == "4711"
+
+
+def _selectors_kubernetes_accepts() -> list[Any]:
+    """Every selector of the built-in classes and of the shipped workloads: none names anything undeclared."""
+    from shared.dra.classes import merge_classes
+    out = [pytest.param(s.cel.expression, id=f"class-{name}-{i}")
+           for name, device_class in merge_classes(()).items() for i, s in enumerate(device_class.spec.selectors)]
+    for document in _workload_claims():
+        for request in document.values[0]["spec"]["devices"]["requests"]:
+            for body in [request.get("exactly") or {}, *request.get("firstAvailable", [])]:
+                out += [pytest.param(s["cel"]["expression"], id=f"{document.id}-{request['name']}")
+                        for s in body.get("selectors", [])]
+    return out
+
+
+@pytest.mark.parametrize("expression", _selectors_kubernetes_accepts())
+def test_shipped_selectors_name_nothing_undeclared(expression: str) -> None:
+    assert undeclared_references(expression) == ()
