@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from shared.dra.cel_references import undeclared_references
+from shared.dra.cel_static import static_problems
 
 API_VERSION = "resource.k8s.io/v1"
 # Limits of resource/v1/types.go and apimachinery's ObjectMeta validation.
@@ -37,6 +37,7 @@ MAX_CONFIGS = 32  # DeviceConfigMaxSize
 MAX_SELECTORS = 32  # DeviceSelectorsMaxSize
 MAX_TOLERATIONS = 16  # DeviceTolerationsMaxLength
 MAX_CEL_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength, in bytes
+MAX_STATIC_CEL_BYTES = 64 * 1024  # a claim's selector text checked for compile errors at read time (the broker's)
 MAX_OPAQUE_PARAMETERS = 10 * 1024  # OpaqueParametersMaxLength, in bytes of JSON
 MAX_ANNOTATIONS_SIZE = 256 * 1024  # TotalAnnotationSizeLimitB: keys and values, in bytes
 MAX_DRIVER_NAME = 63
@@ -58,6 +59,19 @@ _QUANTITY = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGT
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # what text_problem refuses, in one search
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # JSON allows any integer; Kubernetes' fields stop at int64
+
+
+def is_quantity(text: str) -> bool:
+    """What resource.ParseQuantity takes (a capacity request decodes through it): a number, then a suffix,
+    where a decimal exponent (1e3) must fit an int64."""
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        return False
+    suffix = match[3] or ""
+    if len(suffix) < 2 or suffix[0] not in "eE":
+        return True  # no exponent: 1E is one exa
+    sign, digits = ("-" if suffix[1] == "-" else ""), suffix[1:].lstrip("+-").lstrip("0")
+    return len(digits) <= 19 and -(2**63) <= int(sign + (digits or "0")) < 2**63
 
 
 def is_dns_label(value: object) -> bool:
@@ -480,7 +494,27 @@ def claim_problems(claim: ResourceClaim, *, on_create: bool = True) -> list[str]
     problems: list[str] = []
     _check_metadata(claim.metadata, problems, on_create=on_create)
     _check_devices(claim.spec.devices, "spec.devices", problems)
+    _check_selectors_statically(claim.spec.devices, problems)
     return problems
+
+
+def _check_selectors_statically(devices: DeviceClaim, problems: list[str]) -> None:
+    """What Kubernetes' CEL compiler refuses before evaluating (shared.dra.cel_static), in the claim's first
+    MAX_STATIC_CEL_BYTES of selector text: the check costs about 0.2 us a byte, and a claim holding more is
+    still compiled and evaluated, with its limits, by the decision core."""
+    budget = MAX_STATIC_CEL_BYTES
+    for i, request in enumerate(devices.requests[:MAX_REQUESTS]):
+        at = f"spec.devices.requests[{i}]"
+        subrequests = (request.first_available or ())[:MAX_SUBREQUESTS]
+        bodies: list[tuple[str, _RequestBody]] = [(f"{at}.exactly", request.exactly)] if request.exactly else [
+            (f"{at}.firstAvailable[{j}]", sub) for j, sub in enumerate(subrequests)]
+        for path, body in bodies:
+            for k, selector in enumerate(body.selectors[:MAX_SELECTORS]):
+                budget -= len(selector.cel.expression)
+                if budget < 0:
+                    return
+                problems += [f"{path}.selectors[{k}].cel.expression: CEL compile error: {problem}"
+                             for problem in static_problems(selector.cel.expression)]
 
 
 STANDARD_FINALIZERS = frozenset({"kubernetes", "orphan", "foregroundDeletion"})  # helper.IsStandardFinalizerName
@@ -697,10 +731,7 @@ def _check_body(body: _RequestBody, path: str, problems: list[str], *, exact: bo
         problems.append(f"{path}.deviceClassName: is required")
     elif not is_dns_subdomain(body.device_class_name):
         problems.append(f"{path}.deviceClassName: {shown(body.device_class_name)} {DNS_SUBDOMAIN_RULE}")
-    if not _too_many(body.selectors, MAX_SELECTORS, f"{path}.selectors", problems):
-        for k, selector in enumerate(body.selectors):
-            problems += [f"{path}.selectors[{k}].cel.expression: CEL compile error: {reference}"
-                         for reference in undeclared_references(selector.cel.expression)]
+    _too_many(body.selectors, MAX_SELECTORS, f"{path}.selectors", problems)
     count = body.count
     if body.allocation_mode == "All":
         if count is not None:
@@ -718,7 +749,7 @@ def _check_body(body: _RequestBody, path: str, problems: list[str], *, exact: bo
         at = f"{path}.capacity.requests"
         if (problem := _attribute_name_problem(key, domain_required=False)) is not None:
             problems.append(f"{at}: key {shown(key)} {problem}")
-        elif not _QUANTITY.fullmatch(quantity):
+        elif not is_quantity(quantity):
             problems.append(f"{at}[{shown(key)[1:-1]}]: {shown(quantity)} is not a quantity (e.g. 40Gi, 500m, 2)")
 
 
@@ -826,7 +857,9 @@ def describe_validation_error(error: ValidationError) -> str:
     for item in error.errors():
         path = _location(item["loc"])
         message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
+        if item["type"] == "missing":
+            message = "is required"
+        elif item["type"] == "extra_forbidden":
             message = "unknown field (the API server's strict field validation, kubectl's default, refuses it)"
         parts.append(f"{path}: {message}" if path else message)
     return joined(parts)
@@ -870,7 +903,10 @@ def parse_object(document: Any, *, on_create: bool = True) -> ResourceClaim | Re
     if kind == "ResourceClaim" and (problems := text_problems(document)):
         raise DocumentError(joined(problems))
     try:
-        parsed = _KINDS[kind].model_validate(document)
+        # A claim's fields by their JSON names only: populate_by_name would also take `device_class_name`,
+        # an unknown field to the API server.
+        by_name = kind != "ResourceClaim"
+        parsed = _KINDS[kind].model_validate(document, by_alias=True, by_name=by_name)
     except ValidationError as error:
         raise DocumentError(describe_validation_error(error)) from None
     if isinstance(parsed, ResourceClaim) and (problems := claim_problems(parsed, on_create=on_create)):

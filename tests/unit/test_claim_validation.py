@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 
 from services.allocator.ledger_ops import claim_values
 from shared.dra import model as dra
-from shared.dra.cel_references import undeclared_references
+from shared.dra.cel_static import static_problems
 from shared.dra.claims import INT32_MAX, INT32_MIN, InvalidClaim, read_submission, settings_of
 
 TENANT = "t1"
@@ -549,4 +550,42 @@ def _selectors_kubernetes_accepts() -> list[Any]:
 
 @pytest.mark.parametrize("expression", _selectors_kubernetes_accepts())
 def test_shipped_selectors_name_nothing_undeclared(expression: str) -> None:
-    assert undeclared_references(expression) == ()
+    assert static_problems(expression) == ()
+
+
+# (expression, what the message names, or None where Kubernetes compiles it): cel-go's checker and the base
+# environment's AST validators refuse these at create time, even in a branch no device ever evaluates
+STATIC_CEL: list[tuple[str, str | None]] = [
+    ('device.driver == "gpu.nvidia.com" || gpu.ready', "undeclared reference to 'gpu'"),
+    ("true || nosuch(1) == 1", "undeclared reference to 'nosuch'"),
+    ('true || device.model == "H100"', "undefined field 'model' of device"),
+    ('true || [1, "a"] == []', "a list literal's elements mix int and string"),
+    ('true || {"a": 1, "b": "x"}.size() == 2', "a map literal's values mix int and string"),
+    ("true ? true : 1", "a conditional's branches are bool and int"),
+    ('false && device.driver.matches("[")', "invalid regular expression '['"),
+    ('false && device.driver.matches("(?=a)")', "not RE2 syntax"),
+    ('false && device.driver.matches("a{1001}")', "over RE2's limit of 1000"),
+    ('false && duration("1x") > duration("0")', "duration('1x') is not a duration"),
+    ('false && timestamp("yesterday") < timestamp("2026-01-02T15:04:05Z")', "timestamp('yesterday')"),
+    ('"H100"', "a selector must evaluate to bool"),
+    ("-1", "a selector must evaluate to bool"),
+    ('device.attributes["gpu.nvidia.com"].productName.matches("^H1[0-9]{2}$")', None),
+    ('device.driver.matches(r"\\pL+") && device.driver.matches("a(?i)b") && device.driver.matches("[{1001}]")', None),
+    ('duration("1h30m") > duration("0") && timestamp("2026-01-02T15:04:05Z") > timestamp("2026-01-01T00:00:00+01:00")',
+     None),
+    ('device.driver in ["a", "b"] && 1 in [1, null] && [[1], ["a"]] != [] && {"a": 1, "b": 2}["a"] == 1', None),
+    ("true ? true : 1 == 1", None),  # the false branch is `1 == 1`, a bool
+    ('device.attributes["gpu.nvidia.com"].productName == 5', None),  # attributes are dyn: compiles, false at runtime
+]
+
+
+@pytest.mark.parametrize(("expression", "problem"), STATIC_CEL)
+def test_selectors_are_checked_as_kubernetes_compiles_them(expression: str, problem: str | None) -> None:
+    found = static_problems(expression)
+    if problem is None:
+        assert found == ()
+        assert read_submission(json.dumps(selecting(expression)).encode(), TENANT)
+    else:
+        assert any(problem in p for p in found), found
+        with pytest.raises(InvalidClaim, match=re.escape(f"{EXACT}.selectors[0].cel.expression: CEL compile error")):
+            read_submission(json.dumps(selecting(expression)).encode(), TENANT)
