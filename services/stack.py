@@ -135,6 +135,7 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
 
     from services.admin_api.app import create_app
     from services.admin_api.live import LiveFeed
+    from services.admin_api.offload import Limits
 
     apply = stack.authority.apply if stack.authority is not None else None
 
@@ -145,7 +146,9 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
         return await read_fleet(stack.admin_url, settings.tls_ca)
 
     live = LiveFeed(lambda: connect(stack.admin_url, name="claimbroker-admin-api-live", tls_ca=settings.tls_ca))
-    app = create_app(stack.engine, apply, fleet, settings.pending_alert_after, settings.inventory_ttl, live)
+    # heavy requests' workers read the ledger and the bus themselves, beside the allocator's loop
+    app = create_app(stack.engine, apply, fleet, settings.pending_alert_after, settings.inventory_ttl, live,
+                     Limits.of(settings), stack.admin_url, settings.tls_ca)
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,

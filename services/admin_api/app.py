@@ -3,10 +3,13 @@ SQL ledger, with bearer tokens, and the usage page at `/`.
 
 Admin tokens write, viewer tokens read (a tenant-scoped viewer sees only its tenant). Every error is
 application/problem+json. Every write is audited in the same transaction as the change itself. Routes
-live in one module per resource; this module wires them to an engine and maps errors to problems.
+live in one module per resource; this module wires them to an engine and maps errors to problems. Heavy
+requests (what-if, quota import and export) run in worker processes (offload.py); every body is bounded.
 """
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +32,7 @@ from services.admin_api import (
 )
 from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
 from services.admin_api.live import LiveFeed
+from services.admin_api.offload import AdminWorkers, BodyLimit, Limits, Reach, validation_detail
 from services.admin_api.page import USAGE_PAGE
 from shared.dra.inventory import Fleet
 from shared.ledger.engine import sessions
@@ -36,14 +40,30 @@ from shared.ledger.engine import sessions
 
 def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None,
                fleet: Callable[[], Awaitable[Fleet]] | None = None, pending_alert_after: float = 600.0,
-               inventory_ttl: float = 90.0, live_feed: LiveFeed | None = None) -> FastAPI:
+               inventory_ttl: float = 90.0, live_feed: LiveFeed | None = None, limits: Limits | None = None,
+               bus_url: str | None = None, tls_ca: Path | None = None) -> FastAPI:
     """Everything the app needs comes in through its arguments; nothing is read from the environment here.
     `apply_bus_credentials`: where the embedded NATS server runs in this process, what applies a change of
-    bus credentials to it at once. `fleet`: the fleet as the bus has it, for what-if. `pending_alert_after`:
-    the broker's, for tenants without their own (the waiting view counts claims past it). `live_feed`: the
-    broker's events for the page's live feed (/v1/events)."""
+    bus credentials to it at once. `fleet`: the fleet the process sees (the node map; what-if's too when
+    there is no `bus_url`). `pending_alert_after`: the broker's, for tenants without their own (the waiting
+    view counts claims past it). `live_feed`: the broker's events for the page's live feed (/v1/events).
+    `limits`: what heavy requests may ask and spend (the settings' defaults when None). `bus_url` (and
+    `tls_ca`): where heavy requests' workers read the fleet themselves."""
+    limits = limits or Limits.defaults()
+    pool = AdminWorkers(limits, Reach(engine.url.render_as_string(hide_password=False), bus_url, tls_ca))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            pool.close()  # a job still running ends with the server
+
     # storable_parameters runs first on every route: a NUL in a path or query parameter is a 422, not a 500.
-    app = FastAPI(title="claim-broker admin API", version="1", dependencies=[Depends(storable_parameters)])
+    app = FastAPI(title="claim-broker admin API", version="1", dependencies=[Depends(storable_parameters)],
+                  lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=limits.max_body)
+    app.state.workers = pool
     app.state.sessions = sessions(engine)
     app.state.apply_bus_credentials = apply_bus_credentials
     app.state.fleet = fleet
@@ -62,9 +82,7 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
 
     async def _invalid(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
-        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
-                           for e in error.errors())
-        return problem(422, "invalid request", detail)
+        return problem(422, "invalid request", validation_detail(error.errors()))
 
     async def _crash(_: Request, __: Exception) -> JSONResponse:
         """Internals stay in the server log; the client learns only that it was not its fault."""
