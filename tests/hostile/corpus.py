@@ -571,9 +571,119 @@ def _validation(corpus: _Corpus) -> None:
         corpus.add(f"val-unknown-field-{key}", document, "invalid", VALIDATION, name=f"val-unknown-field-{key}")
     tolerant = claim_document("val-unknown-metadata-field")
     tolerant["metadata"] |= {"uid": "0b6c2c4e", "resourceVersion": "17", "managedFields": [{"manager": "kubectl"}]}
-    corpus.add("val-unknown-metadata-field", tolerant, "accepted", VALIDATION, name="val-unknown-metadata-field",
-               note="metadata is tolerant: objects copied from a cluster carry uid, resourceVersion...")
-    corpus.claim("val-status-present", "accepted", VALIDATION, status={"allocation": {"devices": {"results": []}}})
+    corpus.add("val-unknown-metadata-field", tolerant, "invalid", VALIDATION, name="val-unknown-metadata-field",
+               note="accepted until issue 35, refused by Kubernetes twice: storage refuses a create with a "
+                    "resourceVersion, and ValidateManagedFields an entry without operation Apply or Update")
+    corpus.claim("val-status-present", "accepted", VALIDATION, status={"allocation": {"devices": {"results": []}}},
+                 note="the API server drops a status on create (resourceclaim strategy PrepareForCreate)")
+    _validation_metadata(corpus)
+    _validation_decoding(corpus)
+    _validation_cel(corpus)
+
+
+# ObjectMeta as a cluster writes it: a claim copied from one must still read.
+CLUSTER_METADATA = {
+    "uid": "0b6c2c4e-f88f-11e6-a518-42010a800195", "generation": 1, "creationTimestamp": "2026-01-02T15:04:05Z",
+    "labels": {"app.kubernetes.io/name": "trainer"}, "finalizers": ["claimbroker.io/allocation"],
+    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train",
+                         "uid": "d9607e19-f88f-11e6-a518-42010a800195", "controller": True}],
+    "managedFields": [{"manager": "kubectl-create", "operation": "Update", "apiVersion": "resource.k8s.io/v1",
+                       "time": "2026-01-02T15:04:05Z", "fieldsType": "FieldsV1",
+                       "fieldsV1": {"f:spec": {"f:devices": {".": {}, "f:requests": {}}}}}],
+}
+OWNER = CLUSTER_METADATA["ownerReferences"][0]  # type: ignore[index]
+
+
+def _validation_metadata(corpus: _Corpus) -> None:
+    """ObjectMeta's rules (apimachinery ValidateObjectMetaAccessor, core validateKubeFinalizerName), its types
+    (a field that does not decode is a 400) and what storage refuses on create."""
+    for key, fields, expect, note in (
+        ("resource-version", {"resourceVersion": "17"}, "invalid",
+         'etcd3 store.Create: "resourceVersion should not be set on objects to be created"'),
+        ("resource-version-0", {"resourceVersion": "0"}, "accepted", "storage reads 0 as unset"),
+        ("generate-name", {"generateName": "Train_"}, "invalid", "NameIsDNSSubdomain(generateName, prefix=true)"),
+        ("generate-name-beside-name", {"generateName": "train-"}, "accepted", "a trailing '-' is allowed"),
+        ("generation-negative", {"generation": -1}, "invalid", "ValidateNonnegativeField(generation)"),
+        ("generation-string", {"generation": "1"}, "invalid", "generation is an int64"),
+        ("creation-timestamp", {"creationTimestamp": "yesterday"}, "invalid", "metav1.Time decodes RFC 3339 only"),
+        ("creation-timestamp-null", {"creationTimestamp": None}, "accepted", "what kubectl --dry-run writes"),
+        ("deletion-grace-string", {"deletionGracePeriodSeconds": "30"}, "invalid", "an int64"),
+        ("uid-number", {"uid": 5}, "invalid", "uid is a string"),
+        ("finalizer-unqualified", {"finalizers": ["my-finalizer"]}, "invalid",
+         "validateKubeFinalizerName: neither standard nor fully qualified"),
+        ("finalizer-not-a-name", {"finalizers": ["example.com/bad name"]}, "invalid", "IsQualifiedName"),
+        ("finalizers-orphan-and-foreground", {"finalizers": ["orphan", "foregroundDeletion"]}, "invalid",
+         "ValidateFinalizers: both cannot be set"),
+        ("owner-empty", {"ownerReferences": [{}]}, "invalid", "validateOwnerReference: version, kind, name, uid"),
+        ("owner-event", {"ownerReferences": [OWNER | {"apiVersion": "v1", "kind": "Event"}]}, "invalid",
+         "BannedOwners: v1 Event"),
+        ("owner-two-controllers", {"ownerReferences": [OWNER, OWNER | {"name": "b", "uid": "u-2"}]}, "invalid",
+         "ValidateOwnerReferences: only one controller"),
+        ("managed-fields-operation", {"managedFields": [{"manager": "m", "operation": "Patch"}]}, "invalid",
+         "ValidateManagedFields: operation Apply or Update"),
+        ("managed-fields-reset", {"managedFields": [{}]}, "accepted", "[{}] asks the field manager to reset them"),
+        ("unknown-field", {"colour": "red"}, "invalid", "strict field validation (kubectl's default)"),
+        ("cluster-name", {"clusterName": "c1"}, "invalid", "removed from ObjectMeta in 1.25: an unknown field"),
+        ("labels-null", {"labels": None}, "accepted", "JSON null is an unset map"),
+        ("cluster-copy", CLUSTER_METADATA, "accepted", "a claim copied from a cluster, less its resourceVersion"),
+    ):
+        document = claim_document(f"val-meta-{key}")
+        document["metadata"] |= fields
+        corpus.add(f"val-meta-{key}", document, expect, VALIDATION, name=f"val-meta-{key}", note=note)  # type: ignore[arg-type]
+    only_generated = claim_document("x")
+    only_generated["metadata"] = {"generateName": "val-meta-generated-"}
+    corpus.add("val-meta-generate-name-only", only_generated, "invalid", VALIDATION,
+               note="Kubernetes would generate a name; the broker cannot, and says so")
+
+
+def _validation_decoding(corpus: _Corpus) -> None:
+    """What strict decoding refuses before validation: a field given twice, a field by its Go name, a status
+    that is not a ResourceClaimStatus, a quantity ParseQuantity cannot read."""
+    for key, once, twice in (
+        ("name", '"name":"val-duplicate-name"', '"name":"val-duplicate-name","name":"val-duplicate-other"'),
+        ("count", '"count":1', '"count":1,"count":30'),
+        ("spec", '"spec":', '"spec":{},"spec":'),
+    ):
+        payload = dumps(claim_document(f"val-duplicate-{key}"))
+        assert once.encode() in payload, once
+        corpus.add(f"val-duplicate-{key}", payload.replace(once.encode(), twice.encode(), 1), "invalid", VALIDATION,
+                   name="val-duplicate-other" if key == "name" else f"val-duplicate-{key}",
+                   note="strict decoding: duplicate field (json.loads would keep the last)")
+    parameters = dumps(claim_document("val-duplicate-in-parameters", config=[
+        {"opaque": {"driver": GPU, "parameters": {"sharing": "TimeSlicing"}}}]))
+    corpus.add("val-duplicate-in-parameters",
+               parameters.replace(b'"sharing":"TimeSlicing"', b'"sharing":"MPS","sharing":"TimeSlicing"'),
+               "accepted", VALIDATION, name="val-duplicate-in-parameters",
+               note="parameters are a RawExtension, decoded leniently: a key given twice is no error there")
+    corpus.claim("val-snake-case-field", "invalid", VALIDATION,
+                 requests=[{"name": "gpu", "exactly": {"device_class_name": GPU}}],
+                 note="fields have their JSON names only: device_class_name is unknown to the API server")
+    corpus.claim("val-status-string", "invalid", VALIDATION, status="Allocated",
+                 note="status must decode as a ResourceClaimStatus, even though create drops it")
+    corpus.claim("val-status-unknown-field", "invalid", VALIDATION, status={"phase": "Bound"},
+                 note="strict field validation inside status")
+    corpus.claim("val-quantity-exponent", "invalid", VALIDATION,
+                 requests=[exact("gpu", GPU, 1, capacity={"requests": {"memory": "1e9223372036854775808"}})],
+                 note="ParseQuantity: a decimal exponent must fit an int64")
+
+
+def _validation_cel(corpus: _Corpus) -> None:
+    """Selectors Kubernetes' CEL compiler refuses at create time, in a branch the broker's evaluation never
+    reaches on these devices: before issue 35 the claims were allocated."""
+    for key, expression, note in (
+        ("undeclared-variable", f'{ATTR}.productName != "" || gpu.ready', "undeclared reference"),
+        ("undeclared-function", "true || nosuchfn(1) == 1", "undeclared reference to a function"),
+        ("undefined-device-field", 'true || device.model == "H100"', "device is an object type: undefined field"),
+        ("mixed-list", 'device.driver in ["gpu.nvidia.com", 1]', "HomogeneousAggregateLiterals"),
+        ("ternary-types", "true ? true : 1", "the conditional's branches must have one type"),
+        ("regex-literal", 'true || device.driver.matches("[")', "ValidateRegexLiterals (RE2)"),
+        ("duration-literal", 'true || duration("1x") > duration("0")', "ValidateDurationLiterals"),
+    ):
+        corpus.claim(f"val-cel-{key}", "invalid", VALIDATION, requests=[exact("gpu", GPU, 1, expression)], note=note)
+    corpus.claim("val-cel-library", "accepted", VALIDATION, requests=[exact(
+        "gpu", GPU, 1, 'device.driver.matches("^gpu") && duration("1h") > duration("0s") && [1, 2].all(x, x > 0) && '
+                       'cel.bind(d, device.driver, d != "") && type(1) == int')],
+                 note="macro and cel.bind variables, namespaces and literals Kubernetes compiles")
 
 
 # --- valid claims, interleaved --------------------------------------------------------------------------
@@ -657,7 +767,7 @@ LIVE_SAMPLE = (
     "release-number", "release-object", "db-name-253", "release-name-253",
     # validation
     "val-claim-name-upper", "val-request-name-64", "val-duplicate-requests", "val-count-string",
-    "val-admin-access-yes", "val-mode-some", "val-unknown-field-request",
+    "val-meta-resource-version", "val-mode-some", "val-unknown-field-request",
     # valid
     "valid-lab-training-gpu", "valid-lab-distributed-training",
 )
