@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -31,6 +32,10 @@ from shared.contract import bus_auth, subjects
 from shared.dra.inventory import Fleet
 
 DUPLICATE_WINDOW_S = 600.0
+# JetStream's duplicate window on the claims stream: its floor (0 means its 2-minute default). The window is
+# one per stream, keyed on Nats-Msg-Id alone, so whatever it drops it drops across tenants and kinds: the
+# ledger's inbox, per tenant and kind, is what makes a re-sent message change nothing (docs/reliability.md).
+CLAIMS_DUPLICATE_WINDOW_S = 0.1
 BACKLOG_FULL_CODE = 10077  # JetStream's answer to a publish past the claims stream's per-subject limit
 
 STREAMS = (
@@ -44,12 +49,13 @@ STREAMS = (
     # bury the others' claims under its own.
     StreamConfig(
         name=subjects.CLAIMS_STREAM, subjects=[subjects.SUBMIT_ALL, subjects.RELEASE_ALL],
-        storage=StorageType.FILE, retention=RetentionPolicy.WORK_QUEUE, duplicate_window=DUPLICATE_WINDOW_S,
+        storage=StorageType.FILE, retention=RetentionPolicy.WORK_QUEUE, duplicate_window=CLAIMS_DUPLICATE_WINDOW_S,
         max_msgs_per_subject=16, discard=DiscardPolicy.NEW, discard_new_per_subject=True,
     ),
     StreamConfig(
         name=subjects.STATUS_STREAM, subjects=[subjects.STATUS_ALL], storage=StorageType.FILE,
         max_msgs_per_subject=16, duplicate_window=DUPLICATE_WINDOW_S,
+        allow_msg_ttl=True,  # the answer to a release of an unknown claim expires (services/allocator/batch.py)
     ),
     StreamConfig(
         name=subjects.ALERTS_STREAM, subjects=[subjects.ALERTS_ALL], storage=StorageType.FILE,
@@ -138,7 +144,8 @@ async def ensure_streams(
 def _kept_claims_config(wanted: StreamConfig, existing: StreamConfig, tenant_backlog: int | None) -> StreamConfig:
     """The claims stream keeps the operator's backlog limit; one made by an older version (limits
     retention: JetStream cannot change a stream's retention) keeps working, without the limit, which
-    there would cap the stream's history instead of its backlog."""
+    there would cap the stream's history instead of its backlog. Its duplicate window is always ours (the
+    floor: an older version's ten minutes let one tenant's ids shadow another's)."""
     if existing.retention != wanted.retention:
         log.warning("the claims stream keeps every message (made by an older claim-broker): no per-tenant "
                     "backlog limit until it is recreated (`nats stream rm %s` while the allocator is stopped and "
@@ -209,14 +216,19 @@ async def publish_json(
 PUBLISH_ACK_TIMEOUT_S = 5.0
 
 
-async def publish_pipelined(js: JetStreamContext, messages: Sequence[tuple[str, Any, str]]) -> None:
+async def publish_pipelined(js: JetStreamContext, messages: Sequence[tuple[str, Any, str]],
+                            ttls: Sequence[float | None] | None = None) -> None:
     """Publish (subject, payload, Nats-Msg-Id) in order, every message sent before any acknowledgement is
     awaited: one round trip for the lot instead of one each. Raises unless every
-    one is acknowledged within PUBLISH_ACK_TIMEOUT_S; a resend is harmless, the ids dedupe it."""
+    one is acknowledged within PUBLISH_ACK_TIMEOUT_S; a resend is harmless, the ids dedupe it. `ttls`, one
+    per message: seconds the stream keeps it (a Nats-TTL header; the stream must allow_msg_ttl), or None."""
     pending: list[asyncio.Future[Any]] = []
     try:
-        for subject, payload, message_id in messages:
-            pending.append(await js.publish_async(subject, encode(payload), headers={"Nats-Msg-Id": message_id},
+        for index, (subject, payload, message_id) in enumerate(messages):
+            headers = {"Nats-Msg-Id": message_id}
+            if ttls is not None and (ttl := ttls[index]) is not None:
+                headers["Nats-TTL"] = f"{max(1, math.ceil(ttl))}s"
+            pending.append(await js.publish_async(subject, encode(payload), headers=headers,
                                                   wait_stall=PUBLISH_ACK_TIMEOUT_S))
         raise_lost_cancel()
         done, waiting = await asyncio.wait(pending, timeout=PUBLISH_ACK_TIMEOUT_S)

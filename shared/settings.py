@@ -105,8 +105,16 @@ class BrokerSettings(BaseSettings):
     # its tenant's minRuntime (Quotas) says otherwise: preemption that does not thrash. Priority preemption
     # within a tenant is not held back.
     min_runtime: float = 120.0
+    # How long the ledger keeps a consumed message's id (its inbox: a message re-sent within it, same tenant,
+    # kind and id, changes nothing) and a release of a claim it has no row of (its submission, delivered
+    # after it, still ends Released). Far above any redelivery (allocator_ack_wait x max_deliver), and above
+    # the 10 minutes JetStream's duplicate window gave before it went down to its 100 ms floor.
+    inbox_retention: float = Field(default=3600.0, ge=600.0)
+    # Releases of unknown claims remembered per tenant at most, the oldest forgotten first: a flood of
+    # releases of names never submitted cannot grow the ledger, and costs only its own tenant.
+    early_releases_per_tenant: int = Field(default=1000, ge=1)
 
-    @field_validator("pending_alert_after", "reason_refresh", "min_runtime", mode="before")
+    @field_validator("pending_alert_after", "reason_refresh", "min_runtime", "inbox_retention", mode="before")
     @classmethod
     def _duration(cls, value: str | float) -> float:
         return parse_duration(value)

@@ -4,7 +4,13 @@ Every message is parsed first; the claim rows the batch names are read in one qu
 are applied in order, each seeing what the earlier ones did through the rows in hand (a claim submitted,
 released and submitted again in one batch), without a query or a flush per message. The new claims are
 inserted in one statement and the released claims' devices freed in another. A query and a flush per
-message cost most of a batch, nearly all of it the flush of each insert."""
+message cost most of a batch, nearly all of it the flush of each insert.
+
+A release of a name the ledger has no row of leaves no claim row: it is remembered in early_releases for
+the inbox's retention (at most `early_releases_per_tenant` per tenant, the oldest forgotten first), so that
+its submission, published before it and delivered after it, still ends Released; and it is answered at
+once with a Released status of sequence 0 that JetStream keeps RELEASE_ANSWER_TTL_S (a name never
+submitted leaves no status subject behind for good)."""
 
 from __future__ import annotations
 
@@ -22,17 +28,32 @@ from shared.contract import events, subjects
 from shared.dra import model as dra
 from shared.dra.claims import InvalidClaim, claim_name_problem, read_submission, tenant_problem
 from shared.dra.results import State
+from shared.ledger import inbox
 from shared.ledger.schema import Claim
 
 MAX_MESSAGE_ID = 255  # the inbox's column
+MAX_TENANT = 253  # the inbox's tenant column, as every tenant column
+KINDS = ("submit", "release")  # a claim subject's kinds; any other subject's messages count as "other"
+RELEASE_ANSWER_TTL_S = 60.0  # how long JetStream keeps the answer to a release of an unknown claim
+DEFAULT_EARLY_RELEASES_PER_TENANT = 1000
 
 
-def inbox_id(message_id: str) -> str:
+def inbox_id(message_id: str, limit: int = MAX_MESSAGE_ID) -> str:
     """The id the inbox keeps: the message's own when it fits the column, else a digest of it (a release of
     a 253-character name builds a longer one), so a long id is still deduplicated, never refused."""
-    if len(message_id) <= MAX_MESSAGE_ID and message_id.isprintable():
+    if len(message_id) <= limit and message_id.isprintable():
         return message_id
     return "sha256:" + hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def inbox_key(subject: str, message_id: str | None, stream_sequence: int) -> inbox.Key:
+    """What the message's id counts within: its kind and its tenant, both from its subject (whatever it
+    holds: an unreadable subject still has a key), and its `Nats-Msg-Id` (else its stream sequence). One
+    tenant's id never hides another's, nor a release a submission of the same id."""
+    parts = subject.split(".")
+    kind = parts[3] if len(parts) > 3 and parts[3] in KINDS else "other"
+    tenant = parts[4] if len(parts) > 4 else ""
+    return inbox.Key(kind, inbox_id(tenant, MAX_TENANT), inbox_id(message_id or f"seq:{stream_sequence}"))
 
 
 def printable(text: str, limit: int = 2000) -> str:
@@ -104,6 +125,9 @@ class _Applied:
     released: list[int] = field(default_factory=list)  # rows whose devices go back
     config: QuotaConfig = field(default_factory=QuotaConfig)
     waiting: dict[str, int] = field(default_factory=dict)  # Pending claims of the tenants with a maxPending
+    early: dict[tuple[str, str], int] = field(default_factory=dict)  # remembered releases of unknown claims
+    early_changed: set[tuple[str, str]] = field(default_factory=set)  # remembered or forgotten in this batch
+    answer_ttl: float = RELEASE_ANSWER_TTL_S
 
     async def row(self, key: tuple[str, str]) -> Claim | None:
         """The claim's row; the claims queued earlier in the batch are written first, and all of them read
@@ -131,14 +155,18 @@ class _Applied:
             row.submitted_seq = max(row.submitted_seq or 0, sequence) or None
             return False
         if row is not None and 0 < sequence < (row.released_seq or 0):
-            return await self._released_before(row, claim)
+            return False  # released already: a copy of the claim its release ended (or a redelivery of it)
+        released_early = self._forget_release(key) if row is None else None
+        if released_early is not None and 0 < sequence < released_early:
+            await self._released_before(message, claim, released_early)
+            return False
         if message.tenant in self.waiting:
             problem = pending_limit_problem(self.config.tenant(message.tenant), self.waiting[message.tenant])
             if problem is not None:
                 await self.refuse(message, InvalidClaim(problem, name=claim.metadata.name))
                 return False
             self.waiting[message.tenant] += 1
-        status_sequence, row_released = 0, None
+        status_sequence, row_released = 0, released_early
         if row is not None:  # it ended: the new claim takes its name, and carries on its status sequence
             status_sequence = row.sequence  # (SQLite may give the new row the old id: status ids stay unique)
             row_released = row.released_seq
@@ -150,29 +178,40 @@ class _Applied:
                          "released_seq": row_released}
         return True
 
-    async def _released_before(self, row: Claim, claim: dra.ResourceClaim) -> bool:
-        """A submission published before the claim's last release (it reached us after the release, or came
-        again after a crash): released already. The release kept the name's row (a tombstone, without a
-        status yet, when it came first); the claim is written into it and its Released status sent once."""
-        if row.sequence == 0 and row.state == State.RELEASED.value:
-            values = ops.claim_values(claim)
-            row.spec, row.priority, row.preemptible = values["spec"], values["priority"], values["preemptible"]
-            row.allocation, row.node = None, None
-            ops.emit_status(self.session, row)
-        return False
+    async def _released_before(self, message: ClaimMessage, claim: dra.ResourceClaim, released: int) -> None:
+        """A submission published before a release that reached us first (the submission came again after a
+        crash): the claim is written Released, and its Released status sent once."""
+        row = self.rows[(message.tenant, claim.metadata.name)] = Claim(**{
+            **ops.claim_values(claim), "state": State.RELEASED.value, "submitted_seq": message.sequence,
+            "released_seq": released, "reason": "released by the tenant before the broker read its submission"})
+        self.session.add(row)
+        await self.session.flush()  # a row with an id, as every row in hand has
+        ops.emit_status(self.session, row)
+
+    def _remember_release(self, key: tuple[str, str], sequence: int) -> None:
+        self.early[key] = max(self.early.get(key, 0), sequence)
+        self.early_changed.add(key)
+
+    def _forget_release(self, key: tuple[str, str]) -> int | None:
+        """The stream sequence of the remembered release of this claim, which a row now carries instead."""
+        released = self.early.pop(key, None)
+        if released is not None:
+            self.early_changed.add(key)
+        return released
 
     async def release(self, message: ClaimMessage, name: str) -> bool:
         key = (message.tenant, name)
         row = await self.row(key)
-        if row is None and message.sequence:  # its submission may still come (redelivered after a crash)
-            row = self.rows[key] = Claim(
-                namespace=message.tenant, name=name, state=State.RELEASED.value, spec={}, sequence=0, priority=0,
-                preemptible=True, reason="released by the tenant before the broker read its submission")
-            self.session.add(row)
-            await self.session.flush()  # a row with an id, as every row in hand has
-        if row is not None and message.sequence:
+        if row is None:  # its submission may still come (redelivered after a crash): remembered for a while
+            if message.sequence:
+                self._remember_release(key, message.sequence)
+            ops.emit_answer(self.session, message.tenant, name, self.answer_ttl, (
+                f"no claim {name} of tenant {message.tenant} is waiting or allocated: nothing to release (a "
+                f"submission of it published before this release ends Released)"))
+            return False
+        if message.sequence:
             row.released_seq = max(row.released_seq or 0, message.sequence)
-        if row is None or row.state not in ops.QUEUED:
+        if row.state not in ops.QUEUED:
             return False
         if 0 < message.sequence < (row.submitted_seq or 0):
             return False  # published before the claim's last submission: it concerned an earlier claim
@@ -193,7 +232,8 @@ class _Applied:
                 return  # never let a bad resubmission touch a good claim
             if row is None:
                 row = self.rows[key] = Claim(namespace=message.tenant, name=invalid.name, state=State.REJECTED.value,
-                                             spec={}, sequence=0, priority=0, preemptible=True)
+                                             spec={}, sequence=0, priority=0, preemptible=True,
+                                             released_seq=self._forget_release(key))
                 self.session.add(row)
             if row.id is None:
                 await self.session.flush()
@@ -213,12 +253,17 @@ class _Applied:
         )
 
 
-async def apply_messages(session: AsyncSession, messages: list[ClaimMessage],
-                         config: QuotaConfig | None = None) -> bool:
+async def apply_messages(session: AsyncSession, messages: list[ClaimMessage], config: QuotaConfig | None = None,
+                         *, now: datetime | None = None,
+                         early_releases_per_tenant: int = DEFAULT_EARLY_RELEASES_PER_TENANT,
+                         answer_ttl: float = RELEASE_ANSWER_TTL_S) -> bool:
     """Apply the messages in order; whether any claim was queued or released (a cycle has work). With the
-    quota `config`, a tenant's submission past its maxPending is Rejected with the number."""
+    quota `config`, a tenant's submission past its maxPending is Rejected with the number. Releases of
+    unknown claims are remembered as of `now`, at most `early_releases_per_tenant` per tenant."""
     named = {(m.tenant, m.name) for m in messages if m.name is not None}
-    applied = _Applied(session, await ops.claims_named(session, named), config=config or QuotaConfig())
+    rows = await ops.claims_named(session, named)
+    applied = _Applied(session, rows, config=config or QuotaConfig(), answer_ttl=answer_ttl,
+                       early=await ops.early_releases_named(session, named - rows.keys()))
     limited = {m.tenant for m in messages if m.claim is not None and applied.config.tenant(m.tenant).max_pending
                is not None}
     if limited:  # one count per batch, only when a submitting tenant has a limit
@@ -235,6 +280,9 @@ async def apply_messages(session: AsyncSession, messages: list[ClaimMessage],
                 changed = await applied.release(message, message.name) or changed
     await applied.write_new()
     await ops.release_devices(session, applied.released)
+    if applied.early_changed:
+        await ops.write_early_releases(session, {key: applied.early.get(key) for key in applied.early_changed},
+                                       now or datetime.now(UTC), early_releases_per_tenant)
     return changed
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -27,6 +29,7 @@ from shared.ledger.schema import (
     Claim,
     ClaimEvent,
     DeviceAllocation,
+    EarlyRelease,
     InboxMessage,
     OutboxEvent,
 )
@@ -137,11 +140,31 @@ def emit_status(session: AsyncSession, row: Claim | ClaimRow, *, by: str | None 
     writes.history.append({"claim_id": row.id, "sequence": row.sequence, "state": row.state,
                            "reason": row.reason, "node": row.node, "by": by})
     writes.outbox.append({"subject": subjects.status(row.namespace, row.name),
-                          "message_id": f"status:{row.id}:{row.sequence}", "payload": payload})
+                          "message_id": f"status:{row.id}:{row.sequence}", "payload": payload, "ttl_s": None})
+
+
+def emit_answer(session: AsyncSession, namespace: str, name: str, ttl: float, reason: str) -> None:
+    """A Released status for a claim the ledger has no row of (a release of an unknown claim): sequence 0,
+    before any status a claim of that name will have, and kept by JetStream `ttl` seconds only, so a name
+    never submitted leaves no subject behind. No history: there is no claim."""
+    payload = events.claim_status(namespace=namespace, name=name, state=State.RELEASED.value, allocation=None,
+                                  reason=reason, sequence=0)
+    _writes(session).outbox.append({"subject": subjects.status(namespace, name), "payload": payload,
+                                    "message_id": f"status:unknown:{uuid.uuid4().hex}", "ttl_s": ttl})
+
+
+_MESSAGE_ID = 255  # the outbox's column
 
 
 def emit_event(session: AsyncSession, subject: str, message_id: str, payload: dict[str, Any]) -> None:
-    _writes(session).outbox.append({"subject": subject, "message_id": message_id, "payload": payload})
+    """An event with its own id, unique whatever `message_id` says (the same message id comes back from
+    another tenant, or again once the inbox forgot it, and the outbox's ids are unique): `message_id`
+    names it, cut to fit, with a suffix of its own."""
+    if len(message_id) > _MESSAGE_ID - 33:
+        digest = hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()
+        message_id = f"{message_id[:120]}:{digest}"
+    _writes(session).outbox.append({"subject": subject, "message_id": f"{message_id}:{uuid.uuid4().hex}",
+                                    "payload": payload, "ttl_s": None})
 
 
 _WRITTEN_COLUMNS = ("state", "reason", "allocation", "node", "sequence", "updated_at", "allocated_at", "explain",
@@ -469,6 +492,61 @@ async def claim_rows(session: AsyncSession, queue: Queue,
         for values in await session.execute(select(*_ROW_COLUMNS).where(Claim.id.in_(chunk))):
             rows[wanted[values[0]]] = ClaimRow(*values)
     return rows
+
+
+async def early_releases_named(session: AsyncSession,
+                               keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """The remembered releases of these claims (namespace, name): the stream sequence of each. Asked as
+    tenants and names, as `claims_named` does; nothing is asked for a batch that names no unknown claim."""
+    wanted = set(keys)
+    found: dict[tuple[str, str], int] = {}
+    tenants = sorted({tenant for tenant, _ in wanted})
+    for chunk in _chunks(sorted({name for _, name in wanted})):
+        for tenant, name, released in await session.execute(
+                select(EarlyRelease.tenant, EarlyRelease.name, EarlyRelease.released_seq).where(
+                    EarlyRelease.tenant.in_(tenants), EarlyRelease.name.in_(chunk))):
+            if (tenant, name) in wanted:
+                found[(tenant, name)] = int(released)
+    return found
+
+
+async def write_early_releases(session: AsyncSession, changed: Mapping[tuple[str, str], int | None],
+                               now: datetime, per_tenant: int) -> None:
+    """Remember (a sequence) or forget (None) releases of unknown claims; then a tenant that remembers more
+    than `per_tenant` forgets its oldest, so a flood of releases of names never submitted stays bounded."""
+    by_tenant: dict[str, list[str]] = collections.defaultdict(list)
+    for tenant, name in changed:
+        by_tenant[tenant].append(name)
+    for tenant, names in by_tenant.items():
+        for chunk in _chunks(sorted(names)):
+            await session.execute(delete(EarlyRelease).where(EarlyRelease.tenant == tenant,
+                                                             EarlyRelease.name.in_(chunk)))
+    remembered = {key: released for key, released in changed.items() if released is not None}
+    if not remembered:
+        return
+    await session.execute(insert(EarlyRelease), [
+        {"tenant": tenant, "name": name, "released_seq": released, "released_at": now}
+        for (tenant, name), released in remembered.items()])
+    for tenant in sorted({tenant for tenant, _ in remembered}):
+        count = int(await session.scalar(select(func.count()).select_from(EarlyRelease)
+                                         .where(EarlyRelease.tenant == tenant)) or 0)
+        if count > per_tenant:
+            oldest = (select(EarlyRelease.name).where(EarlyRelease.tenant == tenant)
+                      .order_by(EarlyRelease.released_at, EarlyRelease.released_seq).limit(count - per_tenant))
+            await session.execute(delete(EarlyRelease).where(EarlyRelease.tenant == tenant,
+                                                             EarlyRelease.name.in_(oldest)))
+
+
+async def prune_early_releases(session: AsyncSession, before: datetime, limit: int) -> int:
+    """Forget up to about `limit` releases of unknown claims remembered before `before`; how many went."""
+    oldest = select(EarlyRelease.released_at).where(EarlyRelease.released_at < before).order_by(
+        EarlyRelease.released_at).limit(limit)
+    cutoff = await session.scalar(select(func.max(oldest.subquery().c.released_at)))
+    if cutoff is None:
+        return 0
+    result = await session.execute(delete(EarlyRelease).where(EarlyRelease.released_at <= cutoff,
+                                                              EarlyRelease.released_at < before))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 async def release_devices(session: AsyncSession, claim_ids: Iterable[int]) -> None:

@@ -38,11 +38,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services import metrics
 from services.allocator import ledger_ops as ops
-from services.allocator.batch import apply_messages, inbox_id, printable, read_message
+from services.allocator.batch import (
+    DEFAULT_EARLY_RELEASES_PER_TENANT,
+    RELEASE_ANSWER_TTL_S,
+    apply_messages,
+    inbox_key,
+    printable,
+    read_message,
+)
 from services.consumer import PullConsumer
 from services.logs import BATCHES
 from services.natsio import ensure_streams, publish_pipelined
 from services.outage import Outage, publish_degraded, until_done
+from services.retention import Pruner
 from services.runtime import CollectorPacing
 from shared.admission.cycle import run_cycle
 from shared.admission.kept import KeptState
@@ -79,6 +87,10 @@ class Allocator:
         shard: str = "default",
         min_runtime: float = 0.0,
         clock: Callable[[], float] = time.time,
+        inbox_retention: float = 3600.0,
+        early_releases_per_tenant: int = DEFAULT_EARLY_RELEASES_PER_TENANT,
+        release_answer_ttl: float = RELEASE_ANSWER_TTL_S,
+        prune_interval: float = 10.0,
     ) -> None:
         self.nc: Client  # both bound by run(): its FastStream app's connection
         self.js: JetStreamContext
@@ -98,6 +110,14 @@ class Allocator:
         self._matched_at = -math.inf  # when _answered_at was last matched against every waiting claim
         self.shard = shard
         self.min_runtime = min_runtime  # for tenants without a minRuntime of their own
+        # Message ids are kept `inbox_retention` (a re-sent message within it changes nothing), releases of
+        # unknown claims as long, at most `early_releases_per_tenant` per tenant; their answers expire
+        # after `release_answer_ttl` where the status stream allows it (`_answers_expire`).
+        self.early_releases_per_tenant = early_releases_per_tenant
+        self.release_answer_ttl = release_answer_ttl
+        self._answers_expire = False
+        self.pruner = Pruner(self.sessions, [_prune_inbox, ops.prune_early_releases], inbox_retention, clock,
+                             interval=prune_interval)
         self.holder = f"{socket.gethostname()}:{id(self):x}"
         self.clock = clock
         self.lost_nodes: set[str] = set()
@@ -140,7 +160,7 @@ class Allocator:
         """Rebuild from the ledger and the inventory stream, then serve until cancelled. `subscribe` starts
         the app's inventory subscriber (services/channels.py), which calls on_inventory."""
         self.nc, self.js = nc, nc.jetstream()
-        await until_done(lambda: ensure_streams(self.js), self.nats_outage)
+        await until_done(self._prepare_streams, self.nats_outage)
         # events committed before a crash but never published (needs the ledger and NATS)
         await until_done(self.publish_outbox, self.startup_outage)
         await until_done(subscribe, self.nats_outage)
@@ -167,6 +187,7 @@ class Allocator:
                     next_cycle = now + self.cycle_interval
                     async with claims.in_hand(messages):
                         await self._handle(messages)
+                await self.pruner.run_if_due()  # between transactions: no decision waits on it
         finally:
             publisher.cancel()
             with contextlib.suppress(BaseException):  # it ends at its next await
@@ -174,6 +195,13 @@ class Allocator:
             if self._stopping.is_set():  # a clean stop publishes what committed, within a bound
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._publish_outbox_when_possible(), 5)
+
+    async def _prepare_streams(self) -> None:
+        """The contract's streams; and whether the status stream takes per-message TTLs (nats-server 2.11 and
+        later, allow_msg_ttl): without, an answer with a TTL would be refused, so answers go without one."""
+        await ensure_streams(self.js)
+        config = (await self.js.stream_info(subjects.STATUS_STREAM)).config
+        self._answers_expire = bool(config.allow_msg_ttl)
 
     async def _publisher(self) -> None:
         """Publishes what each commit put in the outbox, beside the decisions: the next batch is decided
@@ -324,14 +352,15 @@ class Allocator:
     async def _dead_letter(self, message: Msg, error: Exception) -> bool:
         """Keep the message and its error, mark it handled and alert, in one transaction; False when even
         that cannot be written (the database is down: the message is redelivered instead)."""
-        message_id = _message_id(message)
+        key = _message_key(message)
+        message_id = key.message_id
         reason = f"{type(error).__name__}: {printable(str(error), 2000)}"
         log.error("dead-lettered message %s on %s: %s", message_id, printable(message.subject, 300), reason)
         try:
             async with self.sessions() as session, session.begin():
-                if await inbox.seen(session, CONSUMER, [message_id]):
+                if await inbox.seen(session, CONSUMER, [key]):
                     return True
-                await inbox.record(session, CONSUMER, [message_id])
+                await inbox.record(session, CONSUMER, [key], datetime.fromtimestamp(self.clock(), UTC))
                 subject = printable(message.subject, 1000)
                 session.add(DeadLetter(consumer=CONSUMER, message_id=message_id, subject=subject,
                                        payload=message.data[:DEAD_LETTER_PAYLOAD_LIMIT],
@@ -370,20 +399,23 @@ class Allocator:
             async with self.sessions() as session, session.begin():
                 await ops.lock_shard(session, self.shard, self.holder,
                                      self.clock() + 3 * self.cycle_interval + 30)
-                ids = [_message_id(message) for message in messages]
-                done = await inbox.seen(session, CONSUMER, ids)
+                keys = [_message_key(message) for message in messages]
+                done = await inbox.seen(session, CONSUMER, keys)
                 fresh, recorded = [], []
-                for message, message_id in zip(messages, ids, strict=True):
-                    if message_id in done:
-                        continue  # a redelivery, or a duplicate in this batch
-                    done.add(message_id)
-                    recorded.append(message_id)
-                    fresh.append(read_message(message.subject, message.data, message_id,
+                for message, key in zip(messages, keys, strict=True):
+                    if key in done:
+                        continue  # a redelivery, a re-sent message, or a duplicate in this batch
+                    done.add(key)
+                    recorded.append(key)
+                    fresh.append(read_message(message.subject, message.data, key.message_id,
                                               message.metadata.sequence.stream))
-                await inbox.record(session, CONSUMER, recorded)
+                now = datetime.fromtimestamp(self.clock(), UTC)
+                await inbox.record(session, CONSUMER, recorded, now)
                 # the quotas, read once: submissions are checked against maxPending, the cycle decides on them
                 config = await load_quota_config(session) if any(m.claim is not None for m in fresh) else None
-                if await apply_messages(session, fresh, config):
+                if await apply_messages(session, fresh, config, now=now,
+                                        early_releases_per_tenant=self.early_releases_per_tenant,
+                                        answer_ttl=self.release_answer_ttl):
                     self._waiting = True  # claims to place, or devices freed that may let waiting claims in
                 handled = await self._cycle(session, config)
                 await ops.write_buffered(session)
@@ -539,12 +571,14 @@ class Allocator:
                 # we wait on NATS (SQLite has one writer), and a crash in between only re-publishes
                 # events that JetStream then drops as duplicates.
                 async with self.sessions() as session, session.begin():
-                    rows = [(r.id, r.subject, r.payload, r.message_id) for r in await ops.unpublished(session)]
+                    rows = [(r.id, r.subject, r.payload, r.message_id, r.ttl_s if self._answers_expire else None)
+                            for r in await ops.unpublished(session)]
                 metrics.OUTBOX_UNPUBLISHED.set(len(rows))
                 if not rows:
                     return
                 await publish_pipelined(self.js, [(subject, payload, message_id)
-                                                  for _, subject, payload, message_id in rows])
+                                                  for _, subject, payload, message_id, _ in rows],
+                                        ttls=[ttl for *_, ttl in rows])
                 async with self.sessions() as session, session.begin():
                     await ops.mark_published(session, [row_id for row_id, *_ in rows])
 
@@ -575,8 +609,13 @@ def _fingerprint(inventory: NodeInventory) -> bytes:
     return hashlib.blake2b(content, digest_size=16).digest()
 
 
-def _message_id(message: Msg) -> str:
-    return inbox_id((message.headers or {}).get("Nats-Msg-Id") or f"seq:{message.metadata.sequence.stream}")
+def _message_key(message: Msg) -> inbox.Key:
+    """The message's id in the inbox: its Nats-Msg-Id (else its stream sequence), within its kind and tenant."""
+    return inbox_key(message.subject, (message.headers or {}).get("Nats-Msg-Id"), message.metadata.sequence.stream)
+
+
+async def _prune_inbox(session: AsyncSession, before: datetime, limit: int) -> int:
+    return await inbox.prune(session, CONSUMER, before, limit)
 
 
 def _is_transient(error: BaseException) -> bool:

@@ -23,12 +23,13 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 
 import httpx
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services import metrics
 from services.consumer import PullConsumer
@@ -37,6 +38,7 @@ from services.notifier import history
 from services.notifier.usage import Figures, FleetFlavors, read_figures, waiting_for_mig
 from services.notifier.webhooks import WebhookDispatcher
 from services.outage import Outage, publish_degraded, until_done
+from services.retention import Pruner
 from shared.admission.mig_plan import plan_mig
 from shared.alerts.book import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
 from shared.alerts.rules import (
@@ -110,6 +112,7 @@ class Notifier:
         self._unpublished: list[Message] = []
         self._tenants_read_at = float("-inf")
         self.ready = asyncio.Event()
+        self.pruner = Pruner(self.sessions, [_prune_inbox], parse_duration(settings.inbox_retention), clock)
 
     async def run(self, nc: Client, subscribe: Callable[[], Awaitable[object]]) -> None:
         """Restore open alerts from the ledger, then serve until cancelled. `subscribe` starts the app's
@@ -140,6 +143,7 @@ class Notifier:
                     try:
                         await self.tick()
                         await self._usage_if_due()
+                        await self.pruner.run_if_due()  # the inbox's ids past their retention
                     except Exception as error:  # noqa: BLE001 - the ledger or NATS down: next check
                         log.warning("alert checks failed (%s: %s); they run again in %.0fs", type(error).__name__,
                                     error, self.check_interval)
@@ -159,7 +163,7 @@ class Notifier:
         """A fetched batch of statuses in one transaction (one inbox read, one commit: a transaction per
         status cost the broker a third of its time under a burst); when it fails, one at a time, so a
         status that cannot be recorded holds back only itself."""
-        ids = [f"status:{message.metadata.sequence.stream}" for message in messages]
+        ids = [inbox.Key("status", "", f"status:{message.metadata.sequence.stream}") for message in messages]
         if self._memory_stale and not await self._rebuild_memory():
             for message in messages:
                 await PullConsumer.nak(message, 1.0)
@@ -169,7 +173,7 @@ class Notifier:
                 sent: list[Message] = []
                 async with self.sessions() as session, session.begin():
                     done = await inbox.seen(session, CONSUMER, ids)
-                    recorded: list[str] = []
+                    recorded: list[inbox.Key] = []
                     for message, message_id in zip(messages, ids, strict=True):
                         if message_id in done:
                             continue  # a redelivery, or the same status twice in this batch
@@ -181,7 +185,7 @@ class Notifier:
                             recorded.append(message_id)
                             done.add(message_id)
                     await history.record(session, sent)
-                    await inbox.record(session, CONSUMER, recorded)
+                    await inbox.record(session, CONSUMER, recorded, datetime.fromtimestamp(self.clock(), UTC))
                 await self._publish(sent)
         except Exception as error:
             # The book and the claim rules already hold what the transaction did not commit: applied again
@@ -192,7 +196,7 @@ class Notifier:
                 for message in messages:
                     await self._on_statuses([message])
                 return
-            log.exception("status %s not processed; it will be redelivered", ids[0])
+            log.exception("status %s not processed; it will be redelivered", ids[0].message_id)
             await PullConsumer.nak(messages[0], 1.0)
             if not self._statuses_failing:
                 self._statuses_failing = True
@@ -394,3 +398,7 @@ class Notifier:
             recent = await history.changed_since(session, now - DUPLICATE_WINDOW_S)
         await self._read_tenants(now)
         await self._publish(recent, notify=False)
+
+
+async def _prune_inbox(session: AsyncSession, before: datetime, limit: int) -> int:
+    return await inbox.prune(session, CONSUMER, before, limit)

@@ -1,32 +1,71 @@
 """The inbox: the ids of the stream messages whose effects a consumer has committed. A consumer reads it
-and writes it in the same transaction as the effects, so a redelivered or duplicated message finds its id
-and changes nothing (exactly-once effects on an at-least-once stream). One implementation for every
-consumer of the broker (the allocator's claims, the notifier's statuses)."""
+and writes it in the same transaction as the effects, so a redelivered or re-sent message finds its id and
+changes nothing (exactly-once effects on an at-least-once stream). One implementation for every consumer of
+the broker (the allocator's claims, the notifier's statuses).
+
+An id counts within its kind of message and its tenant (`Key`): one tenant's `Nats-Msg-Id` never hides
+another's, nor a release a submission that used the same id. JetStream's own duplicate window cannot be
+scoped so (it is one per stream), which is why the inbox, not JetStream, is what makes a re-sent message
+change nothing. Ids are kept for a retention and pruned (`prune`), far longer than any redelivery takes.
+
+Rows written before ids were scoped carry the kind LEGACY and no tenant: such a row still counts for every
+kind and tenant (what JetStream's window did then), until it is pruned."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
+from typing import NamedTuple
 
-from sqlalchemy import insert, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.ledger.schema import InboxMessage
 
 _IDS_PER_QUERY = 500  # bound parameters per statement stay far below every driver's limit
+LEGACY = ""  # the kind of a row written before ids were scoped: it matches its id of any kind and tenant
 
 
-async def seen(session: AsyncSession, consumer: str, message_ids: Iterable[str]) -> set[str]:
-    """Which of these messages the inbox holds: a query per 500 ids, not one per message."""
-    wanted = sorted(set(message_ids))
-    found = set[str]()
-    for start in range(0, len(wanted), _IDS_PER_QUERY):
-        found.update(await session.scalars(select(InboxMessage.message_id).where(
-            InboxMessage.consumer == consumer, InboxMessage.message_id.in_(wanted[start:start + _IDS_PER_QUERY]))))
-    return found
+class Key(NamedTuple):
+    """What a message's id counts within: its kind (`submit`, `release`, `status`...), its tenant ('' for
+    a consumer whose ids are the stream's own sequences) and the id."""
+
+    kind: str
+    tenant: str
+    message_id: str
 
 
-async def record(session: AsyncSession, consumer: str, message_ids: Iterable[str]) -> None:
-    """These messages' effects commit with this transaction: one statement for them all."""
-    rows = [{"consumer": consumer, "message_id": message_id} for message_id in dict.fromkeys(message_ids)]
+async def seen(session: AsyncSession, consumer: str, keys: Iterable[Key]) -> set[Key]:
+    """Which of these messages the inbox holds: a query per 500 ids, not one per message. Asked by id
+    alone (the primary key's prefix), the few rows of other kinds and tenants dropped here."""
+    wanted = set(keys)
+    ids = sorted({key.message_id for key in wanted})
+    held = set[tuple[str, str, str]]()
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        held.update((kind, tenant, message_id) for kind, tenant, message_id in await session.execute(
+            select(InboxMessage.kind, InboxMessage.tenant, InboxMessage.message_id).where(
+                InboxMessage.consumer == consumer, InboxMessage.message_id.in_(ids[start:start + _IDS_PER_QUERY]))))
+    return {key for key in wanted if key in held or (LEGACY, "", key.message_id) in held}
+
+
+async def record(session: AsyncSession, consumer: str, keys: Iterable[Key], at: datetime) -> None:
+    """These messages' effects commit with this transaction, at `at` (the consumer's clock, which its
+    pruning reads too): one statement for them all."""
+    rows = [{"consumer": consumer, "kind": key.kind, "tenant": key.tenant, "message_id": key.message_id,
+             "processed_at": at} for key in dict.fromkeys(keys)]
     if rows:
         await session.execute(insert(InboxMessage), rows)
+
+
+async def prune(session: AsyncSession, consumer: str, before: datetime, limit: int) -> int:
+    """Forget up to about `limit` of the consumer's ids recorded before `before`, oldest first; returns how
+    many went. A small batch per call keeps each transaction short; the caller calls again while a
+    batch comes back full."""
+    oldest = (select(InboxMessage.message_id)
+              .where(InboxMessage.consumer == consumer, InboxMessage.processed_at < before)
+              .order_by(InboxMessage.processed_at).limit(limit))
+    result = await session.execute(
+        delete(InboxMessage).where(InboxMessage.consumer == consumer, InboxMessage.processed_at < before,
+                                   InboxMessage.message_id.in_(oldest))
+        .execution_options(synchronize_session=False))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]

@@ -129,12 +129,28 @@ class DeviceAllocation(Base):
 
 
 class InboxMessage(Base):
-    """Ids of messages whose effects are committed; a redelivery finds its id here and changes nothing."""
+    """Ids of messages whose effects are committed; a redelivery finds its id here and changes nothing.
+    An id counts per kind of message and tenant (shared/ledger/inbox.py); rows go after a retention."""
 
     __tablename__ = "inbox"
     consumer: Mapped[str] = mapped_column(String(64), primary_key=True)
-    message_id: Mapped[str] = mapped_column(String(255), primary_key=True)
-    processed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    message_id: Mapped[str] = mapped_column(String(255), primary_key=True)  # before kind: looked up by id
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True, server_default="")  # '': written before 0011
+    tenant: Mapped[str] = mapped_column(String(253), primary_key=True, server_default="")
+    processed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), index=True)
+
+
+class EarlyRelease(Base):
+    """A release of a claim the ledger has no row of, remembered for a while (not a claim row: a release
+    of a name never submitted leaves nothing for good): its submission, published before it but delivered
+    after it (redelivered after a crash), then ends Released. Pruned after the inbox's retention, and at
+    most a bounded number per tenant (services/allocator/batch.py)."""
+
+    __tablename__ = "early_releases"
+    tenant: Mapped[str] = mapped_column(String(253), primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    released_seq: Mapped[int] = mapped_column(BigInteger)  # the claims stream's sequence of the release
+    released_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
 
 
 class OutboxEvent(Base):
@@ -147,6 +163,9 @@ class OutboxEvent(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True, index=True)
+    # Seconds JetStream keeps the message (its Nats-TTL header); None: as long as the stream keeps any. The
+    # answer to a release of an unknown claim expires, so bogus names leave no subject behind for good.
+    ttl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ApiToken(Base):

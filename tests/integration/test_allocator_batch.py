@@ -48,7 +48,7 @@ async def test_a_batch_sees_what_its_earlier_messages_did(db_url: str) -> None:
         await allocator._decide_messages([
             _submit("a", "m1", 2), _release("a", "m2", 3), _submit("a", "m3", 4),  # resubmitted once released
             _submit("b", "m4", 5), _submit("b", "m4", 6),  # the same id twice in one batch
-            _release("old", "m5", 7), _release("old", "m0", 8),  # m0: the inbox holds it (a redelivery)
+            _release("old", "m5", 7), _submit("old", "m0", 1),  # m0 again: the inbox holds it (a redelivery)
         ])
         async with sessions(engine)() as session:
             rows = {r.name: r for r in await session.scalars(select(Claim))}
