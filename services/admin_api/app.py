@@ -76,8 +76,8 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
         status = error.status_code
         detail = error.detail if status < 500 else phrase(status)
         title = detail if isinstance(detail, str) and status < 500 else phrase(status)
-        if isinstance(error, Problem):
-            title = error.title
+        if isinstance(error, Problem):  # worded for the client, a 503's what-to-do included
+            title, detail = error.title, error.detail
         return problem(status, title, detail, getattr(error, "headers", None))
 
     async def _invalid(_: Request, error: Exception) -> JSONResponse:

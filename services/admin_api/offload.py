@@ -194,6 +194,16 @@ class AdminWorkers:
         self._deadlines: dict[int, float] = {}  # per running process: when it is stopped
         self._processes: dict[int, BaseProcess] = {}
 
+    @property
+    def running(self) -> int:
+        """Jobs whose worker process runs now."""
+        return len(self._processes)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a worker."""
+        return sum(1 for turn in self._waiters if not turn.done())
+
     async def run(self, what: str, job: Job, *args: Any) -> Response:
         """`job(reach, limits, *args)` in a worker, answered within the timeout; `what` names it in errors."""
         deadline = time.monotonic() + self.limits.timeout

@@ -61,7 +61,8 @@ async def post_whatif(request: Request, token: Caller) -> Response:
     if pool.reach.bus_url is None:
         fleet_of = getattr(request.app.state, "fleet", None)
         if fleet_of is None:
-            raise HTTPException(503, "this API process has no view of the fleet (run it with the broker, or with NATS)")
+            raise Problem(503, "no view of the fleet", "this API process has no view of the fleet (run it with the "
+                                                       "broker, or with NATS)")
         fleet = await fleet_of()  # the app's own (a test's, an embedding's): pickled to the job
     return await pool.run("what-if", what_if_job, await request.body(), fleet)
 

@@ -23,6 +23,9 @@ app.add_typer(quota_app, name="quota")
 
 
 API_TIMEOUT = 10.0  # seconds a command waits for the admin API, never longer
+# Quota import and export run as jobs on the server, each answered within its CLAIMBROKER_ADMIN_JOB_TIMEOUT
+# (60 s by default, a 503 past it): the command waits that long and a margin, so it hears the server's answer.
+HEAVY_TIMEOUT = 90.0
 
 
 def _admin_api() -> tuple[str, dict[str, str]]:
@@ -44,19 +47,21 @@ def _admin_api() -> tuple[str, dict[str, str]]:
     return url.rstrip("/"), ({"Authorization": f"Bearer {token}"} if token else {})
 
 
-def _request(method: str, path: str, *, allow: tuple[int, ...] = (), **kwargs: Any) -> Any:
-    """One call; a problem response (unless its status is in `allow`) is printed as `status title:
-    detail` and exits 1."""
+def _request(method: str, path: str, *, allow: tuple[int, ...] = (), timeout: float = API_TIMEOUT,
+             **kwargs: Any) -> Any:
+    """One call; a problem response (unless its status is in `allow`) is one line, `status title:
+    detail`: a refusal (4xx) exits 1, a server that could not answer (5xx: busy, out of time) exits 3 and
+    says when to retry where the server did."""
     import httpx
 
     url, headers = _admin_api()
     headers.update(kwargs.pop("headers", {}))
     try:
         ca = _settings().tls_ca
-        response = httpx.request(method, url + path, headers=headers, timeout=API_TIMEOUT,
+        response = httpx.request(method, url + path, headers=headers, timeout=timeout,
                                  verify=str(ca) if ca is not None else True, **kwargs)
     except httpx.TimeoutException:
-        raise Unreachable(f"cannot reach the admin API at {url}: no answer within {API_TIMEOUT:g}s") from None
+        raise Unreachable(f"cannot reach the admin API at {url}: no answer within {timeout:g}s") from None
     except httpx.HTTPError as error:
         raise Unreachable(f"cannot reach the admin API at {url}: {_why(error)}") from None
     if response.status_code >= 400 and response.status_code not in allow:
@@ -66,8 +71,12 @@ def _request(method: str, path: str, *, allow: tuple[int, ...] = (), **kwargs: A
             message = detail if title == detail or not title else f"{title}: {detail}"
         except ValueError:
             message = response.text
-        err.print(f"{method} {path}: {response.status_code} {message}")
-        raise typer.Exit(1)
+        line = f"{method} {path}: {response.status_code} {message}"
+        if response.status_code < 500:
+            err.print(line)
+            raise typer.Exit(1)
+        retry = response.headers.get("Retry-After")
+        raise Unreachable(line + (f" (retry after {retry}s)" if retry else ""))
     return response
 
 
@@ -119,7 +128,7 @@ def quota_import(
         err.print(f"{file}: {error}")
         raise typer.Exit(1) from None
     result = _request("POST", "/v1/quotas/import", content=content, params={"dryRun": str(dry_run).lower()},
-                      headers={"Content-Type": "application/yaml"}).json()
+                      headers={"Content-Type": "application/yaml"}, timeout=HEAVY_TIMEOUT).json()
     if _emit(result, output):
         return
     verb = "would change" if dry_run else "changed"
@@ -141,7 +150,8 @@ def quota_import(
 @quota_app.command("export")
 def quota_export(output: Annotated[str, typer.Option("--output", "-o", help="yaml | json")] = "yaml") -> None:
     """Print the Quotas document (what `quota import` reads)."""
-    response = _request("GET", "/v1/quotas/export", params={"format": "json" if output == "json" else "yaml"})
+    response = _request("GET", "/v1/quotas/export", params={"format": "json" if output == "json" else "yaml"},
+                        timeout=HEAVY_TIMEOUT)
     sys.stdout.write(response.text if output != "json" else json.dumps(response.json(), indent=2) + "\n")
 
 
