@@ -399,7 +399,7 @@ class ResourceClaim(BaseModel):
     kind: Literal["ResourceClaim"]
     metadata: ClaimMeta
     spec: ResourceClaimSpec
-    status: ClaimStatus | None = None
+    status: Any = None  # checked by claim_problems: rows stored before issue 35 may hold any JSON here
 
 
 class DeviceAttribute(_Spec):
@@ -495,6 +495,11 @@ def claim_problems(claim: ResourceClaim, *, on_create: bool = True) -> list[str]
     _check_metadata(claim.metadata, problems, on_create=on_create)
     _check_devices(claim.spec.devices, "spec.devices", problems)
     _check_selectors_statically(claim.spec.devices, problems)
+    if claim.status is not None:
+        try:
+            ClaimStatus.model_validate(claim.status, by_alias=True, by_name=False)
+        except ValidationError as error:
+            problems += validation_problems(error, ("status",))
     return problems
 
 
@@ -853,16 +858,21 @@ def _location(loc: tuple[int | str, ...]) -> str:
 
 def describe_validation_error(error: ValidationError) -> str:
     """One problem per clause, each naming the camelCase field path, as kubectl does."""
+    return joined(validation_problems(error))
+
+
+def validation_problems(error: ValidationError, within: tuple[str, ...] = ()) -> list[str]:
+    """pydantic's errors as `path: problem` lines; `within` is the path of what was validated."""
     parts = []
     for item in error.errors():
-        path = _location(item["loc"])
+        path = _location((*within, *item["loc"]))
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "missing":
             message = "is required"
         elif item["type"] == "extra_forbidden":
             message = "unknown field (the API server's strict field validation, kubectl's default, refuses it)"
         parts.append(f"{path}: {message}" if path else message)
-    return joined(parts)
+    return parts
 
 
 def joined(problems: list[str]) -> str:

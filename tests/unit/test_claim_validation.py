@@ -589,3 +589,13 @@ def test_selectors_are_checked_as_kubernetes_compiles_them(expression: str, prob
         assert any(problem in p for p in found), found
         with pytest.raises(InvalidClaim, match=re.escape(f"{EXACT}.selectors[0].cel.expression: CEL compile error")):
             read_submission(json.dumps(selecting(expression)).encode(), TENANT)
+
+
+def test_a_claim_stored_before_these_rules_still_reads() -> None:
+    """The allocator re-reads stored claims with the model alone: a row an earlier version wrote (any status,
+    the metadata it kept) must still load, or the queue could not be read."""
+    stored = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+              "metadata": {"name": "c", "namespace": TENANT, "labels": {}, "annotations": {}, "generateName": "Bad_"},
+              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}},
+              "status": "anything at all"}
+    assert dra.ResourceClaim.model_validate(stored).metadata.name == "c"
