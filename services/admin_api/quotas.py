@@ -23,7 +23,7 @@ from services.admin_api.offload import Answer, Limits, Reach, ledger, workers
 from shared.admission.quota import QuotaConfig, QuotaFileError, parse_quotas
 from shared.dra import model as dra
 from shared.dra.cel import SelectorError, compile_selector
-from shared.ledger.quota_store import apply_quota_config, load_quota_config, plan_quota_config
+from shared.ledger.quota_store import apply_quota_config, load_quota_config, quota_changes, read_quota_rows
 from shared.ledger.schema import Claim, DeviceAllocation
 
 router = APIRouter(tags=["quotas"], responses=PROBLEMS)
@@ -323,7 +323,12 @@ async def import_job(reach: Reach, limits: Limits, body: bytes, dry_run: bool, a
     transaction, with the claims over their new quota."""
     config = _parse(body, limits)
     async with ledger(reach) as factory, factory() as s, s.begin():
-        changes = await (plan_quota_config(s, config) if dry_run else apply_quota_config(s, config, actor))
+        if dry_run:  # the rows only: the transaction (on SQLite the ledger's write lock) ends before the plan
+            rows = await read_quota_rows(s)
+        else:
+            changes = await apply_quota_config(s, config, actor)
         over = await exceeding(s, config)
+    if dry_run:
+        changes = quota_changes(config, rows)
     result = ImportOut(dry_run=dry_run, changes=[ChangeOut(**c.to_json()) for c in changes], exceeding=over)
     return Answer(200, result.model_dump_json(by_alias=True).encode())

@@ -27,7 +27,7 @@ from shared.dra.cel import SelectorError, compile_selector
 from shared.dra.classes import merge_classes
 from shared.dra.inventory import Fleet
 from shared.fleet.sources import InventoryFileError, documents_from
-from shared.ledger.claims_read import read_claims
+from shared.ledger.claims_read import claim_rows, claims_of
 from shared.ledger.quota_store import load_quota_config
 
 router = APIRouter(responses=PROBLEMS)
@@ -139,9 +139,10 @@ async def what_if_job(reach: Reach, limits: Limits, body: bytes, fleet: Fleet | 
     except (QuotaFileError, InventoryFileError, dra.DocumentError) as error:
         raise HTTPException(422, str(error)) from None
     nodes = node_inventories(added.slices, added.labels, observed_at=time.time()) if added is not None else ()
-    async with ledger(reach) as factory, factory() as s:
-        running, waiting, documents = await read_claims(s)
+    async with ledger(reach) as factory, factory() as s:  # the rows only: parsed after the transaction
+        rows = await claim_rows(s)
         config = await load_quota_config(s)
+    running, waiting, documents = claims_of(rows)
     change = Change(quotas=proposed, add_nodes=nodes, drain=frozenset(proposal.drain),
                     remove_tenants=frozenset(proposal.remove_tenants))
     classes = merge_classes(added.classes if added is not None else [])

@@ -3,6 +3,9 @@ rarely (the allocator reads only what changed: services/allocator/ledger_ops.loa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -16,13 +19,22 @@ from shared.ledger.schema import Claim
 async def read_claims(session: AsyncSession
                       ) -> tuple[list[Running], list[Waiting], dict[ClaimKey, dra.ResourceClaim]]:
     """Who runs and who waits, in the order they arrived, and every such claim's document."""
+    return claims_of(await claim_rows(session))
+
+
+async def claim_rows(session: AsyncSession) -> list[Any]:
+    """The rows `claims_of` reads, fetched whole: a caller may end its transaction (on SQLite, the
+    ledger's write lock) before the documents are parsed."""
+    return list(await session.execute(
+        select(Claim.id, Claim.namespace, Claim.name, Claim.state, Claim.spec, Claim.priority, Claim.preemptible,
+               Claim.arrival, Claim.allocation, Claim.allocated_at)
+        .where(Claim.state.in_((State.PENDING.value, State.ALLOCATED.value))).order_by(Claim.id)))
+
+
+def claims_of(rows: Iterable[Any]) -> tuple[list[Running], list[Waiting], dict[ClaimKey, dra.ResourceClaim]]:
     running: list[Running] = []
     waiting: list[Waiting] = []
     documents: dict[ClaimKey, dra.ResourceClaim] = {}
-    rows = await session.execute(
-        select(Claim.id, Claim.namespace, Claim.name, Claim.state, Claim.spec, Claim.priority, Claim.preemptible,
-               Claim.arrival, Claim.allocation, Claim.allocated_at)
-        .where(Claim.state.in_((State.PENDING.value, State.ALLOCATED.value))).order_by(Claim.id))
     for row_id, namespace, name, state, spec, priority, preemptible, arrival, allocation, allocated_at in rows:
         try:
             claim = documents[(namespace, name)] = dra.ResourceClaim.model_validate(spec)

@@ -1,10 +1,10 @@
 """The quota configuration in the ledger, as the pure model in shared/admission/quota.py has it.
 
 `load_quota_config` is what the allocator reads at every decision cycle (four small SELECTs, no joins),
-so a write through the admin API reaches the next decision without a restart. `plan_quota_config` works
-out what making the ledger equal a whole Quotas document (import) would change, writing nothing: a dry
-run's answer. `apply_quota_config` writes exactly that plan, a statement per kind of change rather than
-per row, and audits each change in the caller's transaction.
+so a write through the admin API reaches the next decision without a restart. `quota_changes` works out
+what making the ledger's rows (`read_quota_rows`) equal a whole Quotas document (import) would change,
+writing nothing: a dry run's answer. `apply_quota_config` writes exactly that plan, a statement per kind
+of change rather than per row, and audits each change in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -104,19 +104,40 @@ def _wanted_quota(tenant: str, flavor: str, limit: QuotaLimit) -> dict[str, Any]
             "lendingLimit": limit.lending_limit}
 
 
-def quota_changes(config: QuotaConfig, cohorts: Iterable[str], flavors: Mapping[str, dict[str, Any]],
-                  tenants: Mapping[str, dict[str, Any]], quotas: Mapping[tuple[str, str], dict[str, Any]]
-                  ) -> list[Change]:
-    """What makes the ledger's rows (as their JSON) equal `config`, in the order an import makes them:
-    cohorts and flavors created first, each tenant with its quotas, deletions of what tenants referred to
-    last. Linear in the rows: a tenant's existing quotas are looked up by tenant, not searched."""
+@dataclass(frozen=True)
+class QuotaRows:
+    """The ledger's quota configuration as its rows' JSON: what an import is compared with."""
+
+    cohorts: list[str]
+    flavors: dict[str, dict[str, Any]]
+    tenants: dict[str, dict[str, Any]]
+    quotas: dict[tuple[str, str], dict[str, Any]]
+
+
+async def read_quota_rows(session: AsyncSession) -> QuotaRows:
+    """Plain rows, no ORM objects: an import of 100,000 tenants reads them all."""
+    return QuotaRows(
+        list(await session.scalars(select(Cohort.name))),
+        {row.name: flavor_json(row) for row in await session.execute(
+            select(*(FlavorRow.__table__.c[c] for c in FLAVOR_COLUMNS.values())))},
+        {row.name: tenant_json(row) for row in await session.execute(
+            select(*(Tenant.__table__.c[c] for c in TENANT_COLUMNS.values())))},
+        {(row.tenant, row.flavor): quota_json(row) for row in await session.execute(
+            select(*(Quota.__table__.c[c] for c in QUOTA_COLUMNS.values())))})
+
+
+def quota_changes(config: QuotaConfig, rows: QuotaRows) -> list[Change]:
+    """What makes the ledger's rows equal `config`, in the order an import makes them: cohorts and flavors
+    created first, each tenant with its quotas, deletions of what tenants referred to last. Pure, and
+    linear in the rows: a tenant's existing quotas are looked up by tenant, not searched."""
+    flavors, tenants, quotas = rows.flavors, rows.tenants, rows.quotas
     changes: list[Change] = []
 
     def note(change: Change | None) -> None:
         if change is not None:
             changes.append(change)
 
-    existing_cohorts = set(cohorts)
+    existing_cohorts = set(rows.cohorts)
     for name in config.cohorts:
         if name not in existing_cohorts:
             note(_diff("cohort", f"cohort/{name}", None, cohort_json(name)))
@@ -150,15 +171,8 @@ def quota_changes(config: QuotaConfig, cohorts: Iterable[str], flavors: Mapping[
 
 
 async def plan_quota_config(session: AsyncSession, config: QuotaConfig) -> list[Change]:
-    """What `apply_quota_config` would change, read from the ledger as plain rows and written nowhere."""
-    cohorts = list(await session.scalars(select(Cohort.name)))
-    flavors = {row.name: flavor_json(row) for row in await session.execute(
-        select(*(FlavorRow.__table__.c[c] for c in FLAVOR_COLUMNS.values())))}
-    tenants = {row.name: tenant_json(row) for row in await session.execute(
-        select(*(Tenant.__table__.c[c] for c in TENANT_COLUMNS.values())))}
-    quotas = {(row.tenant, row.flavor): quota_json(row) for row in await session.execute(
-        select(*(Quota.__table__.c[c] for c in QUOTA_COLUMNS.values())))}
-    return quota_changes(config, cohorts, flavors, tenants, quotas)
+    """What `apply_quota_config` would change, written nowhere."""
+    return quota_changes(config, await read_quota_rows(session))
 
 
 def _columns(values: Mapping[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
