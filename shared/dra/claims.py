@@ -8,6 +8,7 @@ One bad value in a batch would otherwise make the database refuse the whole batc
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +132,23 @@ def repeated_field_problems(document: Any) -> list[str]:
     return sorted(problems)
 
 
+class _NotANumber(ValueError):
+    """A number json.loads takes and the API server's decoder refuses."""
+
+
+def _not_json(name: str) -> Any:
+    """json.loads takes NaN and Infinity, which are not JSON."""
+    raise _NotANumber(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    """A number a float64 cannot hold (1e999) fails Go's decoder; json.loads would make it infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotANumber(f"{text[:40]} is out of range for a 64-bit float")
+    return value
+
+
 def read_submission(payload: bytes, tenant: str) -> dra.ResourceClaim:
     """Parse a submit message for `tenant`; raises InvalidClaim naming the field. Its `name` is set only
     when the claim's name is valid, since a Rejected status is written under it."""
@@ -142,8 +160,15 @@ def read_submission(payload: bytes, tenant: str) -> dra.ResourceClaim:
         repeated = repeated or isinstance(document, _Repeated)
         return document
 
+    number_problem: str | None = None
     try:
-        document = json.loads(payload, object_pairs_hook=hook)
+        document = json.loads(payload, object_pairs_hook=hook, parse_constant=_not_json, parse_float=_finite)
+    except _NotANumber as error:
+        number_problem = f"payload: {error} (the API server's decoder refuses it)"
+        try:  # read again, leniently, only for the claim's name
+            document = json.loads(payload)
+        except (ValueError, RecursionError):
+            raise InvalidClaim(number_problem) from None
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise InvalidClaim(f"payload is not JSON: {error}") from None
     if (problem := tenant_problem(tenant)) is not None:
@@ -162,6 +187,8 @@ def read_submission(payload: bytes, tenant: str) -> dra.ResourceClaim:
         )
     if name_problem is not None and isinstance(raw_name, str):
         raise InvalidClaim(name_problem, namespace=tenant)
+    if number_problem is not None:
+        raise InvalidClaim(number_problem, name=name, namespace=tenant)
     if repeated and (problems := repeated_field_problems(document)):
         raise InvalidClaim(dra.joined(problems), name=name, namespace=tenant)
     try:

@@ -655,6 +655,12 @@ def _validation_decoding(corpus: _Corpus) -> None:
                parameters.replace(b'"sharing":"TimeSlicing"', b'"sharing":"MPS","sharing":"TimeSlicing"'),
                "accepted", VALIDATION, name="val-duplicate-in-parameters",
                note="parameters are a RawExtension, decoded leniently: a key given twice is no error there")
+    for key, number in (("nan", b"NaN"), ("infinity", b"-Infinity"), ("float-overflow", b"1e999")):
+        document = dumps(claim_document(f"val-json-{key}-in-parameters", config=[
+            {"opaque": {"driver": GPU, "parameters": {"replicas": 2}}}]))
+        corpus.add(f"val-json-{key}-in-parameters", document.replace(b'"replicas":2', b'"replicas":' + number),
+                   "invalid", VALIDATION, name=f"val-json-{key}-in-parameters",
+                   note="not JSON, or not a float64: Go's decoder refuses what json.loads reads")
     corpus.claim("val-snake-case-field", "invalid", VALIDATION,
                  requests=[{"name": "gpu", "exactly": {"device_class_name": GPU}}],
                  note="fields have their JSON names only: device_class_name is unknown to the API server")

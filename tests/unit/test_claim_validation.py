@@ -599,3 +599,13 @@ def test_a_claim_stored_before_these_rules_still_reads() -> None:
               "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": GPU}}]}},
               "status": "anything at all"}
     assert dra.ResourceClaim.model_validate(stored).metadata.name == "c"
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_numbers_json_loads_takes_and_the_api_server_refuses(number: str) -> None:
+    """json.loads reads NaN, Infinity and 1e999 (as infinity); Go's decoder refuses them, even in parameters."""
+    payload = _twice(config(opaque(parameters={"kind": "GpuConfig", "replicas": 2})), '"replicas": 2',
+                     f'"replicas": {number}')
+    with pytest.raises(InvalidClaim, match="the API server's decoder refuses it") as caught:
+        read_submission(payload, TENANT)
+    assert caught.value.name == "claim", "the name is read all the same: the Rejected status says why"
