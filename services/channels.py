@@ -80,9 +80,11 @@ def watcher_router() -> NatsRouter:
 def notifier_router(on_inventory: OnInventory = _ignore) -> NatsRouter:
     router = NatsRouter()
     _inventory_subscriber(router, "notifier", on_inventory)
-    router.publisher(f"{_P}.alerts.{{severity}}.{{kind}}", stream=_stream(subjects.ALERTS_STREAM),
+    router.publisher(f"{_P}.alerts.{{severity}}.{{kind}}.{{tenant}}", stream=_stream(subjects.ALERTS_STREAM),
                      schema=messages.Alert, title="alerts",
                      description="Actionable alerts: repeats of a key inside the fold window are counted, "
                                  "not published, and a message with resolved: true follows when the "
-                                 "condition ends. Subscribe to claimbroker.v1.alerts.> or one severity.")
+                                 "condition ends. {tenant} is _fleet for alerts about no tenant. Subscribe "
+                                 "to claimbroker.v1.alerts.>, one severity, or one tenant's "
+                                 "(claimbroker.v1.alerts.*.*.{tenant}).")
     return router

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import json
 import logging
@@ -16,14 +17,15 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 from nats import errors as nats_errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
@@ -41,7 +43,7 @@ BACKLOG_FULL_CODE = 10077  # JetStream's answer to a publish past the claims str
 STREAMS = (
     StreamConfig(
         name=subjects.INVENTORY_STREAM, subjects=[subjects.INVENTORY_ALL], storage=StorageType.FILE,
-        max_msgs_per_subject=1, duplicate_window=DUPLICATE_WINDOW_S,
+        max_msgs_per_subject=1, duplicate_window=DUPLICATE_WINDOW_S, allow_direct=True,
     ),
     # A work queue: a submission or release leaves once the allocator acked it (it committed to the ledger).
     # At most `tenant_backlog` wait per subject, that is per tenant and kind, and a publish past that is
@@ -52,9 +54,11 @@ STREAMS = (
         storage=StorageType.FILE, retention=RetentionPolicy.WORK_QUEUE, duplicate_window=CLAIMS_DUPLICATE_WINDOW_S,
         max_msgs_per_subject=16, discard=DiscardPolicy.NEW, discard_new_per_subject=True,
     ),
+    # Read by direct get (`last_messages`): a reader needs no consumer. Each tenant's account has a stream of
+    # the same name holding its own statuses (shared/contract/bus_auth.py).
     StreamConfig(
         name=subjects.STATUS_STREAM, subjects=[subjects.STATUS_ALL], storage=StorageType.FILE,
-        max_msgs_per_subject=16, duplicate_window=DUPLICATE_WINDOW_S,
+        max_msgs_per_subject=16, duplicate_window=DUPLICATE_WINDOW_S, allow_direct=True,
         allow_msg_ttl=True,  # the answer to a release of an unknown claim expires (services/allocator/batch.py)
     ),
     StreamConfig(
@@ -191,6 +195,61 @@ async def read_fleet(url: str, tls_ca: Path | None = None, timeout: float = 30.0
         await nc.close()
 
 
+class DirectGetError(RuntimeError):
+    """A direct get JetStream refused: `status` is its answer's (503: no such stream, or it has no direct
+    get; 408: a request it cannot read)."""
+
+    def __init__(self, stream: str, status: str, description: str) -> None:
+        super().__init__(f"direct get on {stream}: {status} {description}".strip())
+        self.status = status
+
+
+DIRECT_PAGE = 1000  # messages a page of a stream read in order asks for
+
+
+async def last_messages(nc: Client, stream: str, wanted: str, *, timeout: float = 5.0) -> dict[str, Msg]:
+    """The last message of each subject matching `wanted` in `stream`, by JetStream's direct get (the stream
+    has allow_direct): no consumer, so nothing a reader could exhaust or leave behind. One batch of
+    `multi_last` answers up to 1,024 subjects; past that (413) the stream is read in order, a page at a
+    time, each subject's later messages replacing its earlier ones."""
+    latest: dict[str, Msg] = {}
+    status, end = await _direct_batch(nc, stream, {"multi_last": [wanted]}, latest, timeout)
+    if status == "413":  # more subjects than one batch answers: the stream in order
+        sequence = 1
+        while True:
+            status, end = await _direct_batch(nc, stream, {"seq": sequence, "next_by_subj": wanted,
+                                                           "batch": DIRECT_PAGE}, latest, timeout)
+            if status != "204" or not int(end.get("Nats-Num-Pending", "0")):
+                break
+            sequence = int(end["Nats-Last-Sequence"]) + 1
+    if status not in ("204", "404"):
+        raise DirectGetError(stream, status, end.get("Description", ""))
+    return latest
+
+
+async def _direct_batch(nc: Client, stream: str, request: dict[str, Any], into: dict[str, Msg],
+                        timeout: float) -> tuple[str, dict[str, str]]:
+    """One batch of a direct get: its messages into `into` by subject; its closing status and headers (204
+    once the batch is complete, 404 when nothing matched)."""
+    from nats.js.api import Header
+
+    inbox = nc.new_inbox()
+    answers = await nc.subscribe(inbox)
+    try:
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", orjson.dumps(request), reply=inbox)
+        while True:
+            message = await answers.next_msg(timeout)
+            headers = message.headers or {}
+            status = headers.get(Header.STATUS)
+            if status:
+                return status, {"Description": headers.get(Header.DESCRIPTION, ""), **{
+                    k: v for k, v in headers.items() if isinstance(k, str) and k.startswith("Nats-")}}
+            into[headers["Nats-Subject"]] = message
+    finally:
+        with contextlib.suppress(Exception):
+            await answers.unsubscribe()
+
+
 def raise_lost_cancel() -> None:
     """Raise the cancel that a nats-py call swallowed, if it did.
 
@@ -270,6 +329,7 @@ def nats_server_binary() -> str:
 
 
 RELOADED = b"Reloaded server configuration"
+GLOBAL_ACCOUNT = "$G"  # nats-server's account of clients that name none: where streams lived before accounts
 
 
 def _running(pid: int) -> bool:
@@ -280,6 +340,26 @@ def _running(pid: int) -> bool:
         return False
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """What the child runs before it execs the server: a SIGTERM to it once the thread that started it
+    ends, so a `kill -9` of `up` takes its nats-server along (the server runs in a session of its own, so
+    that a Ctrl-C reaches `up` alone and `up` stops it in order). Linux only; elsewhere `_stop_orphan`."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the line above: nobody would signal
+            os._exit(1)
+
+    return set_death_signal
+
+
 @dataclass
 class EmbeddedNats:
     """A nats-server with JetStream in its own store folder, on a port it picks itself (no race).
@@ -287,14 +367,20 @@ class EmbeddedNats:
     `sync`: how often JetStream syncs its files to disk. "always" (the default) fsyncs every write before
     it is acknowledged, so an acknowledged claim survives a power failure; nats-server's own default
     ("default", every 2 minutes) lost acknowledged writes after one in Jepsen's analysis of 2.12.1. It
-    makes a publisher that awaits each ack slower (docs/reliability.md). A duration ("10s") syncs that often."""
+    makes a publisher that awaits each ack slower (docs/reliability.md). A duration ("10s") syncs that often.
+
+    The server dies with the thread that calls `start` (PR_SET_PDEATHSIG): call it from one that lives as
+    long as the server should (the main thread; `asyncio.to_thread`'s workers live as long as their loop).
+
+    Its clients are in named accounts (`accounts`, shared/contract/bus_auth.py): by default the broker's
+    alone, open to every client (what `up --insecure` and the tests run)."""
 
     store: Path
     sync: str = "always"
     port: int = -1  # -1: one the server picks; a fixed one lets clients reconnect after a restart
     tls_cert: Path | None = None  # with tls_key: clients must connect over TLS
     tls_key: Path | None = None
-    authorization: str | None = None  # nats-server's `authorization` block (shared/contract/bus_auth.py); None: open
+    accounts: str = field(default_factory=bus_auth.render_open)  # nats-server's `accounts` block
     process: subprocess.Popen[bytes] | None = None
     url: str = ""
 
@@ -306,17 +392,16 @@ class EmbeddedNats:
         text = "jetstream " + json.dumps(jetstream) + "\n"
         if self.tls_cert is not None and self.tls_key is not None:
             text += "tls " + json.dumps({"cert_file": str(self.tls_cert), "key_file": str(self.tls_key)}) + "\n"
-        if self.authorization is not None:
-            self._write_authorization(self.authorization)
-            text += "include auth.conf\n"  # relative to this file; rewritten on each reload
+        self._write_accounts(self.accounts)
+        text += "include auth.conf\n"  # relative to this file; rewritten on each reload
         text += "pid_file " + json.dumps(str(self.store / "nats-server.pid")) + "\n"
         path = self.store / "nats-server.conf"
         path.write_text(text)
         return path
 
     def _stop_orphan(self) -> None:
-        """A server of this store left running by a killed `up` (it runs in its own session, so a SIGKILL of
-        `up` does not reach it) holds the store and the port: stopped before a new one starts."""
+        """A server of this store left running by a killed `up` of a version before the death signal (or
+        off Linux) holds the store and the port: stopped before a new one starts."""
         with contextlib.suppress(OSError, ValueError):
             pid = int((self.store / "nats-server.pid").read_text().strip())
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -328,20 +413,39 @@ class EmbeddedNats:
                 time.sleep(0.02)
             log.warning("stopped nats-server %d, left running by an earlier run on %s", pid, self.store)
 
-    def _write_authorization(self, text: str) -> None:
+    def _adopt_global_streams(self) -> None:
+        """A store of a claim-broker before accounts keeps its streams in the server's global account, which
+        no client enters any more: the account's folder becomes the broker's (the streams, their messages,
+        consumers and acks as they were: claims waiting on the bus are decided as before). Where the broker's
+        account has a folder already, both are kept, and the log says how to bring the old one back."""
+        root = self.store / "js" / "jetstream"
+        old, new = root / GLOBAL_ACCOUNT, root / bus_auth.BROKER_ACCOUNT
+        if not (old / "streams").is_dir() or not any((old / "streams").iterdir()):
+            return
+        if new.exists():
+            log.warning("%s holds streams of an earlier claim-broker (global account) that no client reaches; "
+                        "they are kept. To use them instead of account %s's: stop the broker, move %s aside "
+                        "and rename %s to it", old, bus_auth.BROKER_ACCOUNT, new, old)
+            return
+        old.rename(new)
+        log.warning("the streams of an earlier claim-broker moved from the global account to account %s (%s): "
+                    "nothing on the bus was lost; an older claim-broker no longer finds them", bus_auth.BROKER_ACCOUNT,
+                    new)
+
+    def _write_accounts(self, text: str) -> None:
         """Written whole, then renamed: the server never reads half a file."""
         staged = self.store / "auth.conf.new"
         staged.write_text(text)
         staged.chmod(0o600)
         staged.replace(self.store / "auth.conf")
 
-    def reload_authorization(self, text: str, timeout: float = 5.0) -> None:
-        """Apply a new `authorization` block: the server re-reads its config on SIGHUP and closes every
+    def reload_accounts(self, text: str, timeout: float = 5.0) -> None:
+        """Apply a new `accounts` block: the server re-reads its config on SIGHUP and closes every
         connection whose user is gone. Returns once the server logged the reload."""
         if self.process is None or self.process.poll() is not None:
             raise RuntimeError("nats-server is not running")
-        self.authorization = text
-        self._write_authorization(text)
+        self.accounts = text
+        self._write_accounts(text)
         log_file = self.store / "nats-server.log"
         before = log_file.read_bytes().count(RELOADED)
         self.process.send_signal(signal.SIGHUP)
@@ -355,6 +459,7 @@ class EmbeddedNats:
     def start(self, timeout: float = 10.0) -> str:
         self.store.mkdir(parents=True, exist_ok=True)
         self._stop_orphan()
+        self._adopt_global_streams()
         ports_dir = self.store / "ports"
         ports_dir.mkdir(exist_ok=True)
         for stale in ports_dir.glob("*.ports"):
@@ -363,7 +468,7 @@ class EmbeddedNats:
         self.process = subprocess.Popen(
             [nats_server_binary(), "-c", str(self._config()), "-a", "127.0.0.1", "-p", str(self.port),
              "--ports_file_dir", str(ports_dir)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_dies_with_parent(),
         )
         ports_file = ports_dir / f"nats-server_{self.process.pid}.ports"
         deadline = time.monotonic() + timeout

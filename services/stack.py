@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.allocator import app as allocator_app
 from services.allocator.service import Allocator
-from services.bus_authority import BusAuthority, Identity, admin_password
+from services.bus_authority import BusAuthority, Identity, Provisioner, admin_password, tenant_limits
 from services.frame import ServiceApp
 from services.natsio import EmbeddedNats, connect, ensure_streams, read_fleet, wait_closed
 from services.notifier import app as notifier_app
@@ -184,19 +184,20 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
 SERVICES = ("watcher", "allocator", "notifier", "admin-api")
 
 
-async def _start_embedded(embedded: EmbeddedNats, last_url: Path) -> str:
+def _start_embedded(embedded: EmbeddedNats, last_url: Path) -> str:
     """On the port of its last run where that is free (the URLs handed to tenants keep working across
-    restarts), else on one the server picks."""
+    restarts), else on one the server picks. On this thread, the loop's (it blocks it for the server's
+    start, before any service runs): the server dies with the thread that started it."""
     with contextlib.suppress(ValueError, OSError):
         embedded.port = urlsplit(last_url.read_text().strip()).port or -1
     try:
-        return await asyncio.to_thread(embedded.start)
+        return embedded.start()
     except RuntimeError:
         if embedded.port == -1:
             raise
         log.warning("NATS port %d of the last run is taken; the server picks another", embedded.port)
         embedded.port = -1
-        return await asyncio.to_thread(embedded.start)
+        return embedded.start()
 
 
 @contextlib.asynccontextmanager
@@ -221,10 +222,13 @@ async def running_stack(
                           for name in bus_auth.SERVICES}
             identities["admin"] = Identity(bus_auth.admin_user(), admin_password(settings.data_dir), "admin")
             own = await asyncio.to_thread(lambda: [identity.bus_user() for identity in identities.values()])
-            authority = BusAuthority(engine, own, embedded.reload_authorization, settings.bus_auth_poll_interval)
-            embedded.authorization = authority.applied = await authority.render()
-        nats_url = await _start_embedded(embedded, settings.data_dir / "nats.url")
+            authority = BusAuthority(engine, own, embedded.reload_accounts, settings.bus_auth_poll_interval,
+                                     tenant_limits(settings))
+            embedded.accounts = authority.applied = await authority.render()
+        nats_url = _start_embedded(embedded, settings.data_dir / "nats.url")
     urls = {name: bus_auth.url_with_user(nats_url, i.user, i.password) for name, i in identities.items()}
+    if authority is not None:  # tenant accounts' status streams, as the bus admin, once the server runs
+        authority.provisioner = Provisioner(urls["admin"], authority.limits, settings.tls_ca)
     stack = Stack(nats_url=nats_url, db_url=db_url, engine=engine, embedded=embedded, authority=authority,
                   admin_url=urls.pop("admin", nats_url), service_urls=urls)
     nc = await connect(stack.admin_url, name="claimbroker-setup", tls_ca=settings.tls_ca)

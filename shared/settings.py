@@ -56,6 +56,14 @@ class BrokerSettings(BaseSettings):
     # waits ahead of another tenant's claim is this many of each tenant's at most. Smaller is fairer, larger
     # lets one tenant alone submit faster (`make bench-flood`, docs/performance.md).
     tenant_backlog: int = Field(default=16, ge=1)
+    # Each tenant's own NATS account (shared/contract/bus_auth.py), so that what one tenant holds on the bus
+    # costs only itself: connections at once (each may buffer up to nats-server's max_pending, 64 MiB, for
+    # a slow reader), subscriptions per connection, JetStream consumers of its own, and the bytes of its
+    # status stream (the last status of each claim; the oldest claims' go first when it is full).
+    tenant_connections: int = Field(default=32, ge=1)
+    tenant_subscriptions: int = Field(default=512, ge=1)
+    tenant_consumers: int = Field(default=16, ge=1)
+    tenant_status_bytes: int = Field(default=32 * 1024 * 1024, ge=64 * 1024)
     db: str | None = None
     data_dir: Path = Path(".claimbroker")
     api_host: str = "127.0.0.1"

@@ -17,13 +17,15 @@ router = APIRouter(responses=PROBLEMS)
 class CredentialIn(Input):
     role: Literal["tenant", "alerts"] = Field(
         default="tenant", description="tenant: submit and release its claims, read its statuses; "
-                                      "alerts: read claimbroker.v1.alerts.> only")
-    tenant: DnsLabel | None = Field(default=None, description="the tenant of a tenant credential")
+                                      "alerts: read alerts only (claimbroker.v1.alerts.>, or with a tenant "
+                                      "claimbroker.v1.alerts.*.*.<tenant>)")
+    tenant: DnsLabel | None = Field(default=None, description="the tenant of a tenant credential; of an alerts "
+                                                              "credential, the one tenant whose alerts it reads")
 
     @model_validator(mode="after")
     def _tenant_for_tenants(self) -> "CredentialIn":
-        if (self.role == "tenant") != (self.tenant is not None):
-            raise ValueError("a tenant credential names its tenant; an alerts credential names none")
+        if self.role == "tenant" and self.tenant is None:
+            raise ValueError("a tenant credential names its tenant")
         return self
 
 

@@ -243,7 +243,8 @@ class _Applied:
         now = datetime.now(UTC).timestamp()
         error, tenant = printable(str(invalid)), message.tenant or "(unknown)"
         ops.emit_event(
-            self.session, subjects.alert("warning", "invalid-message"), f"alert:invalid:{message.message_id}",
+            self.session, subjects.alert("warning", "invalid-message", message.tenant),
+            f"alert:invalid:{message.message_id}",
             events.alert(
                 kind="invalid-message", severity="warning", key=f"invalid-message:{tenant}",
                 summary=f"a message for tenant {tenant} could not be read as a claim: {error}",

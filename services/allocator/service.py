@@ -635,7 +635,7 @@ def _alert(kind: str, about: str, message_id: str, summary: str, details: dict[s
     now = time.time()
     payload = events.alert(kind=kind, severity="critical", key=f"{kind}:{about}", summary=summary, details=details,
                            labels={"tenant": tenant} if tenant else {}, first_seen=now, last_seen=now)
-    return subjects.alert("critical", kind), message_id, payload
+    return subjects.alert("critical", kind, tenant), message_id, payload
 
 
 def row_node_of(row: Any) -> str:

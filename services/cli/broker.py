@@ -107,7 +107,7 @@ async def _up(settings: BrokerSettings) -> bool:
 def _serve_bus_auth(settings: BrokerSettings) -> None:
     """Beside an external nats-server: keep the file its config includes equal to the ledger's credentials
     and the services' own users, and reload the server on each change, until SIGTERM."""
-    from services.bus_authority import BusAuthority, FileTarget, own_identities
+    from services.bus_authority import BusAuthority, FileTarget, Provisioner, own_identities, tenant_limits
     from shared.contract import bus_auth
     from shared.ledger.engine import create_engine
 
@@ -116,15 +116,24 @@ def _serve_bus_auth(settings: BrokerSettings) -> None:
         raise typer.Exit(2)
     target = FileTarget(settings.bus_auth_file, settings.nats_pid_file)
     own = own_identities(settings.bus_passwords)
+    limits = tenant_limits(settings)
+    provisioner = None  # tenant accounts' status streams, as the bus admin, through the server's client port
+    if settings.nats_url and "admin" in settings.bus_passwords:
+        admin = bus_auth.url_with_user(settings.nats_url, bus_auth.admin_user(), settings.bus_passwords["admin"])
+        provisioner = Provisioner(admin, limits, settings.tls_ca)
+    else:
+        log.warning("bus-auth: no CLAIMBROKER_NATS_URL or no admin password: tenants' status streams are not "
+                    "provisioned (tenants cannot read their statuses)")
 
     async def main() -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         if not settings.bus_auth_file or not settings.bus_auth_file.exists():
-            target(bus_auth.render_authorization(own))  # the server can start before the ledger answers
+            target(bus_auth.render_accounts(own, [], limits))  # the server can start before the ledger answers
         engine = create_engine(settings.database_url())
-        authority = BusAuthority(engine, own, target, settings.bus_auth_poll_interval)
+        authority = BusAuthority(engine, own, target, settings.bus_auth_poll_interval, limits, provisioner)
+        authority.served = bus_auth.served_tenants(target.path.read_text())  # what the running server has
         try:
             while not stop.is_set():
                 try:

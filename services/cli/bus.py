@@ -1,13 +1,15 @@
 """The CLI on the bus: connecting (bounded and quiet), publishing claims (waiting on a full tenant backlog),
-reading statuses through a consumer of its own (what a tenant's credential allows).
+reading statuses without a consumer: the last of each claim by direct get on `CLAIMBROKER_STATUS` in the
+reader's own account (a tenant's holds its statuses alone, the broker's every tenant's), then each change
+on a plain subscription made before that read, so nothing falls between.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
-import secrets
 import time
 import uuid
 from pathlib import Path
@@ -152,13 +154,20 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
     for document in claims:
         _own_tenant_only(url, str(document["metadata"]["namespace"]))
     nc = await _connect(url)
+    try:
+        return await _publish_on(nc, url, claims, priority)
+    finally:
+        await nc.close()
+
+
+async def _publish_on(nc: Any, url: str, claims: list[dict[str, Any]], priority: int | None) -> list[tuple[str, str]]:
     # Ids unique to this invocation: a retry inside it is deduplicated, a later `submit` of the same file is
     # a new submission (the broker ignores it while the claim waits or runs, and takes it once it ended).
     run = uuid.uuid4().hex[:12]
     progress = _Progress(len(claims))
+    js = nc.jetstream()
+    sent: list[tuple[str, str]] = []
     try:
-        js = nc.jetstream()
-        sent: list[tuple[str, str]] = []
         for document in claims:
             progress.step(len(sent))
             if priority is not None:
@@ -172,7 +181,6 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
         return sent
     finally:
         progress.done(len(sent))
-        await nc.close()
 
 
 class _Progress:
@@ -195,65 +203,174 @@ class _Progress:
             err.print(f"\rsubmitted {sent:,} of {self.total:,} in {time.monotonic() - self.started:.1f}s")
 
 
+Key = tuple[str, str]  # (tenant, claim)
+
+
 async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[dict[str, Any]]:
-    """The newest status of every matching claim, from the status stream, through a consumer of this
-    reader's own: the one way to read statuses that a tenant's bus credential allows (bus_auth)."""
+    """The newest status of every matching claim (a tenant credential's own tenant's by default)."""
+    tenant = _reader_tenant(url, tenant)
+    nc = await _connect(url)
+    try:
+        return await _statuses_on(nc, url, tenant, name)
+    finally:
+        await nc.close()
+
+
+def _reader_tenant(url: str, tenant: str) -> str:
     from shared.contract import bus_auth
 
     own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")
     if own is not None and tenant == "*":
         tenant = own
     _own_tenant_only(url, tenant)
-    latest = await last_per_subject(url, subjects.STATUS_STREAM,
-                                    bus_auth.status_filter(tenant, name if name != "*" else ">"))
-    return sorted((json.loads(data) for data in latest.values()), key=lambda s: (s["namespace"], s["name"]))
+    return tenant
+
+
+def _wanted(tenant: str, name: str) -> str:
+    """The status subjects of `tenant`'s claim `name` ('*': all); a '.' of a claim name is a '_' there."""
+    from shared.contract import bus_auth
+
+    return bus_auth.status_filter(tenant, name.replace(".", "_") if name != "*" else ">")
+
+
+async def _statuses_on(nc: Any, url: str, tenant: str, name: str) -> list[dict[str, Any]]:
+    latest = await _last_on(nc, url, subjects.STATUS_STREAM, _wanted(tenant, name))
+    found = (_status_of(message.data) for message in latest.values())
+    return sorted((s for s in found if s is not None), key=lambda s: (s["namespace"], s["name"]))
+
+
+def _status_of(data: bytes) -> dict[str, Any] | None:
+    """A claim status, or None for what is none (a tenant's own stream holds whatever the tenant had the
+    server put there: it reads only its own)."""
+    try:
+        status = json.loads(data)
+    except ValueError:
+        return None
+    readable = isinstance(status, dict) and all(isinstance(status.get(k), str) for k in ("namespace", "name", "state"))
+    return status if readable and isinstance(status.get("sequence", 0), int) else None
 
 
 async def last_per_subject(url: str, stream: str, wanted: str) -> dict[str, bytes]:
-    """The last message of each subject matching `wanted` in `stream`, read through a consumer of this
-    reader's own (created on the subject that names its filter, so a credential's permission can limit it)."""
-    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+    """The last message of each subject matching `wanted` in `stream` of this reader's account."""
+    nc = await _connect(url)
+    try:
+        return {subject: message.data for subject, message in (await _last_on(nc, url, stream, wanted)).items()}
+    finally:
+        await nc.close()
 
+
+async def _last_on(nc: Any, url: str, stream: str, wanted: str) -> dict[str, Any]:
+    from services.natsio import DirectGetError, last_messages
     from shared.contract import bus_auth
 
     shown = bus_auth.redact(url)
+    try:
+        return await last_messages(nc, stream, wanted, timeout=NATS_TIMEOUT_S)
+    except TimeoutError:
+        raise Unreachable(f"NATS at {shown} did not answer within {NATS_TIMEOUT_S:g}s (may this credential read "
+                          f"{wanted}?)") from None
+    except DirectGetError as error:
+        if error.status != "503":
+            raise Unreachable(f"NATS at {shown}: {error}") from None
+        if bus_auth.tenant_of_user(bus_auth.user_of(url) or "") is not None:
+            raise Unreachable(f"NATS at {shown} has no status stream for this credential's tenant yet: the broker "
+                              f"makes one when a credential is created (is it running?)") from None
+        raise _no_streams(shown) from None
+
+
+class StatusFeed:
+    """The newest status of each claim as they arrive, on plain subscriptions: opened before the snapshot
+    is read, so a status published in between is in one or the other. A status older than the one held
+    (by its per-claim `sequence`) changes nothing."""
+
+    def __init__(self) -> None:
+        self.latest: dict[Key, dict[str, Any]] = {}
+        self.changed = asyncio.Event()
+
+    async def open(self, nc: Any, wanted: list[str]) -> None:
+        async def on_status(message: Any) -> None:
+            if (status := _status_of(message.data)) is not None:
+                self.offer(status)
+
+        for subject in wanted:
+            await nc.subscribe(subject, cb=on_status)
+        await nc.flush(timeout=NATS_TIMEOUT_S)  # the server has them before anything is read or sent
+
+    def offer(self, status: dict[str, Any]) -> None:
+        key = (status["namespace"], status["name"])
+        held = self.latest.get(key)
+        if held is None or status.get("sequence", 0) >= held.get("sequence", 0):
+            self.latest[key] = status
+            self.changed.set()
+
+    async def next_change(self, nc: Any, timeout: float) -> None:
+        """Until a status arrived since `changed` was cleared, or `timeout` passed; a lost connection is
+        said, never waited on."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        if nc.is_closed:
+            raise Unreachable("the connection to NATS was lost")
+
+
+async def watch_statuses(url: str, tenant: str, name: str) -> Any:
+    """Every matching claim's newest status now, then again at each change (an async generator of lists)."""
+    tenant = _reader_tenant(url, tenant)
     nc = await _connect(url)
     try:
-        latest: dict[str, bytes] = {}
-        done = asyncio.Event()
-
-        async def on_message(message: Any) -> None:
-            latest[message.subject] = message.data
-            if message.metadata.num_pending == 0:
-                done.set()
-
-        deliver = nc.new_inbox()
-        sub = await nc.subscribe(deliver, cb=on_message)
-        try:
-            consumer = f"cli-{secrets.token_hex(8)}"
-            config = ConsumerConfig(name=consumer, deliver_subject=deliver, filter_subject=wanted,
-                                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE,
-                                    inactive_threshold=5.0, mem_storage=True)  # gone 5 s after this read
-            try:
-                reply = await nc.request(bus_auth.consumer_create_subject(stream, consumer, wanted),
-                                         json.dumps({"stream_name": stream, "config": config.as_dict()}).encode(),
-                                         timeout=NATS_TIMEOUT_S)
-            except TimeoutError:
-                raise Unreachable(f"NATS at {shown} did not answer within {NATS_TIMEOUT_S:g}s (may this "
-                                  f"credential read {wanted}?)") from None
-            created = json.loads(reply.data)
-            if "error" in created:
-                if created["error"].get("err_code") == 10059:  # stream not found
-                    raise _no_streams(shown)
-                raise Unreachable(f"NATS at {shown}: {created['error'].get('description')}")
-            if created["num_pending"] == 0 and created["delivered"]["consumer_seq"] == 0:
-                return {}
-            await asyncio.wait_for(done.wait(), 30)
-        finally:
-            await sub.unsubscribe()
-        return latest
+        feed = StatusFeed()
+        await feed.open(nc, [_wanted(tenant, name)])
+        for status in await _statuses_on(nc, url, tenant, name):
+            feed.offer(status)
+        while True:
+            feed.changed.clear()
+            yield sorted(feed.latest.values(), key=lambda s: (s["namespace"], s["name"]))
+            while not feed.changed.is_set():
+                await feed.next_change(nc, 2.0)
+            await asyncio.sleep(WATCH_COALESCE_S)  # a burst of changes is one print
     finally:
         await nc.close()
+
+
+WATCH_COALESCE_S = 0.2
+
+
+async def submit_and_wait(url: str, claims: list[dict[str, Any]], priority: int | None,
+                          wait: float) -> tuple[list[Key], list[dict[str, Any]]]:
+    """Publish `claims` and wait up to `wait` seconds for each one's answer: the claims sent, and the
+    statuses that answered them, in the order sent. The subscription comes first, then the statuses
+    before this submission (to tell an answer from an old status), then the publish."""
+    tenants = sorted({str(c["metadata"]["namespace"]) for c in claims})
+    for tenant in tenants:
+        _own_tenant_only(url, tenant)
+    nc = await _connect(url)
+    try:
+        feed = StatusFeed()
+        await feed.open(nc, [_wanted(tenant, "*") for tenant in tenants])
+        before: dict[Key, dict[str, Any]] = {}
+        for tenant in tenants:
+            before.update({(s["namespace"], s["name"]): s for s in await _statuses_on(nc, url, tenant, "*")})
+        sent = await _publish_on(nc, url, claims, priority)
+        deadline = time.monotonic() + wait
+        found: dict[Key, dict[str, Any]] = {}
+        while True:
+            feed.changed.clear()  # before looking: a status arriving after the look wakes the wait below
+            for key in sent:
+                current = feed.latest.get(key) or before.get(key)
+                if key not in found and current is not None and _answers(current, before.get(key)):
+                    found[key] = current
+            left = deadline - time.monotonic()
+            if len(found) == len(set(sent)) or left <= 0:
+                return sent, [found[k] for k in dict.fromkeys(sent) if k in found]
+            await feed.next_change(nc, left)
+    finally:
+        await nc.close()
+
+
+def _answers(status: dict[str, Any], before: dict[str, Any] | None) -> bool:
+    """Whether `status` answers this submission: a newer status than the claim had, or, for a claim that
+    still waits or runs (the broker keeps it and ignores the copy), the one it has."""
+    return (before is None or status.get("sequence", 0) > before.get("sequence", 0)
+            or before["state"] in ("Pending", "Allocated"))
 
 
 def _own_tenant_only(url: str, tenant: str) -> None:

@@ -20,6 +20,8 @@ from services.cli.bus import (
     _publish_claims,
     _status_table,
     read_statuses,
+    submit_and_wait,
+    watch_statuses,
 )
 from services.cli.common import Output, _emit, _settings, app, console, err
 from shared.contract import subjects
@@ -36,47 +38,20 @@ def submit(
     settings = _settings()
     url = _nats_url(settings)
     claims = _claim_documents(file, tenant)
-    before: dict[tuple[str, str], dict[str, Any]] = {}  # with --wait: each claim's status before this submit
-    if wait is not None:
-        for tenant_name in sorted({str(c["metadata"]["namespace"]) for c in claims}):
-            before.update({(s["namespace"], s["name"]): s for s in asyncio.run(read_statuses(url, tenant_name))})
-    sent = asyncio.run(_publish_claims(url, claims, priority))
-    for tenant_name, name in sent:
-        if wait is None:
-            console.print(f"submitted {tenant_name}/{name}")
     if wait is None:
+        for tenant_name, name in asyncio.run(_publish_claims(url, claims, priority)):
+            console.print(f"submitted {tenant_name}/{name}")
         return
-
-    async def wait_all() -> list[dict[str, Any]]:
-        deadline = time.monotonic() + wait
-        found: dict[tuple[str, str], dict[str, Any]] = {}
-        while time.monotonic() < deadline and len(found) < len(sent):
-            for t in sorted({t for t, n in sent if (t, n) not in found}):  # one read a tenant, not a claim
-                latest = {(s["namespace"], s["name"]): s for s in await read_statuses(url, t)}
-                for key in sent:
-                    if key not in found and key in latest and _answers(latest[key], before.get(key)):
-                        found[key] = latest[key]
-            if len(found) < len(sent):
-                await asyncio.sleep(0.2)
-        return [found[k] for k in sent if k in found]
-
-    results = asyncio.run(wait_all())
+    sent, results = asyncio.run(submit_and_wait(url, claims, priority, wait))
     for status in results:
         print(json.dumps(status))
-    if len(results) < len(sent):
-        err.print(f"{len(sent) - len(results)} claim(s) had no status within {wait}s")
+    if len(results) < len(set(sent)):
+        err.print(f"{len(set(sent)) - len(results)} claim(s) had no status within {wait}s")
         raise typer.Exit(1)
     rejected = [f"{s['namespace']}/{s['name']}" for s in results if s.get("state") == "Rejected"]
     if rejected:  # a refusal, as the contract's exit statuses say: the claim is wrong as written
         err.print(f"rejected: {', '.join(rejected)} (the reason is in the status above)")
         raise typer.Exit(1)
-
-
-def _answers(status: dict[str, Any], before: dict[str, Any] | None) -> bool:
-    """Whether `status` answers this submission: a newer status than the claim had, or, for a claim that
-    still waits or runs (the broker keeps it and ignores the copy), the one it has."""
-    return (before is None or status["sequence"] > before["sequence"]
-            or before["state"] in ("Pending", "Allocated"))
 
 
 @app.command()
@@ -88,13 +63,20 @@ def status(
 ) -> None:
     """Print claim states."""
     url = _nats_url(_settings())
-    while True:
-        statuses = asyncio.run(read_statuses(url, tenant or "*", name or "*"))
+
+    def show(statuses: list[dict[str, Any]]) -> None:
         if not _emit(statuses, output):
             console.print(_status_table(statuses))
-        if not watch:
-            return
-        time.sleep(2)
+
+    if not watch:
+        show(asyncio.run(read_statuses(url, tenant or "*", name or "*")))
+        return
+
+    async def follow() -> None:
+        async for statuses in watch_statuses(url, tenant or "*", name or "*"):
+            show(statuses)
+
+    asyncio.run(follow())
 
 
 @app.command()

@@ -9,6 +9,7 @@ import typer
 
 from services.cli.admin import _request
 from services.cli.common import Output, _emit, _settings, _show, app, console, err
+from shared.contract import subjects
 
 credentials_app = typer.Typer(help="Bus credentials (over the admin API: --api, --token).", no_args_is_help=True)
 
@@ -18,26 +19,31 @@ app.add_typer(credentials_app, name="credentials")
 
 @credentials_app.command("create")
 def credentials_create(
-    tenant: Annotated[str | None, typer.Option(help="submit and release this tenant's claims, read its statuses")]
+    tenant: Annotated[str | None, typer.Option(
+        help="submit and release this tenant's claims, read its statuses; with --alerts: read its alerts only")]
     = None,
-    alerts: Annotated[bool, typer.Option("--alerts", help="read claimbroker.v1.alerts.> only")] = False,
+    alerts: Annotated[bool, typer.Option("--alerts", help="read alerts only: every tenant's, or --tenant's")] = False,
     output: Output = "table",
 ) -> None:
     """Create a bus credential and print its password once."""
     from shared.contract import bus_auth
 
-    if (tenant is None) == (not alerts):
-        err.print("claimbroker: give --tenant T or --alerts (one of them)")
+    if tenant is None and not alerts:
+        err.print("claimbroker: give --tenant T, --alerts, or both (one tenant's alerts)")
         raise typer.Exit(2)
-    body = {"role": "alerts"} if alerts else {"role": "tenant", "tenant": tenant}
+    body = {"role": "alerts", "tenant": tenant} if alerts else {"role": "tenant", "tenant": tenant}
     created = _request("POST", "/v1/credentials", json=body).json()
     nats_file = _settings().data_dir / "nats.url"
     where = nats_file.read_text().strip() if nats_file.exists() else "nats://HOST:4222"
     created["url"] = bus_auth.url_with_user(where, created["user"], created["password"])
     if not _emit(created, output):
-        console.print(f"credential {created['id']} for {tenant or 'alerts'} (the password is shown this once):")
+        what = f"{tenant}'s alerts" if alerts and tenant else "every tenant's alerts" if alerts else tenant
+        console.print(f"credential {created['id']} for {what} (the password is shown this once):")
         console.print(f"  user      {created['user']}")
         console.print(f"  password  {created['password']}")
+        if alerts:
+            reads = subjects.alerts_of(tenant) if tenant else subjects.ALERTS_ALL
+            console.print(f"  reads     {reads}")
         console.print(f"  use it as --nats {created['url']}", soft_wrap=True)
 
 

@@ -327,7 +327,7 @@ class Notifier:
         for index, message in enumerate(sent):
             alert = message.alert
             try:
-                await publish_json(self.js, subjects.alert(alert.severity, alert.kind), message.payload,
+                await publish_json(self.js, subjects.alert(alert.severity, alert.kind, alert.tenant), message.payload,
                                    msg_id=message.msg_id)
             except Exception:
                 log.exception("alert %s not published; will retry", message.msg_id)

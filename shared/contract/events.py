@@ -141,6 +141,7 @@ def alert(
         "kind": kind,
         "severity": severity,
         "key": key,
+        "tenant": labels.get("tenant"),  # also the subject's last token (`_fleet` when None)
         "summary": summary,
         "details": dict(details),
         "labels": dict(labels),

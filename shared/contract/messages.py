@@ -91,6 +91,8 @@ class Alert(_Wire):
                                   "service-degraded, ...")
     severity: Severity
     key: str = Field(description="the condition: kind plus tenant/claim/node")
+    tenant: str | None = Field(default=None, description="the tenant it is about (the subject's last token), "
+                                                         "null for the fleet's (_fleet there)")
     summary: str
     details: dict[str, Any]
     labels: dict[str, str]

@@ -46,8 +46,20 @@ def status(tenant: str, claim: str) -> str:
     return f"{PREFIX}.claims.status.{token(tenant)}.{token(claim)}"
 
 
-def alert(severity: str, kind: str) -> str:
-    return f"{PREFIX}.alerts.{token(severity)}.{token(kind)}"
+FLEET = "_fleet"  # the tenant token of an alert about no tenant (nodes, devices, flavors, services)
+
+
+def alert(severity: str, kind: str, tenant: str | None = None) -> str:
+    """`claimbroker.v1.alerts.<severity>.<kind>.<tenant>`: the tenant token lets a credential read one
+    tenant's alerts (`alerts_of`); `_fleet` (no DNS label has `_`) for alerts about no tenant, and for a
+    tenant name no subject can carry (an invalid message's: its alert must still go out; the payload names it)."""
+    readable = tenant is not None and _TOKEN.match(tenant) is not None and "." not in tenant
+    return f"{PREFIX}.alerts.{token(severity)}.{token(kind)}.{tenant if readable else FLEET}"
+
+
+def alerts_of(tenant: str) -> str:
+    """Every alert about `tenant`, whatever its severity and kind."""
+    return f"{PREFIX}.alerts.*.*.{token(tenant)}"
 
 
 def tenant_of(subject: str) -> str:

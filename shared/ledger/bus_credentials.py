@@ -35,10 +35,13 @@ async def add_credential(session: AsyncSession, role: str, tenant: str | None, *
     the row."""
     if role not in bus_auth.ROLES:
         raise ValueError(f"role must be one of {', '.join(bus_auth.ROLES)}, got {role!r}")
-    if (role == "tenant") != (tenant is not None):
-        raise ValueError("a tenant credential names its tenant; an alerts credential reads every tenant's alerts")
     key = secrets.token_hex(4)
-    user = bus_auth.tenant_user(tenant, key) if tenant is not None else bus_auth.alerts_user(key)
+    if role == "tenant":
+        if tenant is None:
+            raise ValueError("a tenant credential names its tenant")
+        user = bus_auth.tenant_user(tenant, key)
+    else:  # alerts: every tenant's, or `tenant`'s only
+        user = bus_auth.alerts_user(key, tenant)
     password = new_password()
     row = BusCredential(user=user, role=role, tenant=tenant, password_hash=hash_password(password),
                         created_at=datetime.now(UTC))
@@ -69,6 +72,12 @@ async def revoke_credential(session: AsyncSession, credential_id: int, actor: st
 async def active_users(session: AsyncSession) -> list[bus_auth.BusUser]:
     rows = await session.scalars(select(BusCredential).where(BusCredential.revoked_at.is_(None)))
     return [bus_auth.BusUser(r.user, r.password_hash, r.role, r.tenant) for r in rows]
+
+
+async def credential_tenants(session: AsyncSession) -> list[str]:
+    """Every tenant that ever had a credential, revoked or not: each keeps its account on the bus."""
+    rows = await session.scalars(select(BusCredential.tenant).where(BusCredential.tenant.is_not(None)).distinct())
+    return sorted(t for t in rows if t is not None)
 
 
 async def revision(session: AsyncSession) -> tuple[int, int]:

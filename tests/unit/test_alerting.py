@@ -81,9 +81,13 @@ def test_book(policy: AlertPolicy, script: list[tuple[float, str, str]],
 def test_payload_is_the_contract_shape_and_ids_name_the_message() -> None:
     book = AlertBook()
     first = book.raise_(Alert("node-lost", "critical", "node-lost:n1", "gone", {"a": 1}, {"node": "n1"}), 0.0)[0]
-    assert set(first.payload) == {"kind", "severity", "key", "summary", "details", "labels", "firstSeen",
+    assert set(first.payload) == {"kind", "severity", "key", "tenant", "summary", "details", "labels", "firstSeen",
                                   "lastSeen", "count", "resolved"}
     assert first.payload["firstSeen"] == "1970-01-01T00:00:00Z" and first.payload["count"] == 1
+    assert first.payload["tenant"] is None  # about a node: the fleet's
+    claim = book.raise_(Alert("claim-rejected", "warning", "claim-rejected:vision/a", "no", {}, {"tenant": "vision"}),
+                        0.0)[0]
+    assert claim.payload["tenant"] == "vision"
     resolved = book.resolve("node-lost:n1", 5.0, "back")[0]
     assert resolved.payload["resolved"] is True and resolved.payload["summary"] == "back"
     assert resolved.msg_id != first.msg_id

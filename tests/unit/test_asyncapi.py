@@ -42,8 +42,8 @@ def schema_of(address: str) -> dict:  # type: ignore[type-arg]
 
 def test_the_payload_fields_the_contract_names_are_in_the_schemas() -> None:
     subjects = contract_subjects()
-    alert_fields = re.findall(r'"([a-zA-Z]+)"', subjects["claimbroker.v1.alerts.{severity}.{kind}"])
-    assert set(alert_fields) <= set(schema_of("claimbroker.v1.alerts.{severity}.{kind}")["properties"])
+    alert_fields = re.findall(r'"([a-zA-Z]+)"', subjects["claimbroker.v1.alerts.{severity}.{kind}.{tenant}"])
+    assert set(alert_fields) <= set(schema_of("claimbroker.v1.alerts.{severity}.{kind}.{tenant}")["properties"])
     example = CONTRACT.read_text().split("```json", 1)[1].split("```", 1)[0]
     status_fields = set(re.findall(r'"(namespace|name|state|allocation|reason)"', example))
     status = schema_of("claimbroker.v1.claims.status.{tenant}.{claim}")

@@ -36,25 +36,29 @@ def test_the_tenant_of_a_user(user: str, tenant: str | None) -> None:
     assert bus_auth.tenant_of_user(user) == tenant
 
 
-def test_a_tenant_may_publish_its_own_subjects_and_create_consumers_of_its_own_statuses() -> None:
+def test_a_tenant_may_publish_its_own_subjects_and_read_its_own_stream_but_not_change_it() -> None:
     permissions = bus_auth.permissions("tenant", "tenant.vision.k", "vision")
-    assert permissions["publish"]["allow"] == [
-        subjects.submit("vision"), subjects.release("vision"),
-        "$JS.API.CONSUMER.CREATE.CLAIMBROKER_STATUS.*.claimbroker.v1.claims.status.vision.>"]
-    assert permissions["publish"]["deny"] == ["$JS.API.CONSUMER.CREATE.CLAIMBROKER_STATUS.notifier.>"]
-    assert permissions["subscribe"] == {"allow": ["_I.tenant.vision.k.>"]}
+    allowed = permissions["publish"]["allow"]
+    assert allowed[:2] == [subjects.submit("vision"), subjects.release("vision")]
+    assert {"$JS.API.DIRECT.GET.CLAIMBROKER_STATUS", "$JS.API.CONSUMER.>",
+            "$JS.API.STREAM.INFO.CLAIMBROKER_STATUS"} <= set(allowed)
+    assert not [s for s in allowed if any(w in s for w in ("CREATE.CLAIMBROKER", "DELETE", "PURGE", "UPDATE"))]
+    assert "deny" not in permissions["publish"]  # what is not allowed is refused
+    assert permissions["subscribe"] == {"allow": ["_I.tenant.vision.k.>", "claimbroker.v1.claims.status.vision.>"]}
 
 
-@pytest.mark.parametrize(("role", "user", "publishes", "reads"), [
-    ("alerts", "alerts.k", [], [subjects.ALERTS_ALL, "_I.alerts.k.>"]),
-    ("service", "service.watcher", [subjects.INVENTORY_ALL, subjects.ALERTS_ALL, "$JS.API.>", "$JS.ACK.>", "$JS.FC.>"],
-     ["_I.service.watcher.>"]),
-    ("service", "service.allocator", [subjects.STATUS_ALL, subjects.ALERTS_ALL, "$JS.API.>", "$JS.ACK.>", "$JS.FC.>"],
-     ["_I.service.allocator.>"]),
-    ("admin", "admin.local", [">"], [">"]),
+@pytest.mark.parametrize(("role", "user", "tenant", "publishes", "reads"), [
+    ("alerts", "alerts.k", None, [], [subjects.ALERTS_ALL, "_I.alerts.k.>"]),
+    ("alerts", "alerts.vision.k", "vision", [], ["claimbroker.v1.alerts.*.*.vision", "_I.alerts.vision.k.>"]),
+    ("service", "service.watcher", None,
+     [subjects.INVENTORY_ALL, subjects.ALERTS_ALL, "$JS.API.>", "$JS.ACK.>", "$JS.FC.>"], ["_I.service.watcher.>"]),
+    ("service", "service.allocator", None,
+     [subjects.STATUS_ALL, subjects.ALERTS_ALL, "$JS.API.>", "$JS.ACK.>", "$JS.FC.>"], ["_I.service.allocator.>"]),
+    ("admin", "admin.local", None, [">"], [">"]),
 ])
-def test_what_other_identities_may_do(role: str, user: str, publishes: list[str], reads: list[str]) -> None:
-    permissions = bus_auth.permissions(role, user)
+def test_what_other_identities_may_do(role: str, user: str, tenant: str | None, publishes: list[str],
+                                      reads: list[str]) -> None:
+    permissions = bus_auth.permissions(role, user, tenant)
     assert permissions["publish"].get("allow", []) == publishes
     assert permissions["subscribe"]["allow"] == reads
     if role == "alerts":
@@ -68,15 +72,80 @@ def test_a_tenant_credential_names_its_tenant_and_roles_are_known() -> None:
         bus_auth.permissions("root", "root.k")
 
 
-def test_the_users_block_is_sorted_json_with_hashes_only() -> None:
-    users = [bus_auth.BusUser("tenant.vision.k", "$2b$10$hash", "tenant", "vision"),
-             bus_auth.BusUser("admin.local", "$2b$10$other", "admin")]
-    text = bus_auth.render_authorization(users)
-    assert text.startswith("authorization ")
-    block = json.loads(text.removeprefix("authorization "))
-    assert [u["user"] for u in block["users"]] == ["admin.local", "tenant.vision.k"]
-    assert block["users"][1]["password"] == "$2b$10$hash"
-    assert block["users"][1]["permissions"] == bus_auth.permissions("tenant", "tenant.vision.k", "vision")
+@pytest.mark.parametrize(("severity", "kind", "tenant", "subject"), [
+    ("warning", "claim-rejected", "vision", "claimbroker.v1.alerts.warning.claim-rejected.vision"),
+    ("critical", "node-lost", None, "claimbroker.v1.alerts.critical.node-lost._fleet"),
+    ("warning", "invalid-message", "not a token", "claimbroker.v1.alerts.warning.invalid-message._fleet"),
+    ("warning", "invalid-message", "a.b", "claimbroker.v1.alerts.warning.invalid-message._fleet"),
+])
+def test_an_alert_subject_ends_with_its_tenant_or_the_fleet(severity: str, kind: str, tenant: str | None,
+                                                           subject: str) -> None:
+    assert subjects.alert(severity, kind, tenant) == subject
+
+
+USERS = [bus_auth.BusUser("tenant.vision.k", "$2b$10$hash", "tenant", "vision"),
+         bus_auth.BusUser("alerts.vision.k", "$2b$10$al", "alerts", "vision"),
+         bus_auth.BusUser("alerts.k", "$2b$10$fleet", "alerts"),
+         bus_auth.BusUser("service.allocator", "$2b$10$svc", "service"),
+         bus_auth.BusUser("admin.local", "$2b$10$other", "admin")]
+LIMITS = bus_auth.TenantLimits(connections=3, subscriptions=40, consumers=5, status_bytes=1 << 20, replicas=3)
+
+
+def accounts(users: list[bus_auth.BusUser], tenants: list[str]) -> dict:  # type: ignore[type-arg]
+    text = bus_auth.render_accounts(users, tenants, LIMITS)
+    assert text.startswith("accounts ")
+    return json.loads(text.removeprefix("accounts "))  # type: ignore[no-any-return]
+
+
+def test_each_tenant_is_an_account_of_its_own_with_hashes_only() -> None:
+    block = accounts(USERS, ["research"])  # research: a tenant whose credentials are all revoked
+    assert set(block) == {"CLAIMBROKER", "tenant-vision", "tenant-research", "ALERTS"}
+    assert [u["user"] for u in block["CLAIMBROKER"]["users"]] == ["admin.local", "service.allocator"]
+    assert [u["user"] for u in block["tenant-vision"]["users"]] == ["alerts.vision.k", "tenant.vision.k"]
+    assert block["tenant-research"]["users"] == [] and [u["user"] for u in block["ALERTS"]["users"]] == ["alerts.k"]
+    assert block["tenant-vision"]["users"][1]["password"] == "$2b$10$hash"
+    assert block["tenant-vision"]["users"][1]["permissions"] == bus_auth.permissions("tenant", "tenant.vision.k",
+                                                                                    "vision")
+    assert block["CLAIMBROKER"]["jetstream"] == "enabled" and "jetstream" not in block["ALERTS"]
+    assert block["tenant-vision"]["jetstream"] == {"max_mem": 0, "max_file": 3 << 20, "max_streams": 1,
+                                                   "max_consumers": 5}
+    assert block["tenant-vision"]["limits"] == block["ALERTS"]["limits"] == {"max_connections": 3,
+                                                                            "max_subscriptions": 40}
+
+
+def test_what_crosses_between_the_broker_and_a_tenant() -> None:
+    block = accounts(USERS, [])
+    broker, vision = block["CLAIMBROKER"], block["tenant-vision"]
+    to_vision = [e for e in broker["exports"] if e["accounts"] == ["tenant-vision"]]
+    assert [(e.get("service"), e.get("stream")) for e in to_vision] == [
+        ("claimbroker.v1.claims.submit.vision", None), ("claimbroker.v1.claims.release.vision", None),
+        (None, "claimbroker.v1.claims.status.vision.>"), (None, "claimbroker.v1.alerts.*.*.vision")]
+    assert {"stream": subjects.ALERTS_ALL, "accounts": ["ALERTS"]} in broker["exports"]
+    assert {(i["service"]["subject"], i["to"]) for i in broker["imports"]} == {
+        ("$JS.API.STREAM.CREATE.CLAIMBROKER_STATUS", "claimbroker.v1.provision.vision.create"),
+        ("$JS.API.STREAM.INFO.CLAIMBROKER_STATUS", "claimbroker.v1.provision.vision.info"),
+        ("$JS.API.STREAM.UPDATE.CLAIMBROKER_STATUS", "claimbroker.v1.provision.vision.update"),
+        ("claimbroker.v1.claims.status.vision.>", "claimbroker.v1.provision.vision.status.>")}
+    assert [e["service"] for e in vision["exports"]] == [i["service"]["subject"] for i in broker["imports"]]
+    assert all(e["accounts"] == ["CLAIMBROKER"] for e in vision["exports"])
+    assert [i.get("service", i.get("stream")) for i in vision["imports"]] == [
+        {"account": "CLAIMBROKER", "subject": s} for s in (
+            "claimbroker.v1.claims.submit.vision", "claimbroker.v1.claims.release.vision",
+            "claimbroker.v1.claims.status.vision.>", "claimbroker.v1.alerts.*.*.vision")]
+
+
+def test_a_tenant_stream_keeps_the_last_status_of_each_claim_within_its_bytes() -> None:
+    config = bus_auth.tenant_status_stream("vision", LIMITS)
+    assert config["subjects"] == ["claimbroker.v1.claims.status.vision.>"] and config["name"] == "CLAIMBROKER_STATUS"
+    assert (config["max_msgs_per_subject"], config["max_bytes"], config["discard"]) == (1, 1 << 20, "old")
+    assert config["allow_direct"] is True and config["num_replicas"] == 3
+
+
+def test_the_open_bus_is_the_broker_account_for_everyone() -> None:
+    text = bus_auth.render_open()
+    block = json.loads(text[len("accounts "):text.index("\nno_auth_user")])
+    assert block == {"CLAIMBROKER": {"jetstream": "enabled", "users": [{"user": "open", "password": ""}]}}
+    assert text.rstrip().endswith('no_auth_user: "open"')
 
 
 @pytest.mark.parametrize("name", ["", "a.b", "a b", "a*", "a>"])
