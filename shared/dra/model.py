@@ -775,8 +775,8 @@ def _check_references(references: tuple[str, ...], names: dict[str, set[str] | N
         return
     seen: set[str] = set()
     for i, reference in enumerate(references):
-        parent, _, sub = reference.partition("/")
-        known = parent in names and (not sub or sub in (names[parent] or ()))
+        parent, slash, sub = reference.partition("/")
+        known = parent in names and (not slash or sub in (names[parent] or ()))  # "gpu/" names no subrequest
         if "/" in sub or not known:
             problems.append(f"{path}[{i}]: {shown(reference)} names no request of this claim (use a request's "
                             "name, or <request>/<subrequest> for a firstAvailable entry)")

@@ -517,6 +517,9 @@ def _validation(corpus: _Corpus) -> None:
     corpus.claim("val-config-subrequest", "accepted", VALIDATION,
                  requests=[first_available("gpu", sub("one"))],
                  config=[{"requests": ["gpu/one"], "opaque": {"driver": GPU, "parameters": {}}}])
+    corpus.claim("val-config-empty-subrequest", "invalid", VALIDATION,
+                 config=[{"requests": ["gpu/"], "opaque": {"driver": GPU, "parameters": {}}}],
+                 note="validateRequestNameRef: each segment of request/subrequest must be a DNS label")
     corpus.claim("val-constraint-unknown-request", "rejected", VALIDATION,
                  constraints=[{"requests": ["nope"], "matchAttribute": "gpu.nvidia.com/numa-node"}])
     corpus.claim("val-constraint-both", "invalid", VALIDATION,

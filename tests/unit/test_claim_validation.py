@@ -207,6 +207,11 @@ REFUSED: list[tuple[str, Any, str, str, str | None]] = [
      "spec.devices.config[0].requests[0]", KEEPS),
     ("config-subrequest-of-exactly", config(opaque("gpu/one")), TENANT, "spec.devices.config[0].requests[0]", KEEPS),
     ("config-three-segments", config(opaque("gpu/one/two")), TENANT, "spec.devices.config[0].requests[0]", KEEPS),
+    ("config-empty-subrequest", config(opaque("gpu/"), document=requests(first_available("gpu", sub("one")))),
+     TENANT, "spec.devices.config[0].requests[0]", KEEPS),
+    ("constraint-empty-subrequest", with_("spec.devices.constraints", [
+        {"requests": ["gpu/"], "matchAttribute": f"{GPU}/numa-node"}]), TENANT,
+     "spec.devices.constraints[0].requests[0]", KEEPS),
     ("config-duplicate-reference", config(opaque("gpu", "gpu")), TENANT, "spec.devices.config[0].requests[1]",
      KEEPS),
     ("config-no-parameters", config({"opaque": {"driver": GPU}}), TENANT, "spec.devices.config[0].opaque.parameters",
