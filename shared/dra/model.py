@@ -223,6 +223,16 @@ def _null_values_are_empty(value: Any) -> Any:
 _StringMap = Annotated[dict[str, str], BeforeValidator(_null_values_are_empty)]
 
 
+def _time_text(value: Any) -> Any:
+    """A YAML loader reads an unquoted timestamp as a datetime; kubectl passes its text on."""
+    if isinstance(value, datetime.datetime) and value.tzinfo is datetime.UTC:
+        return value.isoformat().replace("+00:00", "Z")
+    return value.isoformat() if isinstance(value, datetime.date) else value
+
+
+_Time = Annotated[str | None, BeforeValidator(_time_text)]
+
+
 class OwnerReference(_Spec):
     api_version: str | None = None
     kind: str | None = None
@@ -236,7 +246,7 @@ class ManagedFieldsEntry(_Spec):
     manager: str | None = None
     operation: str | None = None
     api_version: str | None = None
-    time: str | None = None
+    time: _Time = None
     fields_type: str | None = None
     fields_v1: Any = None
     subresource: str | None = None
@@ -253,8 +263,8 @@ class ClaimMeta(_Spec):
     uid: str | None = None
     resource_version: str | None = None
     generation: int | None = Field(default=None, strict=True)
-    creation_timestamp: str | None = None
-    deletion_timestamp: str | None = None
+    creation_timestamp: _Time = None
+    deletion_timestamp: _Time = None
     deletion_grace_period_seconds: int | None = Field(default=None, strict=True)
     labels: _StringMap = Field(default_factory=dict)
     annotations: _StringMap = Field(default_factory=dict)

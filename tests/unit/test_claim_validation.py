@@ -614,3 +614,18 @@ def test_numbers_json_loads_takes_and_the_api_server_refuses(number: str) -> Non
     with pytest.raises(InvalidClaim, match="the API server's decoder refuses it") as caught:
         read_submission(payload, TENANT)
     assert caught.value.name == "claim", "the name is read all the same: the Rejected status says why"
+
+
+@pytest.mark.parametrize(("timestamp", "accepted"), [
+    ("2026-01-02T15:04:05Z", True), ("2026-01-02T15:04:05+02:00", True), ("2026-01-02T15:04:05", False),
+    ("2026-01-02", False)])
+def test_an_unquoted_yaml_timestamp_reads_as_its_text(timestamp: str, accepted: bool) -> None:
+    """simulate reads YAML, where an unquoted time is a datetime: it is checked as the text kubectl sends."""
+    document = yaml.safe_load(f"apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\n"
+                              f"metadata: {{name: c, namespace: t1, creationTimestamp: {timestamp}}}\n"
+                              "spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}")
+    if accepted:
+        assert dra.parse_claim(document).metadata.creation_timestamp == timestamp
+    else:
+        with pytest.raises(dra.DocumentError, match="metadata.creationTimestamp: .* must be an RFC 3339 time"):
+            dra.parse_claim(document)
