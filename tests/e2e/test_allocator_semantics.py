@@ -209,7 +209,7 @@ async def test_malformed_payload_is_reported_and_the_allocator_keeps_serving(
         await seen.wait_for(lambda: ("team", "good") in seen.latest())
         await alarms.wait_for(lambda: len(alarms.messages) >= 1)
         subject, alert = alarms.messages[0]
-        assert subject == "claimbroker.v1.alerts.warning.invalid-message"
+        assert subject == "claimbroker.v1.alerts.warning.invalid-message.team" and alert["tenant"] == "team"
         assert alert["kind"] == "invalid-message" and "not JSON" in alert["summary"]
         rejected = seen.latest()[("team", "broken")]
         assert rejected["state"] == "Rejected"

@@ -64,7 +64,7 @@ async def test_rejected_and_pending_too_long_alerts(nats_server: EmbeddedNats, t
         assert resolved_sent() == (sent or 0) + 1
         subjects_seen = {s for s, _ in alarms.messages}
         # 3 GPUs on a 2-GPU node can never fit: the allocator flags it and the notifier says so at once.
-        assert subjects_seen == {"claimbroker.v1.alerts.warning.claim-rejected",
-                                 "claimbroker.v1.alerts.warning.claim-pending-too-long",
-                                 "claimbroker.v1.alerts.critical.claim-unsatisfiable"}
+        assert subjects_seen == {"claimbroker.v1.alerts.warning.claim-rejected.team",
+                                 "claimbroker.v1.alerts.warning.claim-pending-too-long.team",
+                                 "claimbroker.v1.alerts.critical.claim-unsatisfiable.team"}
         await nc.close()

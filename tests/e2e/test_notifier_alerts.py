@@ -137,10 +137,10 @@ async def test_claim_alerts_fire_fold_and_resolve(start: Start) -> None:
     for subject_seen, alert in h.alarms.messages:
         by_key.setdefault(alert["key"], (subject_seen, alert))  # each key's first message
     subject, preempted = by_key["claim-preempted:speech/low"]
-    assert subject == "claimbroker.v1.alerts.warning.claim-preempted"
+    assert subject == "claimbroker.v1.alerts.warning.claim-preempted.speech" and preempted["tenant"] == "speech"
     assert preempted["labels"] == {"tenant": "speech", "claim": "low"}
     assert preempted["details"]["by"] == "vision/urgent" and "by vision/urgent" in preempted["summary"]
-    assert by_key["claim-unsatisfiable:vision/huge"][0] == "claimbroker.v1.alerts.critical.claim-unsatisfiable"
+    assert by_key["claim-unsatisfiable:vision/huge"][0] == "claimbroker.v1.alerts.critical.claim-unsatisfiable.vision"
     assert len(h.alarms.messages) == 9  # nothing else, nothing twice
 
     async with h.factory() as s:  # the history: one row per episode, holding its last message
@@ -191,10 +191,10 @@ async def test_inventory_alerts(start: Start) -> None:
 
     assert len(h.alarms.messages) == 8
     subjects_seen = {s for s, _ in h.alarms.messages}
-    assert subjects_seen == {"claimbroker.v1.alerts.critical.device-unhealthy",
-                             "claimbroker.v1.alerts.warning.device-throttled",
-                             "claimbroker.v1.alerts.warning.inventory-stale",
-                             "claimbroker.v1.alerts.critical.node-lost"}
+    assert subjects_seen == {"claimbroker.v1.alerts.critical.device-unhealthy._fleet",  # about no tenant
+                             "claimbroker.v1.alerts.warning.device-throttled._fleet",
+                             "claimbroker.v1.alerts.warning.inventory-stale._fleet",
+                             "claimbroker.v1.alerts.critical.node-lost._fleet"}
     unhealthy = next(a for _, a in h.alarms.messages if a["kind"] == "device-unhealthy")
     assert unhealthy["labels"] == {"node": "n1", "device": "gpu0"} and unhealthy["details"]["eccUncorrected"] == 3
 
@@ -275,5 +275,5 @@ async def test_quota_and_flavor_hooks_publish(start: Start) -> None:
     await h.wait_seen(("quota-near-limit:vision/H100", 1, True))
     await h.notifier.evaluate_flavors({"A100": 3}, {"H100": 4}, {"A100": 1.0, "H100": 2.0})
     await h.wait_seen(("idle-larger-flavor:A100", 1, False))
-    assert {s for s, _ in h.alarms.messages} == {"claimbroker.v1.alerts.warning.quota-near-limit",
-                                                 "claimbroker.v1.alerts.info.idle-larger-flavor"}
+    assert {s for s, _ in h.alarms.messages} == {"claimbroker.v1.alerts.warning.quota-near-limit.vision",
+                                                 "claimbroker.v1.alerts.info.idle-larger-flavor._fleet"}
