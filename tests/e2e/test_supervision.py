@@ -49,3 +49,43 @@ async def test_a_service_that_keeps_ending_stops_the_broker(nats_server: Embedde
             while stack.tasks["allocator"] is task and not supervisor.done():
                 await asyncio.sleep(0.05)
         assert await asyncio.wait_for(supervisor, 10) is False
+
+
+async def test_a_killed_up_takes_its_nats_server_along(tmp_path: Path) -> None:
+    """`kill -9` of `up`: its embedded nats-server (in a session of its own, out of reach of the terminal's
+    Ctrl-C) gets its death signal from the kernel and is gone within seconds, store and port freed."""
+    import os
+    import signal
+    import sys
+
+    data = tmp_path / "data"
+    up = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "--data-dir", str(data), "up", "--api-port", "0",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        for _ in range(1200):  # `up` writes nats.url once its stack runs
+            if (data / "nats.url").exists() or up.returncode is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert (data / "nats.url").exists(), "up did not start"
+        server = int((data / "nats" / "nats-server.pid").read_text())
+        assert _alive(server) and os.getsid(server) != os.getsid(up.pid)
+    finally:
+        up.send_signal(signal.SIGKILL)
+        await up.wait()
+    for _ in range(200):
+        if not _alive(server):
+            break
+        await asyncio.sleep(0.05)
+    outlived = _alive(server)
+    if outlived:
+        os.kill(server, signal.SIGKILL)  # a failing run leaves no server behind either
+    assert not outlived, "the nats-server outlived its `up`"
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its parent to notice."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
