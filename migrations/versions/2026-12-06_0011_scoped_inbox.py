@@ -1,7 +1,7 @@
 """inbox ids per kind and tenant, pruned; releases of unknown claims in early_releases, not claim rows
 
 The inbox's key gains the message's kind and tenant (one tenant's Nats-Msg-Id no longer hides another's)
-and an index on processed_at for pruning. Rows already there keep kind '' (legacy): they count for every
+and an index on (consumer, processed_at) for pruning. Rows already there keep kind '' (legacy): they count for every
 kind and tenant, as JetStream's window did when they were written, until pruned. The Released rows that a
 release of an unknown claim left (sequence 0, no status) move to early_releases, which expires; outbox rows
 may carry a TTL for JetStream.
@@ -41,7 +41,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column('tenant', sa.String(length=253), server_default='', nullable=False))
         batch.drop_constraint('pk_inbox', type_='primary')
         batch.create_primary_key('pk_inbox', ['consumer', 'message_id', 'kind', 'tenant'])
-        batch.create_index('ix_inbox_processed_at', ['processed_at'], unique=False)
+        batch.create_index('ix_inbox_consumer_processed_at', ['consumer', 'processed_at'], unique=False)
     op.create_table(
         'early_releases',
         sa.Column('tenant', sa.String(length=253), nullable=False),
@@ -76,7 +76,7 @@ def downgrade() -> None:
         other.c.consumer == _inbox.c.consumer, other.c.message_id == _inbox.c.message_id,
         sa.or_(other.c.kind < _inbox.c.kind, sa.and_(other.c.kind == _inbox.c.kind, other.c.tenant < _inbox.c.tenant)))))
     with op.batch_alter_table('inbox') as batch:
-        batch.drop_index('ix_inbox_processed_at')
+        batch.drop_index('ix_inbox_consumer_processed_at')
         batch.drop_constraint('pk_inbox', type_='primary')
         batch.create_primary_key('pk_inbox', ['consumer', 'message_id'])
         batch.drop_column('tenant')

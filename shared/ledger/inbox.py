@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import NamedTuple
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.ledger.schema import InboxMessage
@@ -58,14 +58,18 @@ async def record(session: AsyncSession, consumer: str, keys: Iterable[Key], at: 
 
 
 async def prune(session: AsyncSession, consumer: str, before: datetime, limit: int) -> int:
-    """Forget up to about `limit` of the consumer's ids recorded before `before`, oldest first; returns how
-    many went. A small batch per call keeps each transaction short; the caller calls again while a
-    batch comes back full."""
-    oldest = (select(InboxMessage.message_id)
+    """Forget the consumer's ids recorded before `before`, about `limit` of them, oldest first; returns how
+    many went. A range of the processed_at index: where the limit-th oldest row falls, then every row up
+    to it (rows of one transaction share their time), so each call is one short transaction; the caller
+    calls again while a batch comes back full."""
+    oldest = (select(InboxMessage.processed_at)
               .where(InboxMessage.consumer == consumer, InboxMessage.processed_at < before)
-              .order_by(InboxMessage.processed_at).limit(limit))
+              .order_by(InboxMessage.processed_at).limit(limit).subquery())
+    cutoff = await session.scalar(select(func.max(oldest.c.processed_at)))
+    if cutoff is None:
+        return 0
     result = await session.execute(
-        delete(InboxMessage).where(InboxMessage.consumer == consumer, InboxMessage.processed_at < before,
-                                   InboxMessage.message_id.in_(oldest))
+        delete(InboxMessage).where(InboxMessage.consumer == consumer, InboxMessage.processed_at <= cutoff,
+                                   InboxMessage.processed_at < before)
         .execution_options(synchronize_session=False))
     return int(result.rowcount or 0)  # type: ignore[attr-defined]

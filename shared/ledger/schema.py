@@ -13,6 +13,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
@@ -133,11 +134,13 @@ class InboxMessage(Base):
     An id counts per kind of message and tenant (shared/ledger/inbox.py); rows go after a retention."""
 
     __tablename__ = "inbox"
+    # Pruning reads a consumer's oldest ids: by the primary key's consumer prefix, it would scan them all.
+    __table_args__ = (Index("ix_inbox_consumer_processed_at", "consumer", "processed_at"),)
     consumer: Mapped[str] = mapped_column(String(64), primary_key=True)
     message_id: Mapped[str] = mapped_column(String(255), primary_key=True)  # before kind: looked up by id
     kind: Mapped[str] = mapped_column(String(16), primary_key=True, server_default="")  # '': written before 0011
     tenant: Mapped[str] = mapped_column(String(253), primary_key=True, server_default="")
-    processed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), index=True)
+    processed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class EarlyRelease(Base):
