@@ -615,7 +615,7 @@ def _is_field_set(value: Any) -> bool:
 def _managed_fields_problems(entries: tuple[ManagedFieldsEntry, ...], problems: list[str]) -> None:
     """metav1 ValidateManagedFields, on the entries the API server keeps: on create its field manager keeps
     the list it was sent when every entry's fieldsV1 decodes (and `[{}]` asks it to reset the list)."""
-    if entries == (ManagedFieldsEntry(),):
+    if not entries or entries == _RESET_MANAGED_FIELDS:
         return
     if not all(e.fields_v1 is None or _is_field_set(e.fields_v1) for e in entries):
         return  # the field manager replaces what it cannot decode
@@ -634,6 +634,9 @@ def _managed_fields_problems(entries: tuple[ManagedFieldsEntry, ...], problems: 
             problems.append(f"{at}.subresource: must be at most {MAX_SUBRESOURCE} characters")
         if entry.time is not None and not is_rfc3339(entry.time):
             problems.append(f"{at}.time: {shown(entry.time)} {RFC3339_RULE}")
+
+
+_RESET_MANAGED_FIELDS = (ManagedFieldsEntry(),)
 
 
 def _set_resource_version(version: str | None) -> bool:
