@@ -1,10 +1,13 @@
 """resource.k8s.io/v1 objects as users and drivers write them: ResourceClaim, ResourceSlice, DeviceClass.
 
-Documents load verbatim from Kubernetes YAML/JSON (camelCase). Spec fields are strict (unknown
-fields are refused, as `kubectl --validate=strict` would), metadata and status are tolerant so that
-objects copied from a live cluster still load. A ResourceClaim is then checked as the API server's
-validation (k8s.io/kubernetes pkg/apis/resource/validation) checks it: names, enums, uniqueness, list
-sizes and references, each problem reported with its field path.
+Documents load verbatim from Kubernetes YAML/JSON (camelCase). A claim is strict everywhere, as the
+API server decodes it for `kubectl --validate=strict`: unknown fields, fields by their Go names and
+values of the wrong type are refused, in metadata and status too; a claim copied from a live cluster still
+loads, less the resourceVersion the server refuses on create. Slices and classes keep tolerant metadata
+(drivers and clusters write them). A ResourceClaim is then checked as the API server's validation checks
+it (k8s.io/kubernetes pkg/apis/resource/validation, apimachinery's ObjectMeta validation, the CEL
+compiler's static checks in shared.dra.cel_static): names, enums, uniqueness, list sizes and references,
+each problem reported with its field path.
 """
 
 from __future__ import annotations
