@@ -151,6 +151,8 @@ def test_every_client_of_the_bus_has_its_own_identity() -> None:
     assert sidecar["args"] == ["serve", "bus-auth"] and sidecar["restartPolicy"] == "Always"
     assert {e["name"] for e in sidecar["env"]} >= {"CLAIMBROKER_BUS_PASSWORDS", "CLAIMBROKER_BUS_AUTH_FILE",
                                                     "CLAIMBROKER_NATS_PID_FILE"}
+    # tenant accounts' status streams are made through the sidecar's own server, as the bus admin
+    assert {e["name"]: e.get("value") for e in sidecar["env"]}["CLAIMBROKER_NATS_URL"] == "nats://127.0.0.1:4222"
     for service in ("allocator", "notifier", "watcher"):
         workload = next(d for d in documents(k8s / f"{service}.yaml") if d["kind"] == "Deployment")
         env = {e["name"]: e for e in containers(workload)[0]["env"]}
