@@ -181,3 +181,65 @@ async def test_refusals_and_usage_errors_exit_as_the_contract_says(nats_server: 
             assert (code, said in err, "Traceback" in err) == (status, True, False), (arguments, code, err)
     code, out, _ = await run("--version")
     assert code == 0 and out.startswith("claimbroker ")
+
+
+async def test_status_reads_more_claims_than_one_direct_get_batch_answers(nats_server: EmbeddedNats) -> None:
+    """A direct get batch answers 1,024 subjects at most: past that the stream is read in pages, and each
+    claim still shows its newest status."""
+    from services.cli import read_statuses
+    from services.natsio import connect, encode, ensure_streams, publish_pipelined
+    from shared.contract import subjects
+
+    nc = await connect(nats_server.url, name="test")
+    try:
+        await ensure_streams(nc.jetstream())
+        claims = [f"c{n}" for n in range(1100)]
+        await publish_pipelined(nc.jetstream(), [
+            (subjects.status("big", name), {"namespace": "big", "name": name, "state": "Pending", "sequence": 1},
+             f"{name}-1") for name in claims])
+        await publish_pipelined(nc.jetstream(), [
+            (subjects.status("big", name), {"namespace": "big", "name": name, "state": "Allocated", "sequence": 2},
+             f"{name}-2") for name in claims[::2]])
+        await nc.jetstream().publish(subjects.status("other", "x"), encode({"namespace": "other", "name": "x",
+                                                                            "state": "Pending", "sequence": 1}))
+    finally:
+        await nc.close()
+    statuses = await read_statuses(nats_server.url, "big")
+    assert len(statuses) == len(claims) and {s["namespace"] for s in statuses} == {"big"}
+    assert {s["name"]: s["state"] for s in statuses} == {
+        name: "Allocated" if number % 2 == 0 else "Pending" for number, name in enumerate(claims)}
+
+
+async def test_status_watch_prints_again_as_a_status_arrives(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """`status --watch` reads the statuses, then follows them on a subscription: a new claim's status is
+    printed without a poll."""
+    from services.natsio import connect, encode, ensure_streams
+    from shared.contract import subjects
+
+    nc = await connect(nats_server.url, name="test")
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        await js.publish(subjects.status("vision", "first"), encode(
+            {"namespace": "vision", "name": "first", "state": "Allocated", "sequence": 1}))
+        watch = await asyncio.create_subprocess_exec(*CLI, "--nats", nats_server.url, "status", "--watch",
+                                                     "--tenant", "vision", "-o", "json",
+                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            assert watch.stdout is not None
+
+            async def printed() -> list[str]:
+                text = ""
+                while not text.rstrip().endswith("]"):  # one JSON list per print
+                    text += (await asyncio.wait_for(watch.stdout.readline(), 30)).decode()
+                return [s["name"] for s in json.loads(text)]
+
+            assert await printed() == ["first"]
+            await js.publish(subjects.status("vision", "second"), encode(
+                {"namespace": "vision", "name": "second", "state": "Pending", "sequence": 1}))
+            assert await printed() == ["first", "second"]
+        finally:
+            watch.kill()
+            await watch.wait()
+    finally:
+        await nc.close()
