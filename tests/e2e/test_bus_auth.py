@@ -507,7 +507,8 @@ async def test_beside_an_external_server_the_file_follows_the_ledger(tmp_path: P
         await setup.close()
         pid_file = tmp_path / "nats.pid"
         pid_file.write_text(str(server.process.pid))
-        authority = BusAuthority(engine, own, FileTarget(tmp_path / "nats" / "auth.conf", pid_file),
+        target = FileTarget(tmp_path / "nats" / "auth.conf", pid_file, settle=0.3)  # one server, reloading at once
+        authority = BusAuthority(engine, own, target,
                                  poll_interval=0.05, limits=limits, provisioner=Provisioner(admin_url, limits))
         following = asyncio.create_task(authority.run())  # provisions once the server reloaded
         async with sessions(engine)() as session, session.begin():

@@ -91,8 +91,9 @@ USERS = [bus_auth.BusUser("tenant.vision.k", "$2b$10$hash", "tenant", "vision"),
 LIMITS = bus_auth.TenantLimits(connections=3, subscriptions=40, consumers=5, status_bytes=1 << 20, replicas=3)
 
 
-def accounts(users: list[bus_auth.BusUser], tenants: list[str]) -> dict:  # type: ignore[type-arg]
-    text = bus_auth.render_accounts(users, tenants, LIMITS)
+def accounts(users: list[bus_auth.BusUser], tenants: list[str],  # type: ignore[type-arg]
+             bare: frozenset[str] | set[str] = frozenset()) -> dict:
+    text = bus_auth.render_accounts(users, tenants, LIMITS, bare=bare)
     assert text.startswith("accounts ")
     return json.loads(text.removeprefix("accounts "))  # type: ignore[no-any-return]
 
@@ -132,6 +133,18 @@ def test_what_crosses_between_the_broker_and_a_tenant() -> None:
         {"account": "CLAIMBROKER", "subject": s} for s in (
             "claimbroker.v1.claims.submit.vision", "claimbroker.v1.claims.release.vision",
             "claimbroker.v1.claims.status.vision.>", "claimbroker.v1.alerts.*.*.vision")]
+
+
+def test_a_new_tenant_account_comes_bare_first_and_a_rendered_block_says_which_tenants_it_serves() -> None:
+    """Imports that arrive in the same reload as their account do nothing (nats-server 2.15): a new
+    tenant's account is applied alone first, without users or anything crossing, then whole."""
+    staged, whole = accounts(USERS, ["research"], bare={"vision"}), accounts(USERS, ["research"])
+    assert staged["tenant-vision"] == {k: whole["tenant-vision"][k] for k in ("jetstream", "limits")} | {"users": []}
+    assert not [e for e in staged["CLAIMBROKER"]["exports"] if e["accounts"] == ["tenant-vision"]]
+    assert staged["tenant-research"] == whole["tenant-research"]  # an account the server has: whole
+    text = bus_auth.render_accounts(USERS, ["research"], LIMITS)
+    assert bus_auth.served_tenants(text) == {"vision", "research"}
+    assert bus_auth.served_tenants("") == set()
 
 
 def test_a_tenant_stream_keeps_the_last_status_of_each_claim_within_its_bytes() -> None:
