@@ -12,6 +12,7 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +313,7 @@ class StatusFeed:
             raise Unreachable("the connection to NATS was lost")
 
 
-async def watch_statuses(url: str, tenant: str, name: str) -> Any:
+async def watch_statuses(url: str, tenant: str, name: str) -> AsyncIterator[list[dict[str, Any]]]:
     """Every matching claim's newest status now, then again at each change (an async generator of lists)."""
     tenant = _reader_tenant(url, tenant)
     nc = await _connect(url)
