@@ -86,6 +86,8 @@ def release(
     = None,
 ) -> None:
     """Release an allocated or pending claim."""
+    import secrets
+
     from shared.contract import bus_auth
 
     url = _nats_url(_settings())
@@ -101,7 +103,7 @@ def release(
         nc = await _connect(url)
         try:
             await _publish(nc.jetstream(), url, subjects.release(tenant), {"name": name},
-                           f"release:{tenant}:{name}:{time.time_ns()}")
+                           f"release:{tenant}:{name}:{time.time_ns()}:{secrets.token_hex(8)}")  # unguessable
         finally:
             await nc.close()
 
