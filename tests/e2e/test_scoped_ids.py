@@ -23,6 +23,8 @@ from shared.contract import subjects
 from shared.ledger.schema import Claim, EarlyRelease, InboxMessage
 from tests.e2e.helpers import FakeClock, statuses
 from tests.e2e.test_allocator_semantics import broker, claim
+from tests.e2e.test_bus_auth import _api, _stack, credential, statuses_of
+from tests.e2e.test_cli import run
 
 pytestmark = pytest.mark.e2e
 
@@ -177,3 +179,36 @@ async def test_a_release_before_its_late_submission_still_ends_released(
         assert json.dumps(seen.latest()[("team", "late")]["reason"]).count("before the broker read") == 1
         assert await b.count(Claim, Claim.state == "Released") == 1 and await b.count(EarlyRelease) == 0
         await nc.close()
+
+
+async def test_a_tenant_reads_the_answer_in_its_own_account_until_it_expires(tmp_path: Path) -> None:
+    """With credentials (a NATS account per tenant): the answer reaches the tenant's own status stream,
+    `claimbroker release` of that name exits 1 with one line, and the answer expires there too."""
+    async for stack in _stack(tmp_path, ("watcher", "allocator")):
+        async for api in _api(stack):
+            await _answered_in_its_own_account(stack, api)
+
+
+async def _answered_in_its_own_account(stack: Any, api: Any) -> None:
+    _, url = await credential(api, stack, tenant="vision")
+    assert stack.allocator is not None and stack.authority is not None
+    await until(lambda: "vision" in stack.authority.provisioned, what="the tenant's status stream")
+    stack.allocator.release_answer_ttl = 1.0
+    nc = await connect(url, name="vision")
+    try:
+        await publish_json(nc.jetstream(), subjects.release("vision"), {"name": "never"}, msg_id="r-never")
+    finally:
+        await nc.close()
+
+    async def answered() -> bool:
+        return await statuses_of(url) == [("vision", "never", "Released")]
+
+    await until(answered, what="the answer in the tenant's own stream")
+    code, out, err = await run("--nats", url, "release", "never")
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert "vision/never is neither waiting nor allocated" in err
+
+    async def expired() -> bool:
+        return await statuses_of(url) == []
+
+    await until(expired, what="the answer gone from the tenant's own stream")
