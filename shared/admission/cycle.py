@@ -38,7 +38,7 @@ from shared.admission.model import MAX_PREEMPTION_ATTEMPTS, ClaimDecision, Claim
 from shared.admission.passes import admission_pass, preemptors
 from shared.admission.preemption import try_preempt
 from shared.admission.state import state_for
-from shared.dra.results import DeviceKey
+from shared.dra.results import Decision, DeviceKey, State
 
 
 def run_cycle(snapshot: Snapshot, kept: KeptState | None = None) -> CycleResult:
@@ -76,6 +76,9 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
     for key in sorted(cycle.invalid):  # claims Rejected as written, or that their tenant may not send
         waiting = cycle.waiting[key]
         decided.append((waiting, cycle._decide(waiting, None, explain=False), []))
+    for waiting in cycle.unprepared.values():  # their selectors cost more than their tenant had left
+        if not waiting.answered:
+            decided.append((waiting, Decision(State.PENDING, reason=cycle.state.cut_reason(None), cut=True), []))
     for waiting in itertools.islice(preemptors(cycle, order), MAX_PREEMPTION_ATTEMPTS):
         preempted = try_preempt(cycle, waiting)
         if preempted is not None:
@@ -88,8 +91,9 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     for waiting, decision, blocks in final.values():
         decision, detail = cycle.settle(waiting, decision, blocks, alike)
+        cycle.answered_with(waiting, decision)
         if decision.allocation is not None:
             for d in cycle._devices(decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))
         results.append(ClaimDecision(waiting.tenant, waiting.name, decision, detail))
-    return CycleResult(tuple(results), tuple(cycle.preemptions), flavors)
+    return CycleResult(tuple(results), tuple(cycle.preemptions), flavors, cycle.deferred)

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from shared.dra.fleet_index import DeviceIndex
 
 
+MAX_CAPACITY_ENTRIES = 32  # requests and alternatives explained one by one (a claim may have 256)
+
+
 def _capacity(cycle: AdmissionState, waiting: Waiting) -> list[dict[str, Any]]:
     """Per request: what matches, what is free and why the rest is not; the same for every claim of one
     spec while the fleet's state stays the same, so worked out once per spec and state."""
@@ -29,9 +32,11 @@ def _capacity(cycle: AdmissionState, waiting: Waiting) -> list[dict[str, Any]]:
     kept = cycle.spec_capacity.get(id(plan))
     if kept is not None and kept[0] is plan and kept[1] == state.version:
         return kept[2]
-    out = []
+    out: list[dict[str, Any]] = []
     for _, alternatives in plan.requests:
         for alternative in alternatives:
+            if len(out) == MAX_CAPACITY_ENTRIES:
+                break
             try:
                 index = state.index(alternative)
             except Rejected:
@@ -47,9 +52,9 @@ def _capacity(cycle: AdmissionState, waiting: Waiting) -> list[dict[str, Any]]:
 def _index_figures(cycle: AdmissionState, index: DeviceIndex) -> dict[str, Any]:
     """What an index holds and why the rest is not free: the same for every claim it serves, so worked
     out once per index while its free devices stay the same."""
-    kept = cycle.index_figures.get(id(index))
-    if kept is not None and kept[0] is index and kept[1] == index.version:
-        return kept[2]
+    kept = index.cached.get("figures")
+    if kept is not None and kept[0] == index.version:
+        return kept[1]
     held = {why: n for why, n in index.blocked.items() if n}
     if index.tainted:
         held["tainted"] = index.tainted
@@ -57,7 +62,7 @@ def _index_figures(cycle: AdmissionState, index: DeviceIndex) -> dict[str, Any]:
         held["unhealthy"] = index.unhealthy
     figures = {"matching": index.matching, "free": index.free_total, "mostFreeOnOneNode": index.most_free(),
                "mostOnOneNode": index.largest_group, "nodes": index.nodes_with_matches, "unavailable": held}
-    cycle.index_figures[id(index)] = (index, index.version, figures)
+    index.cached["figures"] = (index.version, figures)
     return figures
 
 
@@ -103,6 +108,14 @@ class Alike:
     given: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
     parts: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
     tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def cut_explanation(waiting: Waiting, decision: Decision) -> dict[str, Any]:
+    """A claim whose placement ran out of budget: what it is known to be, without working out more."""
+    return {"state": decision.state.value, "reason": decision.reason, "unsatisfiable": False,
+            "tenant": {"name": waiting.tenant}, "priority": waiting.priority, "budgetExceeded": True,
+            "toAdmit": ["ask for fewer requests or firstAvailable alternatives, or fewer distinct selectors: the "
+                        "claim's placement search costs more than a cycle allows, so it goes on in slices"]}
 
 
 def explain_pending(cycle: AdmissionState, waiting: Waiting, decision: Decision, blocks: list[Block],

@@ -18,7 +18,7 @@ class Group:
     stops at the first that does not fit: what stays free and what quota is left only shrink while a
     cycle admits, so the rest would not fit either."""
 
-    __slots__ = ("tenant", "plan", "facts", "entries", "fresh")
+    __slots__ = ("tenant", "plan", "facts", "entries", "fresh", "cut")
 
     def __init__(self, tenant: str, plan: Plan, facts: PlanFacts) -> None:
         self.tenant = tenant
@@ -26,6 +26,7 @@ class Group:
         self.facts = facts  # what quota arithmetic needs of the spec
         self.entries: list[tuple[int, int, str]] = []  # (-priority, arrival, name), sorted
         self.fresh: set[str] = set()  # names with no answer yet: they get the group's answer this cycle
+        self.cut: set[str] = set()  # names answered that their search was cut short: a verdict replaces it
 
 
 Head = tuple[tuple[int, int, str], tuple[str, int]]  # a group's head entry, and the group

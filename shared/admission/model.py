@@ -11,6 +11,7 @@ from typing import Any
 
 from shared.admission.quota import QuotaConfig
 from shared.dra import model as dra
+from shared.dra.budget import TENANT_BUDGET
 from shared.dra.inventory import Fleet
 from shared.dra.results import Allocation, Decision, DeviceKey, State
 
@@ -88,6 +89,8 @@ class Snapshot:
     # no `now` (simulate) every claim has run long enough.
     now: float | None = None
     recent_preemptions: Mapping[str, int] = field(default_factory=dict)
+    # What one tenant's claims may spend on placement per cycle, in the units of shared/dra/budget.py.
+    tenant_budget: int = TENANT_BUDGET
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class CycleResult:
     decisions: tuple[ClaimDecision, ...]  # one per waiting claim, in the order they were decided
     preemptions: tuple[Preemption, ...]
     flavors: Mapping[DeviceKey, tuple[str | None, float]]  # devices allocated in this cycle: flavor and units
+    deferred: int = 0  # claims whose placement work ran out of budget: another cycle goes on with it
 
 
 @dataclass(frozen=True)

@@ -86,12 +86,14 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
     def refuse(tenant: str, gid: tuple[str, int], head: Waiting, decision: Decision, blocks: list[Block]) -> None:
         """The group's answer, for the claims behind the head that have none yet (or all, if Rejected)."""
         group = groups[gid]
-        if not head.answered or decision.state is not State.PENDING:
+        verdict = not decision.cut  # replaces an answer that said the search was cut short
+        if not head.answered or decision.state is not State.PENDING or (verdict and head.name in group.cut):
             decided.append((head, decision, blocks))  # an answered claim still Pending keeps its answer
         if decision.state is State.REJECTED:
             rest = group.entries[position.get(gid, 0) + 1:]
-        elif group.fresh:
-            rest = sorted(queue_entry(cycle.waiting[(tenant, n)]) for n in group.fresh
+        elif group.fresh or (verdict and group.cut):
+            names = group.fresh | group.cut if verdict else group.fresh
+            rest = sorted(queue_entry(cycle.waiting[(tenant, n)]) for n in names
                           if n != head.name and (tenant, n) not in admitted)
         else:
             return

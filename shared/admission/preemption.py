@@ -18,6 +18,7 @@ from shared.admission.model import (
     Running,
     Waiting,
 )
+from shared.dra.budget import BudgetExceeded
 from shared.dra.results import Allocation, Decision, DeviceKey, Rejected, State
 
 if TYPE_CHECKING:  # the state module imports nothing from here
@@ -239,6 +240,20 @@ def prefilter(state: AdmissionState) -> tuple[Callable[[Waiting], bool], Callabl
 
 @per_claim
 def try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
+    """The smallest set of victims that lets the claim in, if any; the search is paid for by the claim's
+    tenant (AdmissionState.paying): a claim whose placements are expensive finds no victims once its
+    tenant's budget for the cycle is spent."""
+    if state.put_off(waiting) is not None:
+        return None
+    with state.paying(waiting):
+        try:
+            return _try_preempt(state, waiting)
+        except BudgetExceeded:
+            state.deferred += 1
+            return None
+
+
+def _try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
     try:  # victims only on nodes with devices the claim's first request accepts
         lead = state.state.plan(waiting.claim).variants[0][0]
         index = state.state.index(lead)
@@ -282,12 +297,12 @@ def try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
 
 
 def _accepted_on(state: AdmissionState, index: Any, node: str) -> frozenset[DeviceKey]:
-    """The keys of the node's devices an index accepts: fixed for the fleet, so kept."""
-    key = (id(index), node)
-    found = state._accepted.get(key)
-    if found is None or found[0] is not index:
-        found = state._accepted[key] = (index, frozenset(d.key for d in index.devices_on(node)))
-    return found[1]
+    """The keys of the node's devices an index accepts: fixed for the fleet, so kept with the index."""
+    key = ("accepted", node)
+    found: frozenset[DeviceKey] | None = index.cached.get(key)
+    if found is None:
+        found = index.cached[key] = frozenset(d.key for d in index.devices_on(node))
+    return found
 
 
 def _units(state: AdmissionState, r: Running) -> float:

@@ -5,15 +5,16 @@ admission and answers (the preemption search over it is shared/admission/preempt
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from shared.admission.claim_guard import per_claim
-from shared.admission.explain import explain_pending
+from shared.admission.explain import cut_explanation, explain_pending
 from shared.admission.flavors import flavor_deltas, flavors_and_capacity
 from shared.admission.groups import Group
 from shared.admission.holdings import Holding, PlanFacts, Victim, VictimTenants
@@ -33,6 +34,7 @@ from shared.admission.model import (
 )
 from shared.admission.quota_book import QuotaBook
 from shared.dra.allocation import FleetState
+from shared.dra.budget import CLAIM_BUDGET, FLOOR_BUDGET, BudgetExceeded, Meter
 from shared.dra.inventory import FleetDevice
 from shared.dra.plan import Plan
 from shared.dra.results import Allocation, Decision, DeviceFilter, DeviceKey, Rejected, State
@@ -59,7 +61,6 @@ class AdmissionState:
         self._priorities: dict[str, Counter[int]] = defaultdict(Counter)
         self._last_order = 0  # the most recent allocated_order seen: this cycle's admissions come after it
         self._holdings: dict[ClaimKey, Holding] = {}  # per running claim (dropped with it)
-        self._accepted: dict[tuple[int, str], tuple[Any, frozenset[DeviceKey]]] = {}
         # per tenant: its room per flavor, kept while its cohort's usage and the free capacity other
         # cohorts spilled into stay the same (all a tenant's room depends on)
         self._rooms: dict[str, tuple[int, int, dict[str, int]]] = {}
@@ -77,7 +78,6 @@ class AdmissionState:
         self.invalid: set[ClaimKey] = set()  # claims Rejected as written
         self._plan_facts: dict[int, PlanFacts] = {}
         # explain: what an index holds, and a spec's capacity per request, kept per fleet version
-        self.index_figures: dict[int, tuple[Any, int, dict[str, Any]]] = {}
         self.spec_capacity: dict[int, tuple[Plan, int, list[dict[str, Any]]]] = {}
         self.state = fleet_state(snapshot, kept, ())  # begin() takes what runs
         self._flavor_filters: dict[str | None, DeviceFilter] = {}
@@ -99,6 +99,16 @@ class AdmissionState:
         self.order = itertools.count(1)
         self.plans_cleared = memo.plans_cleared
         self.memo = memo
+        # What deciding claims may cost (shared/dra/budget.py): per tenant and cycle, an allowance its claims
+        # share, then a small floor pool for claims that need only what is cached; claims whose last attempt
+        # ran out (by plan id) draw on the allowance only, so they wait their turn and cost nobody else.
+        self.allowance: dict[str, int] = {}
+        self.floor: dict[str, int] = {}
+        self.expensive: set[int] = set()
+        self.unprepared: dict[ClaimKey, Waiting] = {}  # claims whose plan or indexes are not built yet
+        self.cut_answered: set[ClaimKey] = set()  # claims whose answer says their search was cut short
+        self.deferred = 0  # attempts cut short or put off in this cycle: work that goes on in the next
+        self._paying: tuple[ClaimKey, Meter] | None = None
 
     def fits(self, snapshot: Snapshot, kept: KeptState) -> bool:
         """Whether this state may be brought up to date for `snapshot` (else a new one is built)."""
@@ -110,6 +120,9 @@ class AdmissionState:
     def begin(self, snapshot: Snapshot) -> None:
         """Bring usage, placement state and the queue up to date with the snapshot."""
         self.snapshot = snapshot
+        budget = snapshot.tenant_budget  # a debt (indivisible work done past the allowance) is repaid first
+        self.allowance = {t: budget + left for t, left in self.allowance.items() if left < 0}
+        self.floor, self.deferred = {}, 0
         # Claims are compared by identity in bulk (set operations run in C, on identity hashes): only the
         # claims that came, went or were rebuilt cost a Python step.
         running = set(snapshot.running)
@@ -147,6 +160,13 @@ class AdmissionState:
             self._enqueue(came_back)
         for gone in left.values():
             self._unqueue(gone)
+        # oldest first, each going on where it stopped and keeping its place until it is done: what one has
+        # compiled stays cached while it finishes, where taking turns would let them evict each other's work
+        for unprepared in list(self.unprepared.values()):
+            if self.allowance_left(unprepared.tenant) > 0:
+                self._enqueue(unprepared)
+            else:
+                self.deferred += 1
         if self.memo.plans_cleared != self.plans_cleared:  # ids of dropped plans may come back
             self.plans_cleared = self.memo.plans_cleared
             for cache in (self.failed_at, self.blocked_at, self._plan_facts):
@@ -168,6 +188,50 @@ class AdmissionState:
                 and queued.isdisjoint(came) and len(queued) - len(went) + len(came) == depth):
             return came, went
         return None
+
+    def allowance_left(self, tenant: str) -> int:
+        return self.allowance.get(tenant, self.snapshot.tenant_budget)
+
+    @contextlib.contextmanager
+    def paying(self, waiting: Waiting) -> Iterator[Meter]:
+        """Charge the placement work done inside for `waiting` to its tenant: a meter of what is left of the
+        tenant's allowance for this cycle (at most CLAIM_BUDGET), else of its floor pool when the claim is not
+        known to be expensive. Nested calls for the same claim share the outer meter."""
+        if self._paying is not None and self._paying[0] == waiting.key:
+            yield self._paying[1]
+            return
+        tenant = waiting.tenant
+        left = self.allowance_left(tenant)
+        from_floor = left <= 0
+        if from_floor:
+            floor = self.floor.get(tenant, self.snapshot.tenant_budget // 2)
+            known = waiting.key in self.unprepared or self._known_expensive(waiting)
+            limit = 0 if known else min(FLOOR_BUDGET, floor)
+        else:
+            limit = min(CLAIM_BUDGET, left)
+        meter, outer = Meter(limit), self._paying
+        self._paying = (waiting.key, meter)
+        try:
+            with self.state.metered(meter):
+                yield meter
+        finally:
+            self._paying = outer
+            if from_floor:
+                self.floor[tenant] = self.floor.get(tenant, self.snapshot.tenant_budget // 2) - meter.spent
+            else:  # past zero it is a debt (work that could not be split): the next cycles repay it
+                self.allowance[tenant] = left - meter.spent
+
+    def _known_expensive(self, waiting: Waiting) -> bool:
+        plan = self.memo.plan_of.get(id(waiting.claim))
+        return plan is not None and plan[0] is waiting.claim and id(plan[1]) in self.expensive
+
+    def put_off(self, waiting: Waiting) -> Decision | None:
+        """A claim known to be expensive whose tenant has spent its allowance for this cycle is not tried:
+        its answer says why, and it goes on in a later cycle."""
+        if self.allowance_left(waiting.tenant) > 0 or not self._known_expensive(waiting):
+            return None
+        self.deferred += 1
+        return Decision(State.PENDING, reason=self.state.cut_reason(self.state.plan(waiting.claim)), cut=True)
 
     def _hold(self, running: Running) -> None:
         """A claim runs: its devices are taken, its usage counted, and it is found by node and tenant."""
@@ -215,12 +279,19 @@ class AdmissionState:
     def _enqueue(self, waiting: Waiting) -> None:
         self.waiting[waiting.key] = waiting
         try:
-            plan = self.state.plan(waiting.claim)
-            self.state.capacity_version(plan)  # its selectors on every device now: a runtime error rejects it
+            with self.paying(waiting):
+                plan = self.state.plan(waiting.claim)
+                self.state.capacity_version(plan)  # its selectors on every device now: a runtime error rejects it
+                self.plan_facts(plan)
         except Rejected:
             self.group_of[waiting.key] = None
             self.invalid.add(waiting.key)
             return
+        except BudgetExceeded:  # its selectors cost more than its tenant has left: it goes on in the next cycle
+            self.unprepared.setdefault(waiting.key, waiting)
+            self.deferred += 1
+            return
+        self.unprepared.pop(waiting.key, None)
         if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
             self.group_of[waiting.key] = None  # Rejected as its tenant may not send it (see _decide)
             self.invalid.add(waiting.key)
@@ -238,6 +309,8 @@ class AdmissionState:
         head = group.entries[0] if group.entries else None
         bisect.insort(group.entries, queue_entry(waiting))
         self._move_head(gid, head, group.entries[0])
+        if waiting.key in self.cut_answered:
+            group.cut.add(waiting.name)
         if not waiting.answered:
             group.fresh.add(waiting.name)
             self.fresh_groups.add(gid)
@@ -247,6 +320,8 @@ class AdmissionState:
         """A waiting claim rebuilt with the same spec, priority and arrival (it was answered, or what
         displaced it changed): its group and place stay; only whether it awaits an answer may change."""
         self.waiting[now.key] = now
+        if now.key in self.unprepared:
+            self.unprepared[now.key] = now
         gid = self.group_of.get(now.key)
         group = self.groups.get(gid) if gid is not None else None
         if group is not None:
@@ -260,6 +335,8 @@ class AdmissionState:
         if self.waiting.get(waiting.key) is waiting:
             del self.waiting[waiting.key]
         self.invalid.discard(waiting.key)
+        self.unprepared.pop(waiting.key, None)
+        self.cut_answered.discard(waiting.key)
         gid = self.group_of.pop(waiting.key, None)
         group = self.groups.get(gid) if gid is not None else None
         if gid is None or group is None:
@@ -270,6 +347,7 @@ class AdmissionState:
         if at < len(entries) and entries[at] == queue_entry(waiting):
             del entries[at]
         group.fresh.discard(waiting.name)
+        group.cut.discard(waiting.name)
         self._move_head(gid, head, entries[0] if entries else None)
         if not entries:
             del self.groups[gid]
@@ -277,6 +355,19 @@ class AdmissionState:
             self.specs[gid[1]] -= 1
             if not self.specs[gid[1]]:
                 del self.specs[gid[1]]
+                self._forget(group.plan)
+
+    def _forget(self, plan: Plan) -> None:
+        """No waiting claim has this spec any more: what was kept for it goes (its memory with it)."""
+        self.state.forget(plan)
+        self.expensive.discard(id(plan))
+        self._plan_facts.pop(id(plan), None)
+        self.spec_capacity.pop(id(plan), None)
+        self.placed_after.pop(id(plan), None)
+        for failed in [k for k in self.failed_at if k[0] == id(plan)]:
+            del self.failed_at[failed]
+        for blocked in [k for k in self.blocked_at if k[1] == id(plan)]:
+            del self.blocked_at[blocked]
 
     def _move_head(self, gid: tuple[str, int], old: tuple[int, int, str] | None,
                    new: tuple[int, int, str] | None) -> None:
@@ -344,9 +435,20 @@ class AdmissionState:
         enforced = self.snapshot.quotas.enforced
         if enforced and not room_known and self.quota_short(waiting.tenant, self._facts(waiting)) is not None:
             return UNANSWERED, []  # no placement needed
+        put_off = self.put_off(waiting)
+        if put_off is not None:
+            return put_off, []
+        with self.paying(waiting):
+            try:
+                return self._admit(waiting, enforced)
+            except BudgetExceeded:
+                self.deferred += 1
+                return Decision(State.PENDING, reason=self.state.cut_reason(None), cut=True), []
+
+    def _admit(self, waiting: Waiting, enforced: bool) -> tuple[Decision, list[Block]]:
         first = self._decide(waiting, None, explain=False)
         if not enforced or first.allocation is None:
-            return first, []  # an open fleet, or capacity (not quota) is what keeps it out
+            return first, []  # an open fleet, capacity (not quota) keeps it out, or its budget ran out
         tenant = waiting.tenant
         plan = self.state.plan(waiting.claim)
         key = (tenant, id(plan))
@@ -355,7 +457,7 @@ class AdmissionState:
         if cached is not None and cached[0] == stamp:
             return cached[1]  # the same tenant asked for the same and nothing it depends on changed
         result = self._admit_within_quota(waiting, first)
-        if result[0].allocation is None:
+        if result[0].allocation is None and not result[0].cut:
             self.blocked_at[key] = (stamp, result)
         return result
 
@@ -374,7 +476,7 @@ class AdmissionState:
             return found, []
         if unflavored:  # devices no flavor counts take no quota: before any borrowing
             decision = self._decide(waiting, self._only(None), explain=False)
-            if decision.allocation is not None:
+            if decision.allocation is not None or decision.cut:
                 return decision, []
         if not blocks:
             return first, []  # it borrows, within every limit, and nothing within nominal fits: best fit
@@ -392,6 +494,8 @@ class AdmissionState:
                 continue  # tried, or its quota cannot hold a placement of the claim
             tried.add(flavor)
             decision = self._decide(waiting, self._only(flavor), explain=False)
+            if decision.cut:
+                return decision  # its budget ran out: the search goes on in the next cycle
             if decision.allocation is None:
                 continue
             if not self.book.check(waiting.tenant, flavor_deltas(self._devices(decision.allocation), self.flavors)):
@@ -447,6 +551,7 @@ class AdmissionState:
     def _decide(self, waiting: Waiting, only: DeviceFilter | None, explain: bool) -> Decision:
         """A placement, or a Pending answer cached per plan, filter and fleet version (with its reason
         when `explain`: reasons are worked out only for the answers that are given)."""
+        plan: Plan | None = None
         try:
             plan = self.state.plan(waiting.claim)
             if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
@@ -459,17 +564,31 @@ class AdmissionState:
             version = self.state.capacity_version(plan, only)  # a selector failing on a new device rejects it
         except Rejected as rejected:
             return Decision(State.REJECTED, reason=str(rejected))
+        except BudgetExceeded:  # building the indexes of a filter it has not been placed under yet
+            self.deferred += 1
+            if plan is not None:
+                self.expensive.add(id(plan))
+            return Decision(State.PENDING, reason=self.state.cut_reason(plan), cut=True)
         failed = self.failed_at.get(plan_key)
         if failed is not None and failed[0] == version:
             if shrinking is not None:
                 self._failed_in_pass(plan_key, failed[1])
             return failed[1]
-        decision = self.state.decide(waiting.claim, only, explain=explain)
+        decision = self.state.decide(waiting.claim, only, explain=explain, meter=self._meter())
+        if decision.cut:  # not a verdict: nothing is cached, the search goes on at the next attempt
+            self.expensive.add(id(plan))
+            self.deferred += 1
+            return decision
+        self.expensive.discard(id(plan))
         if decision.state is State.PENDING:
             self.failed_at[plan_key] = (version, decision)
             if shrinking is not None:
                 self._failed_in_pass(plan_key, decision)
         return decision
+
+    def _meter(self) -> Meter | None:
+        """The meter of the claim being paid for (`paying`), if any: else a decision gets its own."""
+        return self._paying[1] if self._paying is not None else None
 
     def _failed_in_pass(self, plan_key: tuple[int, Any, bool], decision: Decision) -> None:
         assert self.shrinking is not None
@@ -502,8 +621,29 @@ class AdmissionState:
     @per_claim
     def settle(self, waiting: Waiting, decision: Decision, blocks: list[Block], alike: Any
                ) -> tuple[Decision, Mapping[str, Any] | None]:
-        """The answer a decided claim is given and, when it waits, why (`shared.admission.explain`)."""
+        """The answer a decided claim is given and, when it waits, why (`shared.admission.explain`); the
+        work of explaining is its tenant's too, and a claim cut short by its budget is not explained further."""
+        if decision.cut:
+            return decision, cut_explanation(waiting, decision)
+        with self.paying(waiting):
+            try:
+                return self._settle(waiting, decision, blocks, alike)
+            except BudgetExceeded:
+                self.deferred += 1
+                cut = Decision(State.PENDING, reason=self.state.cut_reason(self._plan_or_none(waiting)), cut=True)
+                return cut, cut_explanation(waiting, cut)
+
+    def _plan_or_none(self, waiting: Waiting) -> Plan | None:
+        try:
+            return self.state.plan(waiting.claim)
+        except (Rejected, BudgetExceeded):
+            return None
+
+    def _settle(self, waiting: Waiting, decision: Decision, blocks: list[Block], alike: Any
+                ) -> tuple[Decision, Mapping[str, Any] | None]:
         decision, blocks = self.answer(waiting, decision, blocks)
+        if decision.cut:
+            return decision, cut_explanation(waiting, decision)
         if decision.state is State.PENDING:
             if (free := self.preemptible_from.get(waiting.key)) is not None:
                 at, tenant, rule = free
@@ -512,6 +652,19 @@ class AdmissionState:
                                                     f"possible from {when} UTC, when their minRuntime ends")
             return decision, explain_pending(self, waiting, decision, blocks, alike)
         return decision, None
+
+    def answered_with(self, waiting: Waiting, decision: Decision) -> None:
+        """Note whether the answer given says the claim's search was cut short (a verdict replaces it)."""
+        gid = self.group_of.get(waiting.key)
+        group = self.groups.get(gid) if gid is not None else None
+        if decision.cut:
+            self.cut_answered.add(waiting.key)
+            if group is not None:
+                group.cut.add(waiting.name)
+        elif waiting.key in self.cut_answered:
+            self.cut_answered.discard(waiting.key)
+            if group is not None:
+                group.cut.discard(waiting.name)
 
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
         self._hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,

@@ -18,10 +18,13 @@ budget; running out of budget is a reason, not a hang. No I/O happens here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.dra import model as dra
+from shared.dra.budget import CLAIM_BUDGET, ONE_SHOT_BUDGET, STEP, BudgetExceeded, Meter, Unmetered
 from shared.dra.cel import SelectorError
 from shared.dra.fleet_index import IN_USE, DeviceIndex, Group
 from shared.dra.inventory import UNHEALTHY, CounterKey, Fleet, FleetDevice
@@ -40,14 +43,8 @@ from shared.dra.results import (
     Rejected,
     State,
 )
-from shared.dra.search import (
-    DEFAULT_SEARCH_BUDGET,
-    BudgetExceeded,
-    Constraints,
-    NodeCounters,
-    counters_fit,
-    search_node,
-)
+from shared.dra.search import Constraints, NodeCounters, counters_fit, search_node
+from shared.dra.sweep import Sweep
 
 
 def _config_for(
@@ -72,6 +69,28 @@ def _config_for(
     return tuple(out)
 
 
+@dataclass
+class Variants:
+    """A plan's variants that search differently, found in order (`next`: the first not looked at yet)."""
+
+    next: int = 0
+    shapes: set[Any] = field(default_factory=set)
+    distinct: list[tuple[int, tuple[Alternative, ...], list[DeviceIndex]]] = field(default_factory=list)
+
+
+@dataclass
+class PlanKept:
+    """What the fleet's state keeps for one plan while claims of it wait, per filter where it depends on one;
+    `FleetState.forget` drops it all, and the indexes no other plan reads."""
+
+    plan: Plan
+    indexes: dict[Any, tuple[DeviceIndex, ...]] = field(default_factory=dict)  # what a placement reads
+    sweeps: dict[Any, Sweep] = field(default_factory=dict)
+    variants: dict[Any, Variants] = field(default_factory=dict)
+    reasons: dict[Any, tuple[int, tuple[str, bool]]] = field(default_factory=dict)  # per filter: version, reason
+    configs: dict[frozenset[str], tuple[frozenset[str], tuple[dict[str, Any], ...]]] = field(default_factory=dict)
+
+
 class FleetState:
     """The fleet during one decision cycle: what is taken, what each kind of request may still use.
 
@@ -88,27 +107,30 @@ class FleetState:
         *,
         memo: SelectorMemo | None = None,
         unusable_nodes: Mapping[str, str] | None = None,
-        budget: int = DEFAULT_SEARCH_BUDGET,
+        budget: int = CLAIM_BUDGET,
     ) -> None:
         self.fleet = fleet
         self.classes = classes
         self.memo = memo if memo is not None else SelectorMemo()
         self.unusable_nodes = dict(unusable_nodes or {})  # node -> why (stale inventory)
-        self.budget = budget
+        self.budget = budget  # what one decision may spend when its caller gives it no meter
+        self.meter: Meter = Unmetered()  # the decision under way's (metered())
+        self.clock = 0  # counts releases: a node's last one is freed_at[node] (shared/dra/sweep.py)
+        self.freed_at: dict[str, int] = {}
+        self._kept: dict[int, PlanKept] = {}  # per plan (by id, checked by identity)
+        self._by_acceptance: dict[Any, DeviceIndex] = {}  # indexes by what they hold (DeviceIndex.acceptance)
+        self._readers: dict[int, int] = {}  # per index (by id): the plans and filters that read it
         self.in_use: set[DeviceKey] = set()
         self.usage: dict[str, int] = {}
         self._counters: dict[str, dict[CounterKey, Amount]] = {}
         self._indexes: dict[tuple[Any, ...], DeviceIndex | SelectorError] = {}
-        self._index_of: dict[tuple[int, str | None, Any], tuple[Alternative, DeviceIndex | SelectorError]] = {}
+        self._index_of: dict[tuple[int, str | None, Any], tuple[Alternative, tuple[Any, ...]]] = {}  # -> index key
         self._shape_indexes: dict[int, list[DeviceIndex]] = {}
         self._counter_peers: dict[tuple[str, tuple[str, str, str]], list[FleetDevice]] = {}
         self.version = 0  # bumped on every take or give back: reasons cached per version stay true
-        self.reason_cache: dict[tuple[int, Any], tuple[int, tuple[str, bool]]] = {}
         self.hints: dict[Any, str] = {}  # did-you-mean and closest-device hints: they depend on the fleet only
         self._counter_fit: dict[DeviceKey, bool] = {}  # per device, dropped when its counter set changes
         self._only: DeviceFilter | None = None
-        self._plan_indexes: dict[tuple[int, Any], tuple[Plan, tuple[DeviceIndex, ...]]] = {}
-        self._configs: dict[tuple[int, frozenset[str]], tuple[Plan, frozenset[str], tuple[dict[str, Any], ...]]] = {}
         self._free = sum(1 for n in fleet.nodes.values() if n.node not in self.unusable_nodes
                          for d in n.devices if d.health != UNHEALTHY)
         for node in fleet.nodes.values():
@@ -123,6 +145,16 @@ class FleetState:
     @property
     def filter_key(self) -> Any:
         return self._only.key if self._only else None
+
+    @contextlib.contextmanager
+    def metered(self, meter: Meter) -> Iterator[Meter]:
+        """Charge the work done inside (compiling, evaluating selectors, searching) to `meter`."""
+        outer, outer_memo = self.meter, self.memo.meter
+        self.meter = self.memo.meter = meter
+        try:
+            yield meter
+        finally:
+            self.meter, self.memo.meter = outer, outer_memo
 
     # -- availability -------------------------------------------------------------------------------
 
@@ -158,6 +190,8 @@ class FleetState:
             self.in_use.add(device.key)
         else:
             self.in_use.discard(device.key)
+            self.clock += 1
+            self.freed_at[device.node] = self.clock
         if device.node not in self.unusable_nodes and device.health != UNHEALTHY:
             self._free -= sign
         self.usage[device.node] = self.usage.get(device.node, 0) + sign
@@ -224,21 +258,22 @@ class FleetState:
         only = self._only
         only_key = only.key if only else None
         known = self._index_of.get((id(alternative), group_attribute, only_key))
+        found: DeviceIndex | SelectorError | None = None
         if known is not None and known[0] is alternative:  # the same request object: no key to build
-            found: DeviceIndex | SelectorError | None = known[1]
-        else:
-            found = self._index_by_key(alternative, group_attribute, only)
+            found = self._indexes.get(known[1])
+        if found is None:
+            key = (*alternative.index_key(group_attribute), only_key)
+            found = self._index_by_key(key, alternative, group_attribute, only)
             if len(self._index_of) > 50_000:  # requests of specs long gone: bounded like the plan memo
                 self._index_of.clear()
-            self._index_of[(id(alternative), group_attribute, only_key)] = (alternative, found)
+            self._index_of[(id(alternative), group_attribute, only_key)] = (alternative, key)
         if isinstance(found, SelectorError):
             raise Rejected(f"request {alternative.result_name!r}: {found}")
         assert found is not None
         return found
 
-    def _index_by_key(self, alternative: Alternative, group_attribute: str | None, only: DeviceFilter | None
-                      ) -> DeviceIndex | SelectorError:
-        key = (*alternative.index_key(group_attribute), only.key if only else None)
+    def _index_by_key(self, key: tuple[Any, ...], alternative: Alternative, group_attribute: str | None,
+                      only: DeviceFilter | None) -> DeviceIndex | SelectorError:
         found = self._indexes.get(key)
         if found is None:
             try:
@@ -248,18 +283,45 @@ class FleetState:
             except SelectorError as error:
                 found = error
             else:
-                for shape in found.shapes:
-                    self._shape_indexes.setdefault(shape, []).append(found)
+                alike = (found.acceptance, alternative.body.tolerations, group_attribute, only.key if only else None)
+                same = self._by_acceptance.get(alike)
+                if same is not None:
+                    found = same  # another request accepts the same devices: one index serves both
+                else:
+                    found.alike = alike
+                    self._by_acceptance[alike] = found
+                    for shape in found.shapes:
+                        self._shape_indexes.setdefault(shape, []).append(found)
+                found.keys.append(key)
             self._indexes[key] = found
         return found
+
+    def _read_by(self, indexes: Iterable[DeviceIndex], change: int) -> None:
+        """Count the plans that read these indexes; one no plan reads any more is dropped (built again from
+        the selector memo if a claim needs it later), so an index lives as long as claims that use it wait."""
+        for index in set(indexes):
+            readers = self._readers.get(id(index), 0) + change
+            if readers > 0:
+                self._readers[id(index)] = readers
+                continue
+            self._readers.pop(id(index), None)
+            for key in index.keys:
+                if self._indexes.get(key) is index:
+                    del self._indexes[key]
+            if self._by_acceptance.get(index.alike) is index:
+                del self._by_acceptance[index.alike]
+            for shape in index.shapes:
+                kept = self._shape_indexes.get(shape)
+                if kept is not None and index in kept:
+                    kept.remove(index)
 
     def capacity_version(self, plan: Plan, only: DeviceFilter | None = None) -> tuple[int, ...]:
         """The versions of the indexes a placement of `plan` reads: while they are unchanged, so is the
         answer (a Pending claim need not be tried again). Raises Rejected."""
-        key = (id(plan), only.key if only else None)
-        found = self._plan_indexes.get(key)
-        if found is None or found[0] is not plan:
-            self._only = only
+        kept, only_key = self.kept(plan), only.key if only else None
+        found = kept.indexes.get(only_key)
+        if found is None:
+            outer, self._only = self._only, only
             try:
                 indexes = []
                 for _, alternatives in plan.requests:
@@ -269,9 +331,19 @@ class FleetState:
                         if isinstance(grouping, str):
                             indexes.append(self.index(alternative, grouping))
             finally:
-                self._only = None
-            found = self._plan_indexes[key] = (plan, tuple(indexes))
-        return tuple(index.version for index in found[1])
+                self._only = outer
+            found = kept.indexes[only_key] = tuple(indexes)
+            self._read_by(found, 1)
+        return tuple(index.version for index in found)
+
+    def kept(self, plan: Plan) -> PlanKept:
+        """What this state keeps for the plan (made on first use)."""
+        found = self._kept.get(id(plan))
+        if found is None or found.plan is not plan:
+            if found is not None:  # the id of a plan dropped from the memo came back
+                self.forget(found.plan)
+            found = self._kept[id(plan)] = PlanKept(plan)
+        return found
 
     # -- deciding -----------------------------------------------------------------------------------
 
@@ -283,17 +355,22 @@ class FleetState:
             if isinstance(known[1], Rejected):
                 raise known[1]
             return known[1]
-        key = spec_key(claim)
+        known_key = self.memo.key_of.get(id(claim))
+        key = known_key[1] if known_key is not None and known_key[0] is claim else spec_key(claim)
         cached = self.memo.plans.get(key)
         if cached is None:
             try:
-                cached = prepare(claim, self.classes)
+                cached = prepare(claim, self.classes, self.meter)
             except Rejected as rejected:
                 cached = rejected
+            except BudgetExceeded:  # it goes on at the next try: its key (a JSON dump of a large spec) is kept
+                if len(self.memo.key_of) > 10_000:
+                    self.memo.key_of.clear()
+                self.memo.key_of[id(claim)] = (claim, key)
+                raise
             if len(self.memo.plans) > 10_000:
                 self.memo.plans.clear()
-                self.memo.plans_cleared += 1
-                self.reason_cache.clear()  # keyed by plan identity: a dropped plan's id may be reused
+                self.memo.plans_cleared += 1  # what is kept per plan checks the plan's identity (kept())
             self.memo.plans[key] = cached
         if len(self.memo.plan_of) > 100_000:
             self.memo.plan_of.clear()
@@ -302,30 +379,34 @@ class FleetState:
             raise cached
         return cached
 
-    def decide(self, claim: dra.ResourceClaim, only: DeviceFilter | None = None, *, explain: bool = True
-               ) -> Decision:
+    def decide(self, claim: dra.ResourceClaim, only: DeviceFilter | None = None, *, explain: bool = True,
+               meter: Meter | None = None) -> Decision:
         """Decide one claim against what is free now (among the devices `only` accepts); the caller
-        take()s an allocation it keeps. `explain=False` skips the pending reason (a trial placement)."""
+        take()s an allocation it keeps. `explain=False` skips the pending reason (a trial placement).
+
+        The work is charged to `meter` (else a meter of this state's budget); when it runs out, the claim
+        is Pending with `cut=True` and its search goes on from there at the next call (`Sweep`)."""
         self._only = only
         try:
-            return self._decide(claim, explain)
+            with self.metered(meter if meter is not None else Meter(self.budget)):
+                return self._decide(claim, explain)
         finally:
             self._only = None
 
     def _decide(self, claim: dra.ResourceClaim, explain: bool) -> Decision:
+        plan: Plan | None = None
         try:
             plan = self.plan(claim)
-            budget = [self.budget]
-            for variant in plan.variants:
-                found = self._place(plan, variant, budget)
+            sweep = self._sweep(plan)
+            for number, variant, indexes in self._distinct_variants(plan):
+                self.meter.spend(STEP)
+                found = self._place(plan, number, variant, indexes, sweep)
                 if found is not None:
                     return self._allocated(claim, plan, found)
         except Rejected as rejected:
             return Decision(State.REJECTED, reason=str(rejected))
         except BudgetExceeded:
-            return Decision(State.PENDING, reason=(
-                f"search budget of {self.budget} steps exhausted; the claim's constraints leave too many "
-                "combinations on the free devices; simplify them or ask for fewer devices"))
+            return Decision(State.PENDING, reason=self.cut_reason(plan), cut=True)
         if not explain:
             return Decision(State.PENDING)
         try:
@@ -341,46 +422,101 @@ class FleetState:
             return Decision(State.REJECTED, reason=(
                 f"claim would get {len(picked)} devices, over the claim limit of {dra.MAX_DEVICES_PER_CLAIM}"))
         used_names = frozenset(name for name, _ in picked)
-        key = (id(plan), used_names)
-        known = self._configs.get(key)
-        if known is None or known[0] is not plan:  # per spec and requests used: the same for every claim
+        configs = self.kept(plan).configs
+        known = configs.get(used_names)
+        if known is None:  # per spec and requests used: the same for every claim
             used = [a for _, alts in plan.requests for a in alts if a.result_name in used_names]
-            known = self._configs[key] = (plan, frozenset(a.result_name for a in used if a.admin_access),
-                                          _config_for(claim, self.classes, used))
-        _, admin, config = known
+            known = configs[used_names] = (frozenset(a.result_name for a in used if a.admin_access),
+                                           _config_for(claim, self.classes, used))
+        admin, config = known
         results = tuple(DeviceResult(name, d.driver, d.pool, d.name, name in admin) for name, d in picked)
         return Decision(State.ALLOCATED, Allocation(node, results, config))
 
-    def _place(self, plan: Plan, variant: Sequence[Alternative], budget: list[int]
-               ) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
+    def _sweep(self, plan: Plan) -> Sweep:
+        """How far the search of this plan under the current filter got (kept while the fleet is the same)."""
+        sweeps = self.kept(plan).sweeps
+        found = sweeps.get(self.filter_key)
+        if found is None:
+            found = sweeps[self.filter_key] = Sweep()
+        return found
+
+    def forget(self, plan: Plan) -> None:
+        """Drop what was kept for a plan no waiting claim has any more: its memory goes with its claims."""
+        kept = self._kept.get(id(plan))
+        if kept is None or kept.plan is not plan:
+            return
+        del self._kept[id(plan)]
+        for indexes in kept.indexes.values():
+            self._read_by(indexes, -1)
+
+    def cut_reason(self, plan: Plan | None) -> str:
+        """Why a claim cut short by its budget waits: the same words every cycle, so its status does not
+        change while the search goes on."""
+        if plan is None:
+            return ("placement search exceeded its budget while its selectors were compiled and evaluated; it goes "
+                    "on in the next cycles")
+        size = f"{len(plan.requests)} requests"
+        if len(plan.variants) > 1:
+            size += f" in {len(plan.variants)}{'+' if plan.more_variants else ''} firstAvailable combinations"
+        return (f"placement search exceeded its budget (a claim of {size}); it goes on in the next cycles, and is "
+                "retried when devices that match it free")
+
+    def _distinct_variants(self, plan: Plan) -> Iterator[tuple[int, tuple[Alternative, ...], list[DeviceIndex]]]:
+        """The plan's variants in order, but for those that would search exactly like an earlier one (the
+        same indexes asked the same way: firstAvailable subrequests whose selectors accept alike): such a
+        variant finds room where the earlier one does, so it never needs a search of its own. Worked out as
+        the search reaches them, once per plan and filter (a step per request looked at)."""
+        kept = self.kept(plan).variants
+        found = kept.get(self.filter_key)
+        if found is None:
+            found = kept[self.filter_key] = Variants()
+        yield from list(found.distinct)
+        variants = plan.variants
+        while found.next < len(variants):
+            number, variant = found.next, variants[found.next]
+            self.meter.spend(STEP * len(variant))
+            grouping = plan.group_attribute(variant)
+            if grouping is None or isinstance(grouping, str):
+                indexes = [self.index(variant[0], grouping)]
+            else:
+                indexes = [self.index(a) for a in variant]
+            shape = (grouping, plan.search_shape(variant, indexes))
+            found.next += 1
+            if shape not in found.shapes:
+                found.shapes.add(shape)
+                found.distinct.append((number, variant, indexes))
+                yield number, variant, indexes
+
+    def _place(self, plan: Plan, number: int, variant: Sequence[Alternative], indexes: list[DeviceIndex],
+               sweep: Sweep) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
         grouping = plan.group_attribute(variant)
         if grouping is None or isinstance(grouping, str):
-            return self._place_simple(variant[0], grouping, budget, plan)
-        return self._place_searching(plan, variant, budget)
+            found = self._place_simple(variant[0], indexes[0], plan)
+            if found is None:
+                sweep.finished(number, self.clock)
+            return found
+        return self._place_searching(plan, number, variant, indexes, sweep)
 
-    def _place_simple(self, alternative: Alternative, attribute: str | None, budget: list[int], plan: Plan
+    def _place_simple(self, alternative: Alternative, index: DeviceIndex, plan: Plan
                       ) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
         """One ExactCount request, at most one matchAttribute: the best group with room is the answer,
         unless shared counters make its free devices exclude each other."""
         wanted = alternative.body.wanted
-        for group in self.index(alternative, attribute).best_groups(wanted):
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise BudgetExceeded
-            picked = self._pick(group, wanted, alternative, plan, budget)
+        for group in index.best_groups(wanted):
+            self.meter.spend(STEP)
+            picked = self._pick(group, wanted, alternative, plan)
             if picked is not None:
                 return group.node, [(alternative.result_name, d) for d in picked]
         return None
 
-    def _pick(self, group: Group, wanted: int, alternative: Alternative, plan: Plan, budget: list[int]
-              ) -> list[FleetDevice] | None:
+    def _pick(self, group: Group, wanted: int, alternative: Alternative, plan: Plan) -> list[FleetDevice] | None:
         left = self._counters.get(group.node)
         if left is None or not any(d.counter_draws for d in group.free):
             return group.free[:wanted]
         counters = NodeCounters(dict(left))
         candidates = self._partition_order(group.node, group.free, counters)
         found = search_node([alternative], {alternative.result_name: candidates},
-                             Constraints(plan.constraints), counters, budget)
+                             Constraints(plan.constraints), counters, self.meter)
         return [d for _, d in found] if found is not None else None
 
     def _partition_order(self, node: str, free: list[FleetDevice], counters: NodeCounters) -> list[FleetDevice]:
@@ -418,18 +554,22 @@ class FleetState:
             peers.extend(members)
         return peers
 
-    def _place_searching(self, plan: Plan, variant: Sequence[Alternative], budget: list[int]
-                         ) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
+    def _place_searching(self, plan: Plan, number: int, variant: Sequence[Alternative], indexes: list[DeviceIndex],
+                         sweep: Sweep) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
         """The general case: several requests, All mode, adminAccess or distinctAttribute. Nodes come in
-        the first request's preference order; each node is searched on its own."""
-        indexes = [self.index(a) for a in variant]
+        the first request's preference order; each node is searched on its own, and only where the sweep
+        has not found it without room since its last release."""
         lead = next((i for i, a in enumerate(variant) if not a.admin_access), None)
         if lead is None:
             nodes: Iterable[str] = sorted(set.intersection(*(set(ix.node_names()) for ix in indexes)))
         else:
             nodes = (g.node for g in indexes[lead].best_groups(variant[lead].wanted))
         constraints = Constraints(plan.constraints)
+        freed_at, meter = self.freed_at, self.meter
         for node in nodes:
+            if sweep.skips(number, node, freed_at.get(node, 0)):
+                continue
+            meter.spend(STEP)
             candidates: dict[str, list[FleetDevice]] = {}
             for alternative, index in zip(variant, indexes, strict=True):
                 if alternative.admin_access:
@@ -443,9 +583,11 @@ class FleetState:
                 candidates[alternative.result_name] = here
             else:
                 counters = NodeCounters(dict(self._counters.get(node, {})))
-                found = search_node(variant, candidates, constraints, counters, budget)
+                found = search_node(variant, candidates, constraints, counters, meter)
                 if found is not None:
                     return node, found
+            sweep.searched(number, node, self.clock)
+        sweep.finished(number, self.clock)
         return None
 
 
@@ -456,7 +598,7 @@ def decide(
     in_use: Iterable[DeviceKey],
     *,
     memo: SelectorMemo | None = None,
-    budget: int = DEFAULT_SEARCH_BUDGET,
+    budget: int = ONE_SHOT_BUDGET,
 ) -> Decision:
     """Decide one claim against the fleet; `in_use` holds devices other claims already have."""
     return FleetState(fleet, classes, in_use, memo=memo, budget=budget).decide(claim)
@@ -472,7 +614,7 @@ def settle(
     unusable_nodes: Mapping[str, str] | None = None,
 ) -> list[Outcome]:
     """Decide claims in the given order; each allocation is seen by the claims after it."""
-    state = FleetState(fleet, classes, in_use, memo=memo, unusable_nodes=unusable_nodes)
+    state = FleetState(fleet, classes, in_use, memo=memo, unusable_nodes=unusable_nodes, budget=ONE_SHOT_BUDGET)
     outcomes = []
     for claim in claims:
         decision = state.decide(claim)

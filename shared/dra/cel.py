@@ -1,6 +1,6 @@
 """Device selectors in CEL, evaluated the way Kubernetes DRA evaluates them.
 
-Programs are compiled once per expression text and cached. A selector's result depends only on the
+Programs are compiled once per expression text and cached (a bounded cache). A selector's result depends only on the
 device fields its expression names, so results are memoised per distinct tuple of those values:
 a fleet of 1,000 identical H100s costs one evaluation, not 1,000 (cel-python needs 0.25-0.8 ms each).
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import gc
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import celpy
@@ -30,6 +30,7 @@ import celpy.celtypes as ct
 from celpy.evaluation import CELEvalError, Context, Evaluator
 from lark import Tree
 
+from shared.dra.budget import COMPILE, Meter
 from shared.dra.cel_rewrite import rewrite
 from shared.dra.model import MAX_CEL_LENGTH
 from shared.dra.quantity import Quantity, parse_quantity
@@ -568,17 +569,60 @@ class CompiledSelector:
     budget: EvaluationBudget = field(default_factory=EvaluationBudget, compare=False, repr=False)
 
 
-def compile_selector(expression: str) -> CompiledSelector:
-    """Compile once per text; any problem raises SelectorError with a message for the claim's author."""
+# Compiled selectors kept, most recently used last. A compiled program takes about 25 KB, so the cache is
+# bounded by count and nothing else holds a program for long: a queue of claims with thousands of distinct
+# selectors costs recompiling (charged to those claims' meters), never memory without bound.
+COMPILE_CACHE_SIZE = 1024
+_compiled: OrderedDict[str, CompiledSelector | str] = OrderedDict()
+
+
+def compile_selector(expression: str, meter: Meter | None = None) -> CompiledSelector:
+    """Compile once per text (while it stays cached); any problem raises SelectorError with a message for
+    the claim's author. A compilation (not a cache hit) is charged to `meter`, before the work."""
     if not isinstance(expression, str):
         raise SelectorError(f"CEL expression must be a string, got {type(expression).__name__}")
-    found = _compile(expression)
+    found = _compiled.get(expression)
+    if found is None:
+        if meter is not None:
+            meter.spend(COMPILE)
+        found = _compile(expression)
+        _compiled[expression] = found
+        if len(_compiled) > COMPILE_CACHE_SIZE:
+            _compiled.popitem(last=False)
+    else:
+        _compiled.move_to_end(expression)
     if isinstance(found, str):
         raise SelectorError(found)
     return found
 
 
-@lru_cache(maxsize=4096)
+@dataclass(frozen=True)
+class SelectorText:
+    """A selector as a plan keeps it: its text and the device fields it reads (found in the text, without
+    parsing). It is compiled only when the memo lacks a device's result, so indexes built again from
+    results already known cost no compilation."""
+
+    expression: str
+    names: frozenset[str] | None  # as CompiledSelector.names
+
+    def compiled(self, meter: Meter | None = None) -> CompiledSelector:
+        return compile_selector(self.expression, meter)
+
+
+def selector_text(expression: str) -> SelectorText:
+    return SelectorText(expression, _names_read(expression))
+
+
+def _names_read(expression: str) -> frozenset[str] | None:
+    """The identifiers an expression reads; None when it iterates and so may read any attribute."""
+    return None if _ITERATES.search(expression) else frozenset(_IDENTIFIER.findall(expression))
+
+
+def is_compiled(expression: str) -> bool:
+    """Whether compiling `expression` now would cost nothing (for tests and benchmarks)."""
+    return expression in _compiled
+
+
 def _compile(expression: str) -> CompiledSelector | str:
     """The selector, or why it is refused: refusals are cached too (parsing 10 KiB can take 0.4 s)."""
     size = len(expression.encode("utf-8", "surrogatepass"))
@@ -606,8 +650,7 @@ def _compile(expression: str) -> CompiledSelector | str:
         return f"CEL compile error: {error}"
     except Exception as error:  # noqa: BLE001 - a claim's text must never crash the allocator
         return f"CEL compile error: {type(error).__name__}: {error}"
-    names = None if _ITERATES.search(expression) else frozenset(_IDENTIFIER.findall(expression))
-    return CompiledSelector(expression, program, names)
+    return CompiledSelector(expression, program, _names_read(expression))
 
 
 def to_cel_value(value: Any) -> Any:

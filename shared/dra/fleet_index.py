@@ -19,9 +19,9 @@ from functools import cached_property
 from typing import Any
 
 from shared.dra import model as dra
-from shared.dra.cel import CompiledSelector
+from shared.dra.budget import NODES_PER_STEP
 from shared.dra.inventory import IDENTITY_ATTRIBUTES, UNHEALTHY, Fleet, FleetDevice
-from shared.dra.matching import SelectorMemo
+from shared.dra.matching import Selector, SelectorMemo
 
 IN_USE = "in use"  # the one reason an index also counts by subtraction, on nodes where it is the only one
 GroupKey = tuple[str, str | None]  # node, value of the grouping attribute (None: the whole node)
@@ -89,7 +89,7 @@ Member = tuple[str, int, str | None]  # ("group", 0, node) or ("idle", shape, gr
 class DeviceIndex:
     def __init__(
         self,
-        selectors: Sequence[CompiledSelector],
+        selectors: Sequence[Selector],
         tolerations: Sequence[dra.Toleration],
         group_attribute: str | None,
         fleet: Fleet,
@@ -125,15 +125,24 @@ class DeviceIndex:
         self.shapes: set[int] = set()  # node shapes with matching devices: where a change may matter
         self.kind_samples: dict[int, FleetDevice] = {}  # one accepted device per kind
         self.version = 0  # bumped whenever a free list changes: a Pending answer cached per version holds
+        self.keys: list[Any] = []  # the keys the fleet's state finds it under, and what it holds (FleetState)
+        self.alike: Any = None
+        self.cached: dict[Any, Any] = {}  # what callers work out from it (explain's figures, preemption's keys)
         self._free_materialised = 0
         self._blocked: Counter[str] = Counter()
         self._node_blocked: dict[str, dict[str, int]] = {}
         self._blocked_stale: set[str] = set()  # nodes refreshed since `blocked` was last counted
+        # which devices the selectors accept, per shape (or per node, for selectors that read a device's
+        # identity): two indexes that accept alike with the same tolerations, grouping and filter hold the
+        # same devices, so the fleet's state keeps one of them (FleetState.index)
+        acceptance: list[tuple[Any, tuple[int, ...]]] = []
         per_node = group_attribute is not None and _reads_identity(group_attribute)
         for shape, names in fleet.nodes_by_shape.items():
             positions = memo.shape_matches(selectors, fleet.nodes[names[0]])
             if positions is not None and not positions:
                 continue  # no node of this shape has a matching device
+            if positions is not None:
+                acceptance.append((shape, positions))
             shared: _Template | None = None
             pool: list[str] = []
             for name in names:
@@ -141,6 +150,8 @@ class DeviceIndex:
                 if positions is None or per_node:
                     accepted = positions if positions is not None else [
                         i for i, d in enumerate(devices) if memo.accepts(selectors, d)]
+                    if positions is None:
+                        acceptance.append((name, tuple(accepted)))
                     template = self.templates[name] = self._template(devices, accepted)
                 else:
                     template = shared = shared or self._template(devices, positions)
@@ -159,6 +170,8 @@ class DeviceIndex:
                 for value, positions_in_group in shared.groups:
                     rank = entry.sample[positions_in_group[0]].fit_rank
                     self._enter((rank, len(positions_in_group)), ("idle", shape, value))
+        self.acceptance = tuple(acceptance)
+        memo.meter.charge(len(fleet.nodes) // NODES_PER_STEP)  # the walk over the nodes, once it is done
 
     # -- building -----------------------------------------------------------------------------------
 

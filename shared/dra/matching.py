@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.dra.cel import CompiledSelector, SelectorError, evaluate
+from shared.dra.budget import EVALUATION, Meter, Unmetered
+from shared.dra.cel import CompiledSelector, SelectorError, SelectorText, compile_selector, evaluate
 from shared.dra.inventory import IDENTITY_ATTRIBUTES, FleetDevice, NodeInventory
 
 _CACHE_LIMIT = 200_000
+Selector = CompiledSelector | SelectorText  # a plan's selectors are texts, compiled on a memo miss
 
 
 @dataclass
@@ -30,10 +32,14 @@ class SelectorMemo:
     shapes: dict[tuple[tuple[str, ...], int], tuple[int, ...] | SelectorError] = field(default_factory=dict)
     plans: dict[Any, Any] = field(default_factory=dict)  # prepared claims per spec (shared/dra/allocation.py)
     plan_of: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(claim) -> (claim, plan)
+    key_of: dict[int, tuple[Any, str]] = field(default_factory=dict)  # id(claim) -> (claim, spec key): being prepared
     plans_cleared: int = 0  # times `plans` was emptied: caches keyed by a plan's id are void after
     evaluations: int = 0
+    # Charged for each evaluation not found here, before it runs: the decision under way sets it
+    # (FleetState.metered), so a claim whose selectors are costly pays for them itself.
+    meter: Meter = field(default_factory=Unmetered)
 
-    def _signature(self, selector: CompiledSelector, device: FleetDevice) -> Any:
+    def _signature(self, selector: Selector, device: FleetDevice) -> Any:
         names = selector.names
         if names is None or names & IDENTITY_ATTRIBUTES:
             return device.key
@@ -48,19 +54,22 @@ class SelectorMemo:
             self.signatures[key] = found
         return found
 
-    def matches(self, selector: CompiledSelector, device: FleetDevice) -> bool:
+    def matches(self, selector: Selector, device: FleetDevice) -> bool:
         """Raises SelectorError on a CEL runtime error: the selector is wrong, not the device."""
         key = (selector.expression, self._signature(selector, device))
         hit = self.results.get(key)
         if hit is None:
+            self.meter.spend(EVALUATION)
             self.evaluations += 1
-            hit = evaluate(selector, device.activation)
+            program = selector if isinstance(selector, CompiledSelector) else compile_selector(
+                selector.expression, self.meter)
+            hit = evaluate(program, device.activation)
             if len(self.results) > _CACHE_LIMIT:
                 self.results.clear()
             self.results[key] = hit
         return hit
 
-    def accepts(self, selectors: Sequence[CompiledSelector], device: FleetDevice) -> bool:
+    def accepts(self, selectors: Sequence[Selector], device: FleetDevice) -> bool:
         """Class selectors come first in the list; evaluation stops at the first false, as in DRA.
         A runtime error names the device it happened on."""
         try:
@@ -68,7 +77,7 @@ class SelectorMemo:
         except SelectorError as error:
             raise SelectorError(f"selector on device {device.driver}/{device.pool}/{device.name}: {error}") from None
 
-    def shape_matches(self, selectors: Sequence[CompiledSelector], node: NodeInventory) -> tuple[int, ...] | None:
+    def shape_matches(self, selectors: Sequence[Selector], node: NodeInventory) -> tuple[int, ...] | None:
         """Positions of the devices the selectors accept on every node of this node's shape; None when
         a selector reads device identity and must be matched per node. Raises SelectorError."""
         if any(s.names is None or s.names & IDENTITY_ATTRIBUTES for s in selectors):
@@ -87,7 +96,7 @@ class SelectorMemo:
             raise found
         return found
 
-    def node_matches(self, selectors: Sequence[CompiledSelector], node: NodeInventory) -> list[FleetDevice]:
+    def node_matches(self, selectors: Sequence[Selector], node: NodeInventory) -> list[FleetDevice]:
         """The node's devices the selectors accept, in the node's order; raises SelectorError."""
         positions = self.shape_matches(selectors, node)
         if positions is None:

@@ -11,7 +11,8 @@ from functools import cached_property
 from typing import Any
 
 from shared.dra import model as dra
-from shared.dra.cel import CompiledSelector, SelectorError, compile_selector
+from shared.dra.budget import Meter
+from shared.dra.cel import SelectorError, SelectorText, compile_selector, selector_text
 from shared.dra.results import Rejected
 
 MAX_VARIANTS = 256  # firstAvailable combinations tried across nodes, in order
@@ -25,7 +26,7 @@ class Alternative:
     parent: str
     class_name: str
     body: dra.ExactDeviceRequest | dra.DeviceSubRequest
-    selectors: tuple[CompiledSelector, ...]
+    expressions: tuple[str, ...]  # class selectors first, then the request's: compiled when an index is built
     admin_access: bool
 
     @property
@@ -38,8 +39,14 @@ class Alternative:
         return 1 if self.all_mode else self.body.wanted
 
     @cached_property
+    def selectors(self) -> tuple[SelectorText, ...]:
+        """A plan keeps its selectors' text only (a compiled program is about 25 KB): they are compiled
+        from the bounded compile cache when a device's result is not memoised yet."""
+        return tuple(selector_text(e) for e in self.expressions)
+
+    @cached_property
     def _selector_key(self) -> tuple[Any, ...]:
-        return (tuple(s.expression for s in self.selectors), self.body.tolerations)
+        return (self.expressions, self.body.tolerations)
 
     def index_key(self, group_attribute: str | None = None) -> tuple[Any, ...]:
         return (*self._selector_key, group_attribute)
@@ -60,6 +67,26 @@ class Plan:
         """Some request asks for monitoring access to devices that others may hold."""
         return any(a.admin_access for _, alternatives in self.requests for a in alternatives)
 
+    def search_shape(self, variant: Sequence[Alternative], indexes: Sequence[Any]) -> tuple[Any, ...]:
+        """What a search of the variant on one node depends on besides the node's state: per request, the
+        index its candidates come from, how many it wants and how, and which constraints bind it. Two
+        variants of one shape find the same on any node (firstAvailable subrequests whose selectors accept
+        the same devices are searched once)."""
+        terms = self._search_terms
+        return tuple((id(index), terms[a.result_name]) for a, index in zip(variant, indexes, strict=True))
+
+    @cached_property
+    def _search_terms(self) -> dict[str, tuple[Any, ...]]:
+        """Per alternative: how it asks (All mode, admin access, how many) and which constraints bind it."""
+        terms = {}
+        for _, alternatives in self.requests:
+            for a in alternatives:
+                parent = a.parent
+                binding = tuple(not c.requests or a.result_name in c.requests or parent in c.requests
+                                for c in self.constraints)
+                terms[a.result_name] = (a.all_mode, a.admin_access, a.wanted, binding)
+        return terms
+
     def group_attribute(self, variant: Sequence[Alternative]) -> str | None | bool:
         """For a single-request variant, the one matchAttribute to group by (None: no constraint); False
         when the variant needs the general search."""
@@ -76,8 +103,10 @@ class Plan:
         return attribute
 
 
-def prepare(claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass]) -> Plan:
-    """Compile and check a claim once; raises Rejected with the reason a person can act on."""
+def prepare(claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass], meter: Meter | None = None) -> Plan:
+    """Compile and check a claim once; raises Rejected with the reason a person can act on, and
+    BudgetExceeded when compiling its selectors costs more than `meter` has left (what was compiled stays
+    cached: the next try goes on from there)."""
     requests = claim.spec.devices.requests
     if not requests:
         raise Rejected("claim has no device requests")
@@ -99,16 +128,17 @@ def prepare(claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass]) ->
                     f"request {result_name!r}: unknown device class {body.device_class_name!r}; "
                     f"known classes: {', '.join(sorted(classes))}"
                 )
-            selectors = []
+            expressions = []
             for origin, selector in [("class", s) for s in device_class.spec.selectors] + [
                 ("request", s) for s in body.selectors
             ]:
                 try:
-                    selectors.append(compile_selector(selector.cel.expression))
+                    compile_selector(selector.cel.expression, meter)
                 except SelectorError as error:
                     raise Rejected(f"request {result_name!r}: {origin} selector: {error}") from None
+                expressions.append(selector.cel.expression)
             alternatives.append(
-                Alternative(result_name, request.name, body.device_class_name, body, tuple(selectors), admin)
+                Alternative(result_name, request.name, body.device_class_name, body, tuple(expressions), admin)
             )
         first = alternatives[0]
         minimum_devices += first.wanted

@@ -12,12 +12,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from shared.dra.budget import STEP
 from shared.dra.fleet_index import DeviceIndex
 
 if TYPE_CHECKING:  # the allocation module calls these with its state and plans
     from shared.dra.allocation import FleetState
     from shared.dra.plan import Alternative, Plan
 
+MAX_PARTS = 4  # requests and alternatives a reason names; a status stays a sentence, not a report
 _EQUALITY = re.compile(r"""attributes\[\s*["']([^"']+)["']\s*\]\s*\.\s*([A-Za-z_][\w-]*)\s*==\s*["']([^"']*)["']""")
 _HELD = (("stale inventory", "on nodes with stale inventory"), ("unhealthy", "unhealthy"),
          ("shared counters", "blocked by shared counters (a GPU and its MIG partitions exclude each other)"))
@@ -53,8 +55,8 @@ def _hint(state: FleetState, kind: str, alternative: Alternative) -> str:
 def _did_you_mean(state: FleetState, alternative: Alternative) -> str:
     """For `productName == "H100"` against a fleet that says "NVIDIA H100 80GB HBM3", show what exists."""
     hints = []
-    for selector in alternative.selectors:
-        for domain, name, wanted in _EQUALITY.findall(selector.expression):
+    for expression in alternative.expressions:
+        for domain, name, wanted in _EQUALITY.findall(expression):
             values = sorted({v for d in state.fleet.devices if (v := d.attribute_text(f"{domain}/{name}")) is not None})
             if values and wanted not in values:
                 close = [v for v in values if wanted.lower() in v.lower()]
@@ -65,7 +67,7 @@ def _did_you_mean(state: FleetState, alternative: Alternative) -> str:
 
 def _closest(state: FleetState, alternative: Alternative) -> str:
     """For a memory ask no device meets (200 Gi), name the device with the most memory: the closest."""
-    if not any("memory" in s.expression for s in alternative.selectors):
+    if not any("memory" in e for e in alternative.expressions):
         return ""
     sized = [d for d in state.fleet.devices if d.memory is not None]
     if not sized:
@@ -122,8 +124,8 @@ def _alternative_reason(state: FleetState, plan: Plan, alternative: Alternative,
 
 def pending_reason(state: FleetState, plan: Plan) -> tuple[str, bool]:
     """The reason text, and whether no device of today's fleet could ever satisfy the claim."""
-    key = (id(plan), state.filter_key)
-    cached = state.reason_cache.get(key)
+    reasons = state.kept(plan).reasons
+    cached = reasons.get(state.filter_key)
     if cached is not None and cached[0] == state.version:
         return cached[1]
     parts = []
@@ -132,10 +134,13 @@ def pending_reason(state: FleetState, plan: Plan) -> tuple[str, bool]:
     for _, alternatives in plan.requests:
         never_all = True
         for alternative in alternatives:
+            state.meter.spend(STEP)
             text, never = _alternative_reason(state, plan, alternative, named or len(alternatives) > 1)
             parts.append(text)
             never_all = never_all and never
         never_any = never_any or never_all
+    if len(parts) > MAX_PARTS:  # a claim of many requests and alternatives: the first say it, explain has all
+        parts = [*parts[:MAX_PARTS], f"and {len(parts) - MAX_PARTS} more requests and alternatives alike (see explain)"]
     result = ("; ".join(parts), never_any)
-    state.reason_cache[key] = (state.version, result)
+    reasons[state.filter_key] = (state.version, result)
     return result

@@ -89,6 +89,7 @@ class Decision:
     allocation: Allocation | None = None
     reason: str | None = None
     unsatisfiable: bool = False  # Pending, and no device of today's fleet could ever satisfy it
+    cut: bool = False  # Pending because its budget ran out before the search ended (shared/dra/budget.py)
 
 
 class Rejected(Exception):

@@ -1,5 +1,5 @@
 """The search for a claim of several requests on one node: combinations under its constraints and the
-node's shared counters, within a step budget.
+node's shared counters, each device tried charged to the decision's meter (shared/dra/budget.py).
 """
 
 from __future__ import annotations
@@ -7,15 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from shared.dra import model as dra
+from shared.dra.budget import Meter
 from shared.dra.inventory import CounterKey, FleetDevice
 from shared.dra.plan import Alternative
 from shared.dra.results import Amount, DeviceKey
-
-DEFAULT_SEARCH_BUDGET = 20_000
-
-
-class BudgetExceeded(Exception):
-    pass
 
 
 class Constraints:
@@ -75,17 +70,14 @@ def search_node(
     candidates: Mapping[str, list[FleetDevice]],
     constraints: Constraints,
     counters: NodeCounters,
-    budget: list[int],
+    meter: Meter,
 ) -> list[tuple[str, FleetDevice]] | None:
     """Depth-first over the variant's requests on one node; combinations within a request, never
     permutations; a request with fewer candidates than it needs is pruned before trying anything."""
     chosen: list[tuple[str, FleetDevice]] = []
     taken: set[DeviceKey] = set()
 
-    def step() -> None:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise BudgetExceeded
+    step = meter.spend
 
     def pick(index: int) -> bool:
         if index == len(variant):

@@ -1,0 +1,77 @@
+"""What deciding one claim may cost: a meter in deterministic units.
+
+A claim's spec decides how much work its placement takes (CEL expressions to compile and evaluate,
+combinations to search), and Kubernetes accepts claims whose search is exponential. So every piece of
+that work is charged to a meter, and a claim whose meter runs out waits (its reason says so) instead of
+holding up the others. Units, not seconds: the same snapshot gets the same decisions however loaded the
+machine is, so `simulate` and the allocator agree. One unit is about one device tried by the search
+(2 to 5 us in CPython); the other weights were measured against it (`make bench-core`).
+"""
+
+from __future__ import annotations
+
+STEP = 1  # one device tried by a placement search, one group or node looked at
+NODES_PER_STEP = 4  # nodes an index is built over per unit (shapes share their work; this is the walk)
+COMPILE = 300  # one CEL expression compiled (0.3 to 1 ms in cel-python; only a cache miss is charged)
+EVALUATION = 150  # one CEL evaluation the selector memo did not have (0.25 to 0.8 ms)
+
+# A claim's placement may spend this much in one cycle (about 6 ms). Its tenant's claims share as much per
+# cycle (AdmissionState), and work cut short resumes in the next cycle (shared/dra/sweep.py), so a claim
+# that needs more is placed over several cycles instead of stalling one.
+CLAIM_BUDGET = 2_000
+TENANT_BUDGET = 3_000  # per tenant and cycle; half as much again is its floor pool (see FLOOR_BUDGET)
+# What a caller that decides once and cannot go on later (tests, one-off tools) gives a decision: about 3 s.
+ONE_SHOT_BUDGET = 1_000_000
+# What every attempt may spend even once its tenant's share for the cycle is gone: enough for a claim that
+# only needs what is cached (a single request placed from an index), not for new CEL work or a search.
+FLOOR_BUDGET = 100
+
+
+class BudgetExceeded(Exception):
+    """The meter ran out: the work stops here, and what it found so far stays in the caches."""
+
+
+class Meter:
+    """Units left for one piece of work; `spend` raises BudgetExceeded once they are gone."""
+
+    __slots__ = ("limit", "spent", "stopped")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.spent = 0
+        self.stopped = False  # some work was refused
+
+    def spend(self, units: int = STEP) -> None:
+        """Before divisible work: raises (and the work is not done, nor counted) if it would run out."""
+        if self.spent + units > self.limit:
+            self.stopped = True
+            raise BudgetExceeded
+        self.spent += units
+
+    def charge(self, units: int) -> None:
+        """After indivisible work (building an index): it is done, and counted even past the limit, so
+        the payer's next work waits for it (see AdmissionState's allowances)."""
+        self.spent += units
+
+    @property
+    def left(self) -> int:
+        return max(0, self.limit - self.spent)
+
+class Unmetered(Meter):
+    """For work no claim pays for (a fleet's flavors, trusted callers): counts, never stops."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def spend(self, units: int = STEP) -> None:
+        self.spent += units
+
+    @property
+    def left(self) -> int:
+        return 1 << 62
+
+
+__all__ = ["CLAIM_BUDGET", "COMPILE", "EVALUATION", "FLOOR_BUDGET", "NODES_PER_STEP", "ONE_SHOT_BUDGET", "STEP",
+           "TENANT_BUDGET", "BudgetExceeded", "Meter", "Unmetered"]
