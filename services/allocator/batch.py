@@ -156,8 +156,9 @@ class _Applied:
             return False
         if row is not None and 0 < sequence < (row.released_seq or 0):
             return False  # released already: a copy of the claim its release ended (or a redelivery of it)
-        released_early = self._forget_release(key) if row is None else None
+        released_early = self.early.get(key) if row is None else None
         if released_early is not None and 0 < sequence < released_early:
+            self._forget_release(key)
             await self._released_before(message, claim, released_early)
             return False
         if message.tenant in self.waiting:
@@ -174,6 +175,8 @@ class _Applied:
             await self.session.delete(row)
             await self.session.flush()  # before the insert that takes its name
             del self.rows[key]
+        if released_early is not None:
+            self._forget_release(key)  # the new row carries it (a refusal above: the Rejected row does)
         self.new[key] = {**ops.claim_values(claim, status_sequence), "submitted_seq": sequence or None,
                          "released_seq": row_released}
         return True
@@ -206,7 +209,7 @@ class _Applied:
             if message.sequence:
                 self._remember_release(key, message.sequence)
             ops.emit_answer(self.session, message.tenant, name, self.answer_ttl, (
-                f"no claim {name} of tenant {message.tenant} is waiting or allocated: nothing to release (a "
+                f"tenant {message.tenant} has no claim {name} waiting or allocated: nothing to release (a "
                 f"submission of it published before this release ends Released)"))
             return False
         if message.sequence:
