@@ -204,7 +204,7 @@ class AdmissionState:
         left = self.allowance_left(tenant)
         from_floor = left <= 0
         if from_floor:
-            floor = self.floor.get(tenant, self.snapshot.tenant_budget // 2)
+            floor = self.floor.get(tenant, self.snapshot.tenant_budget // 4)
             known = waiting.key in self.unprepared or self._known_expensive(waiting)
             limit = 0 if known else min(FLOOR_BUDGET, floor)
         else:
@@ -217,7 +217,7 @@ class AdmissionState:
         finally:
             self._paying = outer
             if from_floor:
-                self.floor[tenant] = self.floor.get(tenant, self.snapshot.tenant_budget // 2) - meter.spent
+                self.floor[tenant] = self.floor.get(tenant, self.snapshot.tenant_budget // 4) - meter.spent
             else:  # past zero it is a debt (work that could not be split): the next cycles repay it
                 self.allowance[tenant] = left - meter.spent
 
@@ -688,7 +688,8 @@ class AdmissionState:
     def plan_facts(self, plan: Plan) -> PlanFacts:
         """What quota arithmetic needs of a claim's spec, worked out once per plan."""
         found = self._plan_facts.get(id(plan))
-        if found is None:
+        if found is None:  # a step per variant and alternative: a claim may have 256 variants of 32 requests
+            self.state.meter.spend(len(plan.variants) + sum(len(alts) for _, alts in plan.requests))
             names: set[str] = set()
             unflavored = False  # some accepted device counts against no flavor: it needs no quota
             for _, alternatives in plan.requests:

@@ -324,10 +324,11 @@ class FleetState:
             outer, self._only = self._only, only
             try:
                 indexes = []
+                single = len(plan.requests) == 1  # only a claim of one request is placed from a grouped index
                 for _, alternatives in plan.requests:
                     for alternative in alternatives:
                         indexes.append(self.index(alternative))
-                        grouping = plan.group_attribute([alternative])
+                        grouping = plan.group_attribute([alternative]) if single else None
                         if isinstance(grouping, str):
                             indexes.append(self.index(alternative, grouping))
             finally:

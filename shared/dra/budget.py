@@ -10,16 +10,15 @@ machine is, so `simulate` and the allocator agree. One unit is about one device 
 
 from __future__ import annotations
 
-STEP = 1  # one device tried by a placement search, one group or node looked at
-NODES_PER_STEP = 4  # nodes an index is built over per unit (shapes share their work; this is the walk)
-COMPILE = 300  # one CEL expression compiled (0.3 to 1 ms in cel-python; only a cache miss is charged)
+STEP = 1  # one device tried by a placement search, one group or node looked at, one node an index covers
+COMPILE = 150  # one CEL expression compiled (about 0.6 ms in cel-python; only a cache miss is charged)
 EVALUATION = 150  # one CEL evaluation the selector memo did not have (0.25 to 0.8 ms)
 
-# A claim's placement may spend this much in one cycle (about 6 ms). Its tenant's claims share as much per
-# cycle (AdmissionState), and work cut short resumes in the next cycle (shared/dra/sweep.py), so a claim
+# A claim's placement may spend this much in one cycle (about 6 ms). Its tenant's claims share a little more
+# per cycle (AdmissionState), and work cut short resumes in the next cycle (shared/dra/sweep.py), so a claim
 # that needs more is placed over several cycles instead of stalling one.
-CLAIM_BUDGET = 2_000
-TENANT_BUDGET = 3_000  # per tenant and cycle; half as much again is its floor pool (see FLOOR_BUDGET)
+CLAIM_BUDGET = 1_500
+TENANT_BUDGET = 2_000  # per tenant and cycle; a quarter as much again is its floor pool (see FLOOR_BUDGET)
 # What a caller that decides once and cannot go on later (tests, one-off tools) gives a decision: about 3 s.
 ONE_SHOT_BUDGET = 1_000_000
 # What every attempt may spend even once its tenant's share for the cycle is gone: enough for a claim that
@@ -48,9 +47,14 @@ class Meter:
             raise BudgetExceeded
         self.spent += units
 
-    def charge(self, units: int) -> None:
-        """After indivisible work (building an index): it is done, and counted even past the limit, so
-        the payer's next work waits for it (see AdmissionState's allowances)."""
+    def spend_whole(self, units: int) -> None:
+        """Before work that cannot be split (building an index): it is done if it fits, or if it is the first
+        work of a meter that was given any units at all, so a piece bigger than a whole budget is still done,
+        once, and its cost counted past the limit (the payer's next work waits for it: see AdmissionState's
+        allowances); otherwise it raises like `spend`."""
+        if self.spent + units > self.limit and (self.spent > 0 or self.limit <= 0):
+            self.stopped = True
+            raise BudgetExceeded
         self.spent += units
 
     @property
@@ -68,10 +72,13 @@ class Unmetered(Meter):
     def spend(self, units: int = STEP) -> None:
         self.spent += units
 
+    def spend_whole(self, units: int) -> None:
+        self.spent += units
+
     @property
     def left(self) -> int:
         return 1 << 62
 
 
-__all__ = ["CLAIM_BUDGET", "COMPILE", "EVALUATION", "FLOOR_BUDGET", "NODES_PER_STEP", "ONE_SHOT_BUDGET", "STEP",
+__all__ = ["CLAIM_BUDGET", "COMPILE", "EVALUATION", "FLOOR_BUDGET", "ONE_SHOT_BUDGET", "STEP",
            "TENANT_BUDGET", "BudgetExceeded", "Meter", "Unmetered"]

@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any
 
 from shared.dra import model as dra
-from shared.dra.budget import NODES_PER_STEP
+from shared.dra.budget import STEP
 from shared.dra.inventory import IDENTITY_ATTRIBUTES, UNHEALTHY, Fleet, FleetDevice
 from shared.dra.matching import Selector, SelectorMemo
 
@@ -132,13 +132,24 @@ class DeviceIndex:
         self._blocked: Counter[str] = Counter()
         self._node_blocked: dict[str, dict[str, int]] = {}
         self._blocked_stale: set[str] = set()  # nodes refreshed since `blocked` was last counted
-        # which devices the selectors accept, per shape (or per node, for selectors that read a device's
-        # identity): two indexes that accept alike with the same tolerations, grouping and filter hold the
-        # same devices, so the fleet's state keeps one of them (FleetState.index)
+        # First what the selectors accept (the CEL work, charged per evaluation the memo lacks: cut short, it
+        # goes on from the memo next time), then the walk over the nodes (charged whole, before it starts).
+        # What is accepted, per shape (or per node, for selectors that read a device's identity), is the
+        # index's `acceptance`: two indexes that accept alike with the same tolerations, grouping and filter
+        # hold the same devices, so the fleet's state keeps one of them (FleetState.index).
+        matches: dict[int, tuple[int, ...] | None] = {}
+        per_device: dict[str, tuple[int, ...]] = {}
+        for shape, names in fleet.nodes_by_shape.items():
+            positions = matches[shape] = memo.shape_matches(selectors, fleet.nodes[names[0]])
+            if positions is None:
+                for name in names:
+                    per_device[name] = tuple(i for i, d in enumerate(fleet.nodes[name].devices)
+                                             if memo.accepts(selectors, d))
+        memo.meter.spend_whole(STEP * len(fleet.nodes))
         acceptance: list[tuple[Any, tuple[int, ...]]] = []
         per_node = group_attribute is not None and _reads_identity(group_attribute)
         for shape, names in fleet.nodes_by_shape.items():
-            positions = memo.shape_matches(selectors, fleet.nodes[names[0]])
+            positions = matches[shape]
             if positions is not None and not positions:
                 continue  # no node of this shape has a matching device
             if positions is not None:
@@ -148,10 +159,9 @@ class DeviceIndex:
             for name in names:
                 devices = fleet.nodes[name].devices
                 if positions is None or per_node:
-                    accepted = positions if positions is not None else [
-                        i for i, d in enumerate(devices) if memo.accepts(selectors, d)]
+                    accepted = positions if positions is not None else per_device[name]
                     if positions is None:
-                        acceptance.append((name, tuple(accepted)))
+                        acceptance.append((name, accepted))
                     template = self.templates[name] = self._template(devices, accepted)
                 else:
                     template = shared = shared or self._template(devices, positions)
@@ -171,7 +181,6 @@ class DeviceIndex:
                     rank = entry.sample[positions_in_group[0]].fit_rank
                     self._enter((rank, len(positions_in_group)), ("idle", shape, value))
         self.acceptance = tuple(acceptance)
-        memo.meter.charge(len(fleet.nodes) // NODES_PER_STEP)  # the walk over the nodes, once it is done
 
     # -- building -----------------------------------------------------------------------------------
 
