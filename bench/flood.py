@@ -1,4 +1,8 @@
 """One tenant floods the bus while another submits at a steady rate: does the calm tenant still get answers?
+With `--bomb N`, a third phase: a third tenant submits N claims that exhaust the placement search (32
+requests, each a firstAvailable of 8 subrequests with selectors of their own, under a matchAttribute on the
+GPU's uuid: no node can ever hold one), and the calm tenant submits again while they wait. Its line adds the
+broker's memory (the `up` process's resident set) before the bombs and after the calm phase.
 
 `claimbroker up` on PostgreSQL (or SQLite) with a generated fleet and two tenants. The calm tenant (t00)
 submits `--calm` one-GPU claims at `--calm-rate` a second, first alone (steady), then while the flooding
@@ -9,7 +13,7 @@ bounds the flood is the tenant's backlog on the bus (settings.tenant_backlog, `-
 maxPending in the ledger. One JSON line per phase: the calm tenant's publish-to-first-status p50/p99/max;
 the flood line adds what the flood got through and the ratio of the p99s (the issue asks at most 2).
 
-    python bench/flood.py [--db postgresql|sqlite] [--flood 50000] [--calm 100] [--calm-rate 10]
+    python bench/flood.py [--db postgresql|sqlite] [--flood 50000] [--calm 100] [--calm-rate 10] [--bomb 200]
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from bench.e2e import (  # noqa: E402
 from services.natsio import BACKLOG_FULL_CODE  # noqa: E402
 from shared.contract import bus_auth, subjects  # noqa: E402
 
-CALM, FLOOD = tenant_name(0), tenant_name(1)
+CALM, FLOOD, BOMB = tenant_name(0), tenant_name(1), tenant_name(2)
+ATTR = 'device.attributes["gpu.nvidia.com"]'
 
 
 def one_gpu(tenant: str, name: str, count: int = 1) -> dict[str, Any]:
@@ -56,6 +61,39 @@ def one_gpu(tenant: str, name: str, count: int = 1) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": tenant},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}}]}}}
+
+
+def search_bomb(tenant: str, name: str) -> dict[str, Any]:
+    """A claim Kubernetes accepts whose placement search has no end: 32 requests of 8 firstAvailable
+    subrequests (256 combinations tried), each with a selector of its own, and every device of one uuid."""
+    requests = [{"name": f"r{r}", "firstAvailable": [
+        {"name": f"s{s}", "deviceClassName": "gpu.nvidia.com", "count": 1,
+         "selectors": [{"cel": {"expression": f'{ATTR}.productName != "{name}-{r}-{s}"'}}]} for s in range(8)]}
+        for r in range(32)]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": tenant},
+            "spec": {"devices": {"requests": requests, "constraints": [{"matchAttribute": "gpu.nvidia.com/uuid"}]}}}
+
+
+def resident_mb(pid: int) -> float:
+    """The process's resident set, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+async def bomb_phase(js: Any, statuses: Statuses, count: int) -> None:
+    """The bombing tenant's claims, published as the CLI would (patiently, past its backlog), until every one
+    has its first status."""
+    keys = [(BOMB, f"bomb-{i:04d}") for i in range(count)]
+    for key in keys:
+        await publish_patiently(js, subjects.submit(BOMB), json.dumps(search_bomb(*key)).encode(), f"bomb-{key[1]}")
+    deadline = time.monotonic() + 300
+    while any(k not in statuses.first for k in keys):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{sum(k not in statuses.first for k in keys)} bombs had no status")
+        await asyncio.sleep(0.05)
 
 
 async def flood_serve(url: str, count: int) -> None:
@@ -127,7 +165,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="claimbroker-bench-flood-"))
     inventory = work / "fleet.yaml"
     inventory.write_text(yaml.safe_dump(topology(args.nodes)))
-    quotas = quota_document(2, args.nodes)
+    quotas = quota_document(3 if args.bomb else 2, args.nodes)
     quotas["tenants"][1]["maxPending"] = args.max_pending
     broker = Broker(work, inventory, None, {"CLAIMBROKER_TENANT_BACKLOG": str(args.backlog)})
     drop: Callable[[], Awaitable[None]] | None = None
@@ -180,6 +218,18 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                        "flood_states_at_end": states, "tenant_backlog": args.backlog, "max_pending": args.max_pending,
                        "p99_ratio": round(flood_line["p99_ms"] / max(lines[0]["p99_ms"], 0.1), 2), "db": args.db}
         lines.append(flood_line)
+        if args.bomb:
+            assert broker.process is not None
+            quiet_mb = resident_mb(broker.process.pid)
+            started = time.perf_counter()
+            await bomb_phase(js, statuses, args.bomb)
+            answered_s = time.perf_counter() - started
+            bomb_line = figures("bomb", await calm_phase(js, statuses, args.calm, args.calm_rate, "bomb"))
+            bomb_line |= {"bombs": args.bomb, "bombs_answered_s": round(answered_s, 1),
+                          "p50_ratio": round(bomb_line["p50_ms"] / max(lines[0]["p50_ms"], 0.1), 2),
+                          "p99_ratio": round(bomb_line["p99_ms"] / max(lines[0]["p99_ms"], 0.1), 2),
+                          "rss_before_mb": quiet_mb, "rss_after_mb": resident_mb(broker.process.pid), "db": args.db}
+            lines.append(bomb_line)
         await nc.close()
         return lines
     finally:
@@ -199,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calm-rate", type=float, default=10.0)
     parser.add_argument("--backlog", type=int, default=16, help="the tenants' backlog on the bus (the default's)")
     parser.add_argument("--max-pending", type=int, default=1000, help="the flooding tenant's maxPending")
+    parser.add_argument("--bomb", type=int, default=0, help="claims of a third tenant that exhaust the search")
     parser.add_argument("--flood-serve", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)

@@ -113,6 +113,13 @@ class BrokerSettings(BaseSettings):
     # its tenant's minRuntime (Quotas) says otherwise: preemption that does not thrash. Priority preemption
     # within a tenant is not held back.
     min_runtime: float = 120.0
+    # What one tenant's claims may spend on placement per decision cycle (the units of shared/dra/budget.py,
+    # about 4 us each): a claim whose search costs more goes on in later cycles, so a tenant's expensive
+    # claims wait their turn while other tenants' claims are decided beside them.
+    tenant_placement_budget: int = Field(default=2_000, ge=200)
+    # While such work is left over, the allocator runs another cycle this long after the last (between
+    # them it takes messages as they come): how fast expensive claims progress, at what share of its time.
+    placement_continue_after: float = Field(default=0.1, gt=0.0)
     # How long the ledger keeps a consumed message's id (its inbox: a message re-sent within it, same tenant,
     # kind and id, changes nothing) and a release of a claim it has no row of (its submission, delivered
     # after it, still ends Released). Far above any redelivery (allocator_ack_wait x max_deliver), and above

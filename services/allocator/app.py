@@ -26,5 +26,6 @@ def create_app(settings: BrokerSettings, engine: AsyncEngine, nats_url: str) -> 
         engine, classes, batch=settings.allocator_batch, ack_wait=settings.allocator_ack_wait,
         max_deliver=settings.max_deliver, inventory_ttl=settings.inventory_ttl,
         reason_refresh=settings.reason_refresh, min_runtime=settings.min_runtime,
+        tenant_budget=settings.tenant_placement_budget, continue_after=settings.placement_continue_after,
         inbox_retention=settings.inbox_retention, early_releases_per_tenant=settings.early_releases_per_tenant),
         settings.tls_ca)

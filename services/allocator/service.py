@@ -59,6 +59,7 @@ from shared.admission.quota import QuotaConfig
 from shared.contract import events, subjects
 from shared.contract.messages import NodeInventory
 from shared.dra import model as dra
+from shared.dra.budget import TENANT_BUDGET
 from shared.dra.inventory import Fleet
 from shared.dra.results import State
 from shared.ledger import inbox
@@ -86,6 +87,8 @@ class Allocator:
         depth_interval: float = 1.0,
         shard: str = "default",
         min_runtime: float = 0.0,
+        tenant_budget: int = TENANT_BUDGET,
+        continue_after: float = 0.1,
         clock: Callable[[], float] = time.time,
         inbox_retention: float = 3600.0,
         early_releases_per_tenant: int = DEFAULT_EARLY_RELEASES_PER_TENANT,
@@ -110,6 +113,9 @@ class Allocator:
         self._matched_at = -math.inf  # when _answered_at was last matched against every waiting claim
         self.shard = shard
         self.min_runtime = min_runtime  # for tenants without a minRuntime of their own
+        self.tenant_budget = tenant_budget  # placement work per tenant and cycle (shared/dra/budget.py)
+        self.continue_after = continue_after  # the next cycle, while placement work was left over
+        self._work_left = False  # the last cycle cut some placement short: it goes on soon
         # Message ids are kept `inbox_retention` (a re-sent message within it changes nothing), releases of
         # unknown claims as long, at most `early_releases_per_tenant` per tenant; their answers expire
         # after `release_answer_ttl` where the status stream allows it (`_answers_expire`).
@@ -175,16 +181,17 @@ class Allocator:
         next_cycle = 0.0
         try:
             while not self._stopping.is_set():
-                messages = await claims.fetch(timeout=min(0.5, self.cycle_interval))
+                interval = self.continue_after if self._work_left else self.cycle_interval
+                messages = await claims.fetch(timeout=min(0.5, interval))
                 if self._stopping.is_set():
                     for message in messages:
                         await claims.nak(message, None)
                     break
                 now = time.monotonic()
-                due = self._fleet_changed.is_set() or (self._waiting and now >= next_cycle)
+                due = self._fleet_changed.is_set() or ((self._waiting or self._work_left) and now >= next_cycle)
                 if messages or due:
                     self._fleet_changed.clear()
-                    next_cycle = now + self.cycle_interval
+                    next_cycle = now + (self.continue_after if self._work_left else self.cycle_interval)
                     async with claims.in_hand(messages):
                         await self._handle(messages)
                 await self.pruner.run_if_due()  # between transactions: no decision waits on it
@@ -441,7 +448,7 @@ class Allocator:
         queue = await ops.load_queue(session, self.queue_cache)
         self._queue_for_metrics = queue.waiting
         if not queue.waiting:
-            self._waiting = False
+            self._waiting = self._work_left = False
             self._answered_at.clear()
             return lost
         self._refresh_stale_reasons(queue)
@@ -456,9 +463,10 @@ class Allocator:
         recent = await ops.recent_preemptions(session, cycle_at - 60.0) if limited else {}
         snapshot = Snapshot(self.fleet, self.classes, config, tuple(queue.running.values()), waiting,
                             self._unusable_nodes(), None if self._set_aside else changes, now=cycle_at,
-                            recent_preemptions=recent)
+                            recent_preemptions=recent, tenant_budget=self.tenant_budget)
         started = time.perf_counter()
         result = run_cycle(snapshot, self.kept)
+        self._work_left = result.deferred > 0
         metrics.CYCLE_SECONDS.observe(time.perf_counter() - started)
         self.collector.after_cycle()
         now = datetime.now(UTC)

@@ -17,6 +17,9 @@ from shared.dra.inventory import Fleet
 from shared.dra.results import Decision, State
 
 MAX_CYCLES_PER_WAVE = 8  # a wave settles when a cycle changes nothing; preemption victims retry next cycle
+# Cycles that only go on with placement work the budget cut short (shared/dra/budget.py), as the allocator
+# runs them: a wave's outcome is what the allocator would give once that work is done.
+MAX_BUDGET_CYCLES_PER_WAVE = 10_000
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ def run_waves(
                 continue  # claims are immutable: the first one with a name stands
             waiting.put(w)
             documents[w.key] = item
-        for _ in range(MAX_CYCLES_PER_WAVE):
+        changing, going_on = 0, 0
+        while changing < MAX_CYCLES_PER_WAVE and going_on < MAX_BUDGET_CYCLES_PER_WAVE:
             all_waiting, changes = waiting.snapshot()
             cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(running.values()), all_waiting, changes=changes),
                               kept)
@@ -124,7 +128,11 @@ def run_waves(
                     waiting.pop(key)
                 elif queued is not None and not queued.answered:
                     waiting.put(replace(queued, answered=True))
-            if not changed:
+            if changed:
+                changing += 1
+            elif cycle.deferred:
+                going_on += 1
+            else:
                 break
     result.outcomes = list(final.values())
     return result

@@ -15,6 +15,7 @@ from shared.admission.invariant import violations
 from shared.admission.kept import KeptState
 from shared.admission.model import ClaimKey, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
+from shared.admission.simulate import MAX_BUDGET_CYCLES_PER_WAVE
 from shared.dra import model as dra
 from shared.dra.inventory import Fleet, NodeInventory
 from shared.dra.results import State
@@ -44,7 +45,8 @@ def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaCo
     and the rest trying again, as the allocator would over its next cycles."""
     out = Settled({r.key: r for r in running}, {w.key: w for w in waiting})
     kept, order = KeptState(), max((r.allocated_order for r in out.running.values()), default=0)
-    for _ in range(MAX_CYCLES):
+    changing = going_on = 0
+    while changing < MAX_CYCLES and going_on < MAX_BUDGET_CYCLES_PER_WAVE:
         cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(out.running.values()),
                                    tuple(sorted(out.waiting.values(), key=lambda w: (w.arrival, w.key)))), kept)
         changed = bool(cycle.preemptions)
@@ -71,7 +73,11 @@ def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaCo
                 out.reasons[key] = d.decision.reason or "Pending"
                 if not queued.answered:
                     out.waiting[key] = replace(queued, answered=True)
-        if not changed:
+        if changed:
+            changing += 1
+        elif cycle.deferred:  # placement work its budget cut short: the allocator's next cycles go on with it
+            going_on += 1
+        else:
             break
     return out
 
