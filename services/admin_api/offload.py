@@ -287,7 +287,7 @@ class AdminWorkers:
             finally:
                 loop.remove_reader(answers.fileno())
             try:
-                answer: Answer = pickle.loads(await asyncio.to_thread(answers.recv_bytes))
+                answer: Answer = await asyncio.to_thread(_receive, answers)
             except EOFError:
                 await asyncio.to_thread(process.join, 5)
                 log.error("admin job %s ended without an answer (exit status %s)", what, process.exitcode)
@@ -308,6 +308,12 @@ class AdminWorkers:
         for process in list(self._processes.values()):
             with contextlib.suppress(ValueError, OSError):
                 process.kill()
+
+
+def _receive(answers: Connection) -> Answer:
+    """Off the loop: an answer may be tens of megabytes (a dry run of 100,000 tenants)."""
+    answer: Answer = pickle.loads(answers.recv_bytes())
+    return answer
 
 
 def _settle(ready: asyncio.Future[None]) -> None:
