@@ -54,7 +54,7 @@ bench-e2e: $(STAMP) ## claimbroker up end to end (SQLite, PostgreSQL): 10,000-cl
 	@scripts/ensure-postgres.sh
 	$(BIN)/python bench/e2e.py
 
-bench-whatif: $(STAMP) ## whatif on 1,000 nodes with 10,000 waiting claims: a drain and a quota raise, seconds each
+bench-whatif: $(STAMP) ## whatif on 1,000 nodes with 10,000 waiting claims (a drain, a quota raise); what-ifs adding 1,000-20,000 nodes and quota imports of 10,000-100,000 tenants (the admin limits)
 	$(BIN)/python bench/whatif.py
 
 bench-flood: $(STAMP) ## a calm tenant's p50/p99 to first status alone, beside a 50,000-claim flood and 200 search bombs (BOMB=0 skips)

@@ -256,7 +256,8 @@ def _read(body: bytes) -> Any:
         raise Problem(422, "invalid Quotas document", f"cannot read the body as YAML or JSON: {error}") from None
 
 
-def _parse(body: bytes, limits: Limits) -> QuotaConfig:
+def parse_import(body: bytes, limits: Limits) -> QuotaConfig:
+    """The body of an import as the configuration it names: 422 naming the field, or the size and its limit."""
     document = _read(body)
     if problems := dra.text_problems(document):
         raise Problem(422, "invalid Quotas document", f"Quotas: {problems[0]}")
@@ -321,7 +322,7 @@ async def import_quotas(request: Request, token: Caller,
 async def import_job(reach: Reach, limits: Limits, body: bytes, dry_run: bool, actor: str) -> Answer:
     """In a worker: the document read and checked, then planned (a dry run) or planned and written in one
     transaction, with the claims over their new quota."""
-    config = _parse(body, limits)
+    config = parse_import(body, limits)
     async with ledger(reach) as factory, factory() as s, s.begin():
         if dry_run:  # the rows only: the transaction (on SQLite the ledger's write lock) ends before the plan
             rows = await read_quota_rows(s)
