@@ -204,8 +204,25 @@ class AdminWorkers:
         """Requests waiting for a worker."""
         return sum(1 for turn in self._waiters if not turn.done())
 
-    async def run(self, what: str, job: Job, *args: Any) -> Response:
-        """`job(reach, limits, *args)` in a worker, answered within the timeout; `what` names it in errors."""
+    async def run(self, request: Request, what: str, job: Job, *args: Any) -> Response:
+        """`job(reach, limits, *args)` in a worker, answered within the timeout; `what` names it in errors.
+        A request whose client goes away (its body already read) stops its job and frees its place."""
+        work = asyncio.ensure_future(self._run(what, job, args))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if gone.cancelled() or not gone.done():
+                raise  # this request itself is cancelled
+            return Response(status_code=499)  # nobody reads it: the client left
+
+    async def _run(self, what: str, job: Job, args: tuple[Any, ...]) -> Response:
         deadline = time.monotonic() + self.limits.timeout
         await self._acquire(what, deadline)
         try:
@@ -308,6 +325,12 @@ class AdminWorkers:
         for process in list(self._processes.values()):
             with contextlib.suppress(ValueError, OSError):
                 process.kill()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone: once the body is read, the server's next message is a disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _receive(answers: Connection) -> Answer:

@@ -189,7 +189,7 @@ async def export_quotas(request: Request, token: Caller,
                         format: Annotated[Literal["yaml", "json"], Query()] = "yaml") -> Response:
     """The contract's Quotas YAML (or JSON); importing it gives back the same configuration. A scoped
     viewer gets its own tenant only."""
-    return await workers(request).run("quota export", export_job, token.tenant, format)
+    return await workers(request).run(request, "quota export", export_job, token.tenant, format)
 
 
 async def export_job(reach: Reach, _: Limits, tenant: str | None, format: str) -> Answer:
@@ -316,7 +316,8 @@ async def import_quotas(request: Request, token: Caller,
     """Make the ledger hold exactly this Quotas document: flavors, cohorts, tenants and quotas it does
     not name are deleted. With dryRun=true nothing is written; the answer is the same."""
     admin(token)
-    return await workers(request).run("quota import", import_job, await request.body(), dry_run, token.actor)
+    return await workers(request).run(request, "quota import", import_job, await request.body(), dry_run,
+                                      token.actor)
 
 
 async def import_job(reach: Reach, limits: Limits, body: bytes, dry_run: bool, actor: str) -> Answer:

@@ -64,7 +64,7 @@ async def post_whatif(request: Request, token: Caller) -> Response:
             raise Problem(503, "no view of the fleet", "this API process has no view of the fleet (run it with the "
                                                        "broker, or with NATS)")
         fleet = await fleet_of()  # the app's own (a test's, an embedding's): pickled to the job
-    return await pool.run("what-if", what_if_job, await request.body(), fleet)
+    return await pool.run(request, "what-if", what_if_job, await request.body(), fleet)
 
 
 def proposed_size(documents: Iterable[Any]) -> tuple[int, int]:

@@ -5,12 +5,14 @@ at once past it), a memory limit, and what a cancelled request leaves (nothing r
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 import yaml
 
 from services.admin_api.app import create_app
@@ -127,6 +129,42 @@ async def test_a_cancelled_request_stops_its_worker_and_frees_its_place(app_with
     slow.cancel()
     await wait_until(lambda: pool.running == 0)
     assert (await api.post("/v1/whatif", json={}, headers=admin)).status_code == 200
+
+
+async def test_a_client_that_goes_away_stops_its_job(tmp_path: Any) -> None:
+    """Over a real connection (uvicorn): a client that gives up (Ctrl-C on a CLI) frees the worker."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    await migrate(url)
+    engine = create_engine(url)
+    admin = bearer(await create_token(sessions(engine), "admin", None))
+
+    async def empty() -> Fleet:
+        return Fleet()
+
+    app = create_app(engine, fleet=empty, limits=replace(Limits.defaults(), whatif_max_nodes=100_000,
+                                                         whatif_max_devices=10**6))
+    pool: AdminWorkers = app.state.workers
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        async with httpx.AsyncClient(base_url=base, headers=admin) as client:
+            # 20,000 nodes: half a minute of work, far longer than the wait below
+            leaving = asyncio.create_task(client.post("/v1/whatif", json=nodes(20_000), timeout=120))
+            await wait_until(lambda: pool.running == 1)
+            leaving.cancel()  # the connection closes with it
+        await wait_until(lambda: pool.running == 0, timeout=5)
+        async with httpx.AsyncClient(base_url=base, headers=admin, timeout=60) as client:
+            assert (await client.post("/v1/whatif", json={})).status_code == 200
+    finally:
+        server.should_exit = True
+        await serving
+        sock.close()
+        await engine.dispose()
 
 
 async def test_a_job_over_its_memory_is_stopped_with_a_503(app_with: Client) -> None:
