@@ -22,6 +22,9 @@ import multiprocessing
 import os
 import pickle
 import resource
+import select
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -131,6 +134,16 @@ async def ledger(reach: Reach) -> AsyncIterator[async_sessionmaker[AsyncSession]
         await engine.dispose()
 
 
+def _exit_when_unread(answers: Connection) -> None:
+    """A thread of the worker: the process ends once nobody can read its answer (the request stopped it,
+    or the API's process is gone, kill -9 of `up` included), so no job computes on for nobody. A pipe's
+    write end reports an error as soon as its read end is closed."""
+    watch = select.poll()
+    watch.register(answers.fileno(), 0)  # errors and hang-ups are always reported
+    watch.poll()
+    os._exit(1)
+
+
 def _memory_limit(extra: int) -> None:
     """Address space of what the process holds now plus `extra`: past it an allocation fails (MemoryError)
     in this job alone, instead of the machine's OOM killer choosing among the broker's processes."""
@@ -152,7 +165,9 @@ async def _answer(job: Job, reach: Reach, limits: Limits, args: tuple[Any, ...])
 def _work(answers: Connection, job: Job, reach: Reach, limits: Limits, args: tuple[Any, ...]) -> None:
     """A worker process: one job, its answer sent back, then it exits (the memory of a large job goes
     with it)."""
+    threading.Thread(target=_exit_when_unread, args=(answers,), daemon=True).start()
     os.nice(WORKER_NICENESS)
+    signal.alarm(math.ceil(limits.timeout) + 5)  # never past its deadline, even when nobody is left to stop it
     if limits.memory:
         _memory_limit(limits.memory)
     try:
