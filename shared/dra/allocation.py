@@ -24,7 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.dra import model as dra
-from shared.dra.budget import CLAIM_BUDGET, ONE_SHOT_BUDGET, STEP, BudgetExceeded, Meter, Unmetered
+from shared.dra.budget import (
+    CLAIM_BUDGET,
+    ONE_SHOT_BUDGET,
+    PIECE_LIMIT,
+    STEP,
+    BudgetExceeded,
+    Meter,
+    PieceTooLarge,
+    Unmetered,
+)
 from shared.dra.cel import SelectorError
 from shared.dra.fleet_index import IN_USE, DeviceIndex, Group
 from shared.dra.inventory import UNHEALTHY, CounterKey, Fleet, FleetDevice
@@ -414,6 +423,12 @@ class FleetState:
             reason, unsatisfiable = pending_reason(self, plan)
         except Rejected as rejected:
             return Decision(State.REJECTED, reason=str(rejected))
+        except BudgetExceeded:
+            return Decision(State.PENDING, reason=self.cut_reason(plan), cut=True)
+        given_up = sum(len(sweep.given_up) for sweep in self.kept(plan).sweeps.values())
+        if given_up:
+            reason += (f"; the search of {given_up} node(s) was given up after {PIECE_LIMIT:,} steps each (the "
+                       "claim's constraints leave too many combinations there): they count as having no room")
         return Decision(State.PENDING, reason=reason, unsatisfiable=unsatisfiable)
 
     def _allocated(self, claim: dra.ResourceClaim, plan: Plan, found: tuple[str, list[tuple[str, FleetDevice]]]
@@ -482,6 +497,7 @@ class FleetState:
             else:
                 indexes = [self.index(a) for a in variant]
             shape = (grouping, plan.search_shape(variant, indexes))
+            self.meter.progressed()
             found.next += 1
             if shape not in found.shapes:
                 found.shapes.add(shape)
@@ -492,9 +508,12 @@ class FleetState:
                sweep: Sweep) -> tuple[str, list[tuple[str, FleetDevice]]] | None:
         grouping = plan.group_attribute(variant)
         if grouping is None or isinstance(grouping, str):
+            if sweep.swept_at.get(number, -1) >= self.clock:
+                return None  # it found no room, and nothing was freed anywhere since
             found = self._place_simple(variant[0], indexes[0], plan)
             if found is None:
                 sweep.finished(number, self.clock)
+                self.meter.progressed()
             return found
         return self._place_searching(plan, number, variant, indexes, sweep)
 
@@ -567,10 +586,12 @@ class FleetState:
             nodes = (g.node for g in indexes[lead].best_groups(variant[lead].wanted))
         constraints = Constraints(plan.constraints)
         freed_at, meter = self.freed_at, self.meter
+        searched = False
         for node in nodes:
             if sweep.skips(number, node, freed_at.get(node, 0)):
                 continue
             meter.spend(STEP)
+            searched = True
             candidates: dict[str, list[FleetDevice]] = {}
             for alternative, index in zip(variant, indexes, strict=True):
                 if alternative.admin_access:
@@ -584,11 +605,18 @@ class FleetState:
                 candidates[alternative.result_name] = here
             else:
                 counters = NodeCounters(dict(self._counters.get(node, {})))
-                found = search_node(variant, candidates, constraints, counters, meter)
+                try:
+                    found = search_node(variant, candidates, constraints, counters, meter)
+                except PieceTooLarge:  # its combinations have no end: it counts as having no room
+                    sweep.given_up.add(node)
+                    found = None
                 if found is not None:
                     return node, found
             sweep.searched(number, node, self.clock)
+            meter.progressed()
         sweep.finished(number, self.clock)
+        if searched:
+            meter.progressed()
         return None
 
 

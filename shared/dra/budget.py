@@ -30,36 +30,55 @@ class BudgetExceeded(Exception):
     """The meter ran out: the work stops here, and what it found so far stays in the caches."""
 
 
-class Meter:
-    """Units left for one piece of work; `spend` raises BudgetExceeded once they are gone."""
+class PieceTooLarge(BudgetExceeded):
+    """One piece of work ran past PIECE_LIMIT before it was done (a node whose combinations have no end)."""
 
-    __slots__ = ("limit", "spent", "stopped")
+
+# The most a single piece of divisible work may cost before it is given up (a search of one node): about
+# 0.1 s. A meter's first piece runs past the meter's limit, up to this, so every meter makes progress.
+PIECE_LIMIT = 25_000
+
+
+class Meter:
+    """Units left for the work of one decision; `spend` raises BudgetExceeded once they are gone.
+
+    Every meter given any units makes progress: until it has done one piece of work (`done`: a selector
+    compiled or evaluated, an index built, a node searched, all of which are kept, so the next meter goes on
+    from there), it is not stopped at its limit; only a divisible piece that runs past PIECE_LIMIT is. So
+    work bigger than any one budget is still done, a piece per meter, and its cost is counted past the limit
+    (the payer's next budget repays it: see AdmissionState's allowances)."""
+
+    __slots__ = ("limit", "spent", "done")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.spent = 0
-        self.stopped = False  # some work was refused
+        self.done = False  # a piece of work was done and kept: from now on the limit holds
 
     def spend(self, units: int = STEP) -> None:
         """Before divisible work: raises (and the work is not done, nor counted) if it would run out."""
-        if self.spent + units > self.limit:
-            self.stopped = True
+        if self.spent + units > self.limit and (self.done or self.limit <= 0):
             raise BudgetExceeded
+        if not self.done and self.spent + units > PIECE_LIMIT:
+            raise PieceTooLarge
         self.spent += units
 
     def spend_whole(self, units: int) -> None:
-        """Before work that cannot be split (building an index): it is done if it fits, or if it is the first
-        work of a meter that was given any units at all, so a piece bigger than a whole budget is still done,
-        once, and its cost counted past the limit (the payer's next work waits for it: see AdmissionState's
-        allowances); otherwise it raises like `spend`."""
-        if self.spent + units > self.limit and (self.spent > 0 or self.limit <= 0):
-            self.stopped = True
+        """Before a piece that cannot be split (compiling, evaluating, building an index): as `spend`, but a
+        first piece is never too large, and once it is done, the meter has made progress."""
+        if self.spent + units > self.limit and (self.done or self.limit <= 0):
             raise BudgetExceeded
         self.spent += units
+        self.done = True
+
+    def progressed(self) -> None:
+        """A piece of divisible work was done and kept (a node searched in vain, a variant finished)."""
+        self.done = True
 
     @property
     def left(self) -> int:
         return max(0, self.limit - self.spent)
+
 
 class Unmetered(Meter):
     """For work no claim pays for (a fleet's flavors, trusted callers): counts, never stops."""
@@ -80,5 +99,5 @@ class Unmetered(Meter):
         return 1 << 62
 
 
-__all__ = ["CLAIM_BUDGET", "COMPILE", "EVALUATION", "FLOOR_BUDGET", "ONE_SHOT_BUDGET", "STEP",
-           "TENANT_BUDGET", "BudgetExceeded", "Meter", "Unmetered"]
+__all__ = ["CLAIM_BUDGET", "COMPILE", "EVALUATION", "FLOOR_BUDGET", "ONE_SHOT_BUDGET", "PIECE_LIMIT", "STEP",
+           "TENANT_BUDGET", "BudgetExceeded", "Meter", "PieceTooLarge", "Unmetered"]

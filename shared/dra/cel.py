@@ -584,7 +584,7 @@ def compile_selector(expression: str, meter: Meter | None = None) -> CompiledSel
     found = _compiled.get(expression)
     if found is None:
         if meter is not None:
-            meter.spend(COMPILE)
+            meter.spend_whole(COMPILE)
         found = _compile(expression)
         _compiled[expression] = found
         if len(_compiled) > COMPILE_CACHE_SIZE:

@@ -59,7 +59,7 @@ class SelectorMemo:
         key = (selector.expression, self._signature(selector, device))
         hit = self.results.get(key)
         if hit is None:
-            self.meter.spend(EVALUATION)
+            self.meter.spend_whole(EVALUATION)
             self.evaluations += 1
             program = selector if isinstance(selector, CompiledSelector) else compile_selector(
                 selector.expression, self.meter)

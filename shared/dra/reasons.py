@@ -134,7 +134,7 @@ def pending_reason(state: FleetState, plan: Plan) -> tuple[str, bool]:
     for _, alternatives in plan.requests:
         never_all = True
         for alternative in alternatives:
-            state.meter.spend(STEP)
+            state.meter.spend(STEP)  # the indexes it reads, built once each, are the pieces that are kept
             text, never = _alternative_reason(state, plan, alternative, named or len(alternatives) > 1)
             parts.append(text)
             never_all = never_all and never

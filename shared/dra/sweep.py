@@ -20,6 +20,7 @@ class Sweep:
     swept_at: dict[int, int] = field(default_factory=dict)  # variant -> free clock at its last full search
     partial: int | None = None  # the variant whose first full search was cut short, and the nodes it covered
     checked: dict[str, int] = field(default_factory=dict)  # node -> free clock when searched in vain
+    given_up: set[str] = field(default_factory=set)  # nodes whose search ran past PIECE_LIMIT (no room, then)
 
     def skips(self, variant: int, node: str, freed_at: int) -> bool:
         """Whether the node, last freed at `freed_at`, was searched in vain for the variant since."""
