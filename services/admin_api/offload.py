@@ -144,13 +144,19 @@ def _exit_when_unread(answers: Connection) -> None:
     os._exit(1)
 
 
-def _memory_limit(extra: int) -> None:
-    """Address space of what the process holds now plus `extra`: past it an allocation fails (MemoryError)
-    in this job alone, instead of the machine's OOM killer choosing among the broker's processes."""
+def _second_to_the_broker(memory: int) -> None:
+    """The job's process gives way: the CPU to the allocator first (nice), the first to go should a
+    container's memory run out (OOM score), and an address space of what it holds now plus `memory`
+    (0: no limit), past which an allocation fails (MemoryError) in this job alone."""
+    os.nice(WORKER_NICENESS)
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as score:
+        score.write("1000")
+    if not memory:
+        return
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/self/status") as status:
             size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
-        resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
+        resource.setrlimit(resource.RLIMIT_AS, (size + memory, size + memory))
 
 
 async def _answer(job: Job, reach: Reach, limits: Limits, args: tuple[Any, ...]) -> Answer:
@@ -166,10 +172,8 @@ def _work(answers: Connection, job: Job, reach: Reach, limits: Limits, args: tup
     """A worker process: one job, its answer sent back, then it exits (the memory of a large job goes
     with it)."""
     threading.Thread(target=_exit_when_unread, args=(answers,), daemon=True).start()
-    os.nice(WORKER_NICENESS)
     signal.alarm(math.ceil(limits.timeout) + 5)  # never past its deadline, even when nobody is left to stop it
-    if limits.memory:
-        _memory_limit(limits.memory)
+    _second_to_the_broker(limits.memory)
     try:
         answer = asyncio.run(_answer(job, reach, limits, args))
     except MemoryError:
