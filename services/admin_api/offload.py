@@ -300,6 +300,9 @@ class AdminWorkers:
             # Off the loop: the first start waits for the fork server to load the broker's modules, and the
             # arguments (a request body) are pickled and written to it.
             await asyncio.to_thread(process.start)
+        except asyncio.CancelledError:
+            answers.close()  # a worker that starts all the same ends at once: nobody can read its answer
+            raise
         except Exception as error:
             log.exception("cannot start a worker process for %s", what)
             answers.close()
