@@ -28,6 +28,8 @@ from shared.ledger.schema import Claim, DeviceAllocation
 
 router = APIRouter(tags=["quotas"], responses=PROBLEMS)
 YAML = "application/yaml"
+_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where installed: several times faster
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class ChangeOut(Model):
@@ -203,10 +205,6 @@ async def export_job(reach: Reach, _: Limits, tenant: str | None, format: str) -
     if format == "json":
         return Answer(200, orjson.dumps(document))
     return Answer(200, yaml.dump(document, Dumper=_DUMPER, sort_keys=False).encode(), YAML)
-
-
-_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's where installed: several times faster
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 _IMPORT_BODY = {"requestBody": {"required": True, "content": {
