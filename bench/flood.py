@@ -83,10 +83,10 @@ def resident_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-async def bomb_phase(js: Any, statuses: Statuses, count: int) -> None:
-    """The bombing tenant's claims, published as the CLI would (patiently, past its backlog), until every one
-    has its first status."""
-    keys = [(BOMB, f"bomb-{i:04d}") for i in range(count)]
+async def bomb_phase(js: Any, statuses: Statuses, count: int, first: int = 0) -> None:
+    """The bombing tenant's claims (numbered from `first`), published as the CLI would (patiently, past its
+    backlog), until every one has its first status."""
+    keys = [(BOMB, f"bomb-{i:04d}") for i in range(first, first + count)]
     for key in keys:
         await publish_patiently(js, subjects.submit(BOMB), json.dumps(search_bomb(*key)).encode(), f"bomb-{key[1]}")
     deadline = time.monotonic() + 300

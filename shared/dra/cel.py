@@ -613,9 +613,28 @@ def selector_text(expression: str) -> SelectorText:
     return SelectorText(expression, _names_read(expression))
 
 
+# A quoted string with backslash escapes, as CEL writes them. Raw and triple-quoted strings are left alone
+# (their words then count as identifiers: a signature finer than needed, never a wrong one).
+_QUOTED = re.compile(r'"(?:[^"\\\n]|\\.)*"' + "|" + r"'(?:[^'\\\n]|\\.)*'")
+_RAW_OR_TRIPLE = re.compile(r"[rR][\"']|\"\"\"|'''")
+_INDEXING = re.compile(r"\[\s*\??\s*$")  # what precedes a string used as a map key: `["numa-node"]`, `[?"x"]`
+_NAMES: dict[frozenset[str], frozenset[str]] = {}
+
+
 def _names_read(expression: str) -> frozenset[str] | None:
-    """The identifiers an expression reads; None when it iterates and so may read any attribute."""
-    return None if _ITERATES.search(expression) else frozenset(_IDENTIFIER.findall(expression))
+    """The identifiers an expression reads; None when it iterates and so may read any attribute. The words
+    of a string literal count only where the string indexes a map (`attributes["gpu.nvidia.com"]["x"]`):
+    the values it compares are not names, so selectors that differ only in those read the same names and
+    share one frozen set and the memo's signatures (a claim may hold 256 selectors alike but for a value)."""
+    if _ITERATES.search(expression):
+        return None
+    text = expression
+    if not _RAW_OR_TRIPLE.search(expression):
+        text = _QUOTED.sub(lambda m: m.group(0) if _INDEXING.search(expression, 0, m.start()) else "''", expression)
+    names = frozenset(_IDENTIFIER.findall(text))
+    if len(_NAMES) > 4096:
+        _NAMES.clear()
+    return _NAMES.setdefault(names, names)
 
 
 def is_compiled(expression: str) -> bool:

@@ -32,7 +32,7 @@ class SelectorMemo:
     shapes: dict[tuple[tuple[str, ...], int], tuple[int, ...] | SelectorError] = field(default_factory=dict)
     plans: dict[Any, Any] = field(default_factory=dict)  # prepared claims per spec (shared/dra/allocation.py)
     plan_of: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id(claim) -> (claim, plan)
-    key_of: dict[int, tuple[Any, str]] = field(default_factory=dict)  # id(claim) -> (claim, spec key): being prepared
+    key_of: dict[int, tuple[Any, bytes]] = field(default_factory=dict)  # id(claim) -> (claim, spec key): being prepared
     plans_cleared: int = 0  # times `plans` was emptied: caches keyed by a plan's id are void after
     evaluations: int = 0
     # Charged for each evaluation not found here, before it runs: the decision under way sets it

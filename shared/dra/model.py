@@ -935,9 +935,30 @@ def parse_object(document: Any, *, on_create: bool = True) -> ResourceClaim | Re
         parsed = _KINDS[kind].model_validate(document, by_alias=True, by_name=by_name)
     except ValidationError as error:
         raise DocumentError(describe_validation_error(error)) from None
-    if isinstance(parsed, ResourceClaim) and (problems := claim_problems(parsed, on_create=on_create)):
-        raise DocumentError(joined(problems))
+    if isinstance(parsed, ResourceClaim):
+        if problems := claim_problems(parsed, on_create=on_create):
+            raise DocumentError(joined(problems))
+        _share_fields_sets(parsed)
     return parsed  # type: ignore[return-value]
+
+
+_FIELDS_SETS: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _share_fields_sets(model: BaseModel) -> None:
+    """A waiting claim stays in memory, and pydantic gives each of its objects a set of the fields it was
+    given (200 bytes each: 40% of a claim of 256 subrequests). The models are frozen and nothing here asks
+    which fields were set, so objects with the same fields share one frozen set."""
+    stack: list[Any] = [model]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, BaseModel):
+            fields = frozenset(item.__pydantic_fields_set__)
+            shared = _FIELDS_SETS.setdefault(fields, fields) if len(_FIELDS_SETS) < 4096 else fields
+            object.__setattr__(item, "__pydantic_fields_set__", shared)
+            stack.extend(item.__dict__.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
 
 
 def parse_claim(document: Any, *, on_create: bool = True) -> ResourceClaim:

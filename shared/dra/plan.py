@@ -4,6 +4,7 @@ and its firstAvailable alternatives in order.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -162,8 +163,9 @@ def prepare(claim: dra.ResourceClaim, classes: Mapping[str, dra.DeviceClass], me
                 len(variants) > MAX_VARIANTS)
 
 
-def spec_key(claim: dra.ResourceClaim) -> str:
-    """The spec as JSON: equal specs serialise alike, and pydantic-core writes it in compiled code, several
-    times faster than hashing and comparing the nested models field by field in Python (and it also
-    covers opaque parameters, which hold unhashable dicts)."""
-    return claim.spec.model_dump_json()
+def spec_key(claim: dra.ResourceClaim) -> bytes:
+    """A digest of the spec as JSON: equal specs serialise alike, and pydantic-core writes it in compiled
+    code, several times faster than hashing and comparing the nested models field by field in Python (and
+    it also covers opaque parameters, which hold unhashable dicts). The digest, not the JSON, is what the
+    plan memo keeps: a spec may be 1 MiB of text."""
+    return hashlib.blake2b(claim.spec.model_dump_json().encode(), digest_size=20).digest()

@@ -274,3 +274,26 @@ def test_running_claims_pay_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     kept = KeptState()
     run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (Running("t", "r", decision.allocation),), ()), kept)
     assert kept.admission is not None and kept.admission.allowance == {}
+
+
+# -- memory: what a waiting claim holds ----------------------------------------------------------------------
+
+
+def test_selectors_that_differ_only_in_a_value_share_their_signatures_and_a_map_key_still_counts() -> None:
+    from shared.dra.cel import selector_text
+    from shared.dra.matching import SelectorMemo
+
+    devices = [d for n in ("a", "b") for d in node(n, "H100" if n == "a" else "A100", 2)]
+    memo = SelectorMemo()
+    for i in range(200):
+        for device in devices:
+            memo.matches(selector_text(f'{ATTR}.productName != "x-{i}"'), device)
+    assert len(memo.signatures) <= 4, len(memo.signatures)  # per kind of device, not per selector
+    keyed = selector_text('device.attributes["gpu.nvidia.com"]["productName"] == "H100"')
+    assert [memo.matches(keyed, d) for d in devices] == [True, True, False, False]
+
+
+def test_a_parsed_claims_objects_share_their_field_sets() -> None:
+    claim = bomb("b", requests=4, alternatives=4).build()
+    subrequests = [s for r in claim.spec.devices.requests for s in r.first_available or ()]
+    assert len({id(s.__pydantic_fields_set__) for s in subrequests}) == 1
