@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -323,18 +322,14 @@ class QueueCache:
         self.documents.pop(row_id, None)
 
 
-_PARSED: dict[str, dra.ResourceClaim] = {}
 
 
 def _document(spec: dict[str, Any]) -> dra.ResourceClaim:
-    """Parse each distinct claim document once per process (validation costs far more than the key)."""
-    key = json.dumps(spec, sort_keys=True)
-    found = _PARSED.get(key)
-    if found is None:
-        if len(_PARSED) > 100_000:
-            _PARSED.clear()
-        found = _PARSED[key] = dra.ResourceClaim.model_validate(spec)
-    return found
+    """A claim row's document, parsed once while the claim stays queued or running (the cache keeps it, and
+    nothing else: a claim's memory goes when it ends)."""
+    claim = dra.ResourceClaim.model_validate(spec)
+    dra.share_fields_sets(claim)
+    return claim
 
 
 QUEUED = (State.PENDING.value, State.ALLOCATED.value)  # a claim in these states waits or runs

@@ -332,6 +332,9 @@ class AdmissionState:
                 self.fresh_groups.add(gid)  # type: ignore[arg-type]
 
     def _unqueue(self, waiting: Waiting) -> None:
+        for kept in (self.memo.plan_of, self.memo.key_of):  # its document goes with it
+            if (found := kept.get(id(waiting.claim))) is not None and found[0] is waiting.claim:
+                del kept[id(waiting.claim)]
         if self.waiting.get(waiting.key) is waiting:
             del self.waiting[waiting.key]
         self.invalid.discard(waiting.key)

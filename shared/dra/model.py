@@ -938,14 +938,14 @@ def parse_object(document: Any, *, on_create: bool = True) -> ResourceClaim | Re
     if isinstance(parsed, ResourceClaim):
         if problems := claim_problems(parsed, on_create=on_create):
             raise DocumentError(joined(problems))
-        _share_fields_sets(parsed)
+        share_fields_sets(parsed)
     return parsed  # type: ignore[return-value]
 
 
 _FIELDS_SETS: dict[frozenset[str], frozenset[str]] = {}
 
 
-def _share_fields_sets(model: BaseModel) -> None:
+def share_fields_sets(model: BaseModel) -> None:
     """A waiting claim stays in memory, and pydantic gives each of its objects a set of the fields it was
     given (200 bytes each: 40% of a claim of 256 subrequests). The models are frozen and nothing here asks
     which fields were set, so objects with the same fields share one frozen set."""

@@ -180,7 +180,7 @@ def test_requests_that_accept_alike_share_one_index_and_it_goes_with_their_claim
     assert state.index(b) is not kept  # built again: nothing kept it
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(nodes=st.integers(2, 6), per_node=st.integers(1, 4), requests=st.integers(1, 3), alternatives=st.integers(1, 3),
        free=st.lists(st.integers(0, 3), min_size=6, max_size=6), limit=st.integers(1, 40),
        distinct=st.booleans())
@@ -196,7 +196,15 @@ def test_cut_and_resumed_a_search_finds_what_one_search_finds(nodes: int, per_no
     in_use = [d.key for n in range(nodes) for d in f.nodes[f"n{n}"].devices[free[n] % (per_node + 1):]]
     whole = FleetState(f, BUILTIN_CLASSES, in_use).decide(claim, meter=Meter(budget.ONE_SHOT_BUDGET))
     sliced, _ = decide_until_done(FleetState(f, BUILTIN_CLASSES, in_use), claim, limit)
-    assert (sliced.state, sliced.allocation) == (whole.state, whole.allocation)
+    assert sliced.state is whole.state
+    if whole.allocation is not None and sliced.allocation is not None:
+        # the same firstAvailable choice, on a node as good (nodes that score alike may come in another order)
+        assert [r.request for r in sliced.allocation.results] == [r.request for r in whole.allocation.results]
+        picked = [f.by_key[k] for k in sliced.allocation.keys]
+        assert all(d.node == sliced.allocation.node and d.key not in in_use for d in picked)
+        assert len(set(sliced.allocation.keys)) == len(picked)
+        free_there = {n: sum(1 for d in f.nodes[n].devices if d.key not in in_use) for n in f.nodes}
+        assert free_there[sliced.allocation.node] == free_there[whole.allocation.node]
 
 
 # -- a cycle: tenants share budgets, and the calm one is not slowed -----------------------------------------
