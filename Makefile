@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif chaos clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-budget bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif chaos clean
 
 help: ## show this help
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -33,13 +33,16 @@ lint: $(STAMP) ## ruff, mypy, and the import layers (lint-imports: the core impo
 	$(BIN)/mypy shared services
 	$(BIN)/lint-imports
 
-bench: bench-core bench-quota bench-queue bench-allocator bench-publish ## every benchmark (print JSON lines; not timed tests)
+bench: bench-core bench-quota bench-budget bench-queue bench-allocator bench-publish ## every benchmark (print JSON lines; not timed tests)
 
 bench-core: $(STAMP) ## decision core: 100, 1,000 and 4,000 nodes, 10,000 mixed claims, one JSON line each
 	$(BIN)/python bench/bench_core.py
 
 bench-quota: $(STAMP) ## quotas, fair share, preemption: 1,000 nodes, 100 tenants, queue depth 1,000 and 10,000
 	$(BIN)/python bench/bench_quota.py
+
+bench-budget: $(STAMP) ## placement budget: microseconds per unit, and a cycle beside 16, 50 and 200 claims that exhaust the search
+	$(BIN)/python bench/bench_budget.py
 
 bench-queue: $(STAMP) ## allocator's queue read from the ledger (SQLite): depth 1,000 and 10,000, 300 changes a cycle
 	$(BIN)/python bench/bench_queue_read.py
