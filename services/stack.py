@@ -139,16 +139,18 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
 
     apply = stack.authority.apply if stack.authority is not None else None
 
+    bus_url = stack.service_urls.get("admin-api", stack.admin_url)  # its own identity: it only reads the bus
+
     async def fleet() -> Fleet:
         """The allocator's when it runs in this process, else every node's last inventory on the bus."""
         if stack.allocator is not None:
             return stack.allocator.fleet
-        return await read_fleet(stack.admin_url, settings.tls_ca)
+        return await read_fleet(bus_url, settings.tls_ca)
 
-    live = LiveFeed(lambda: connect(stack.admin_url, name="claimbroker-admin-api-live", tls_ca=settings.tls_ca))
+    live = LiveFeed(lambda: connect(bus_url, name="claimbroker-admin-api-live", tls_ca=settings.tls_ca))
     # heavy requests' workers read the ledger and the bus themselves, beside the allocator's loop
     app = create_app(stack.engine, apply, fleet, settings.pending_alert_after, settings.inventory_ttl, live,
-                     Limits.of(settings), stack.admin_url, settings.tls_ca)
+                     Limits.of(settings), bus_url, settings.tls_ca)
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,

@@ -19,10 +19,10 @@ if kubectl -n "$namespace" get secret claim-broker-bus >/dev/null 2>&1; then
   echo "secret claim-broker-bus exists in $namespace: kept"
 else
   new() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
-  allocator="$(new)"; notifier="$(new)"; watcher="$(new)"; admin="$(new)"
+  allocator="$(new)"; notifier="$(new)"; watcher="$(new)"; api="$(new)"; admin="$(new)"
   kubectl -n "$namespace" create secret generic claim-broker-bus \
     --from-literal=allocator="$allocator" --from-literal=notifier="$notifier" \
-    --from-literal=watcher="$watcher" --from-literal=admin="$admin" \
-    --from-literal=passwords.json="{\"allocator\":\"$allocator\",\"notifier\":\"$notifier\",\"watcher\":\"$watcher\",\"admin\":\"$admin\"}"
-  echo "secret claim-broker-bus created in $namespace (keys: allocator, notifier, watcher, admin, passwords.json)"
+    --from-literal=watcher="$watcher" --from-literal=admin-api="$api" --from-literal=admin="$admin" \
+    --from-literal=passwords.json="{\"allocator\":\"$allocator\",\"notifier\":\"$notifier\",\"watcher\":\"$watcher\",\"admin-api\":\"$api\",\"admin\":\"$admin\"}"
+  echo "secret claim-broker-bus created in $namespace (keys: allocator, notifier, watcher, admin-api, admin, passwords.json)"
 fi

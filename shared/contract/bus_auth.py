@@ -42,7 +42,7 @@ from shared.contract import subjects
 
 INBOX = "_I"
 ROLES = ("tenant", "alerts")
-SERVICES = ("allocator", "notifier", "watcher")
+SERVICES = ("allocator", "notifier", "watcher", "admin-api")
 BROKER_ACCOUNT = "CLAIMBROKER"
 ALERTS_ACCOUNT = "ALERTS"
 OPEN_USER = "open"  # `up --insecure`: every client, unauthenticated, in the broker's account
@@ -53,7 +53,11 @@ _SERVICE_SUBJECTS = {
     "allocator": [subjects.STATUS_ALL, subjects.ALERTS_ALL],
     "notifier": [subjects.ALERTS_ALL],
     "watcher": [subjects.INVENTORY_ALL, subjects.ALERTS_ALL],
+    "admin-api": [],  # it reads: the page's live feed, the node map and what-if's fleet
 }
+# What a service hears as it happens besides its inbox (core subscriptions; streams it reads through the
+# JetStream API, which delivers to its inbox).
+_SERVICE_HEARS = {"admin-api": [subjects.STATUS_ALL, subjects.ALERTS_ALL, subjects.INVENTORY_ALL]}
 _STATUS = subjects.STATUS_STREAM
 # What a tenant may ask of JetStream in its own account: read its status stream (info, direct get, message
 # get), and consumers of its own with their acks and flow control. Never create, change, purge or delete a
@@ -153,7 +157,7 @@ def permissions(role: str, user: str, tenant: str | None = None) -> dict[str, An
     if role == "service":
         service = user.removeprefix("service.")
         return {"publish": {"allow": [*_SERVICE_SUBJECTS[service], *_SERVICE_JS]},
-                "subscribe": {"allow": [own_inbox]}}
+                "subscribe": {"allow": [own_inbox, *_SERVICE_HEARS.get(service, [])]}}
     if role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
     raise ValueError(f"unknown bus role {role!r}")

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from shared.contract import bus_auth
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -153,10 +155,11 @@ def test_every_client_of_the_bus_has_its_own_identity() -> None:
                                                     "CLAIMBROKER_NATS_PID_FILE"}
     # tenant accounts' status streams are made through the sidecar's own server, as the bus admin
     assert {e["name"]: e.get("value") for e in sidecar["env"]}["CLAIMBROKER_NATS_URL"] == "nats://127.0.0.1:4222"
-    for service in ("allocator", "notifier", "watcher"):
+    script = (k8s / "create-secrets.sh").read_text()
+    assert "claim-broker-bus" in script and "passwords.json" in script
+    for service in bus_auth.SERVICES:  # every service has its own user, the admin API too (it reads the bus)
         workload = next(d for d in documents(k8s / f"{service}.yaml") if d["kind"] == "Deployment")
         env = {e["name"]: e for e in containers(workload)[0]["env"]}
         assert env["BUS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "claim-broker-bus", "key": service}
         assert env["CLAIMBROKER_NATS_URL"]["value"] == f"nats://service.{service}:$(BUS_PASSWORD)@nats:4222"
-    script = (k8s / "create-secrets.sh").read_text()
-    assert "claim-broker-bus" in script and "passwords.json" in script
+        assert f"--from-literal={service}=" in script and f'\\"{service}\\":' in script
