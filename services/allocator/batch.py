@@ -103,7 +103,7 @@ def _read(subject: str, data: bytes, message_id: str, sequence: int) -> ClaimMes
         try:
             claim = read_submission(data, tenant)
         except InvalidClaim as invalid:
-            return ClaimMessage(message_id, tenant, name=invalid.name, invalid=invalid, sequence=sequence)
+            return ClaimMessage(message_id, tenant, name=_carried(invalid.name), invalid=invalid, sequence=sequence)
         return ClaimMessage(message_id, tenant, claim=claim, name=claim.metadata.name, sequence=sequence)
     try:
         name = json.loads(data)["name"]
@@ -115,6 +115,12 @@ def _read(subject: str, data: bytes, message_id: str, sequence: int) -> ClaimMes
     if (problem := claim_name_problem(name, "name")) is not None:
         return ClaimMessage(message_id, tenant, invalid=InvalidClaim(f"release: {problem}"), sequence=sequence)
     return ClaimMessage(message_id, tenant, name=name, sequence=sequence)
+
+
+def _carried(name: str | None) -> str | None:
+    """The claim name a Rejected status can be written under: one a subject carries (a name Kubernetes
+    refuses for its case, or for where a '-' or '.' is, still is). Any other is answered by an alert."""
+    return name if subjects.carries(name) else None
 
 
 @dataclass
@@ -227,14 +233,18 @@ class _Applied:
         return True
 
     async def refuse(self, message: ClaimMessage, invalid: InvalidClaim) -> None:
-        """A Rejected status on the claim's subject when the message names one, else an alert."""
-        if invalid.name is not None:
-            key = (message.tenant, invalid.name)
+        """A Rejected status on the claim's subject when the message names a claim a subject can carry,
+        else an alert: a refusal is always answered."""
+        name = _carried(invalid.name) if message.tenant else None
+        if name is not None:
+            key = (message.tenant, name)
             row = await self.row(key)
-            if row is not None and row.state in ops.QUEUED:
-                return  # never let a bad resubmission touch a good claim
+            if row is not None and row.state in ops.QUEUED:  # never let a bad resubmission touch a good claim
+                self.alert(message, f"claim {name} is {row.state} and stays so; this copy of it is refused: "
+                                    f"{invalid}")
+                return
             if row is None:
-                row = self.rows[key] = Claim(namespace=message.tenant, name=invalid.name, state=State.REJECTED.value,
+                row = self.rows[key] = Claim(namespace=message.tenant, name=name, state=State.REJECTED.value,
                                              spec={}, sequence=0, priority=0, preemptible=True,
                                              released_seq=self._forget_release(key))
                 self.session.add(row)
@@ -243,8 +253,13 @@ class _Applied:
             row.state, row.reason, row.allocation, row.node = State.REJECTED.value, printable(str(invalid)), None, None
             ops.emit_status(self.session, row)
             return
+        self.alert(message, str(invalid))
+
+    def alert(self, message: ClaimMessage, why: str) -> None:
+        """An invalid-message alert about the message, on its tenant's alert subject (`_fleet` when the
+        subject names no tenant)."""
         now = datetime.now(UTC).timestamp()
-        error, tenant = printable(str(invalid)), message.tenant or "(unknown)"
+        error, tenant = printable(why), message.tenant or "(unknown)"
         ops.emit_event(
             self.session, subjects.alert("warning", "invalid-message", message.tenant),
             f"alert:invalid:{message.message_id}",

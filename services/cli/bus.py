@@ -126,7 +126,31 @@ async def _publish(js: Any, url: str, subject: str, payload: Any, message_id: st
             pause = min(1.28, pause * 2)
 
 
+def _refuse_bad_names(path: Path, number: int, metadata: dict[str, Any]) -> None:
+    """A name or namespace Kubernetes would refuse stops the file before anything is published (the
+    broker would only answer it with a Rejected status or an alert)."""
+    from shared.dra.claims import claim_name_problem, namespace_problem
+
+    problem = claim_name_problem(metadata.get("name")) or namespace_problem(metadata.get("namespace"))
+    if problem is not None:
+        err.print(f"{path}: document {number}: {problem}: nothing was submitted")
+        raise typer.Exit(2)
+
+
+def _checked_tenant(tenant: str, option: str = "--tenant") -> str:
+    """A tenant is a namespace, a DNS label: any other is refused here (exit 2) rather than sent to a subject
+    that no broker reads. '*' stands for every tenant."""
+    from shared.dra.claims import namespace_problem
+
+    if tenant != "*" and (problem := namespace_problem(tenant, option)) is not None:
+        err.print(f"claimbroker: {problem}")
+        raise typer.Exit(2)
+    return tenant
+
+
 def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
+    if tenant is not None:
+        _checked_tenant(tenant)
     try:
         documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except (OSError, yaml.YAMLError) as error:
@@ -144,6 +168,7 @@ def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
                       f"{tenant!r}: nothing was submitted (drop --tenant, or the claim's namespace)")
             raise typer.Exit(2)  # as kubectl -n refuses an object of another namespace
         metadata["namespace"] = metadata.get("namespace") or tenant or "default"
+        _refuse_bad_names(path, number, metadata)
         out.append({**document, "metadata": metadata})
     if not out:
         err.print(f"{path}: no ResourceClaim in it: nothing was submitted")
@@ -223,15 +248,25 @@ def _reader_tenant(url: str, tenant: str) -> str:
     own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")
     if own is not None and tenant == "*":
         tenant = own
+    _checked_tenant(tenant)
     _own_tenant_only(url, tenant)
     return tenant
 
 
 def _wanted(tenant: str, name: str) -> str:
-    """The status subjects of `tenant`'s claim `name` ('*': all); a '.' of a claim name is a '_' there."""
+    """The status subjects of `tenant`'s claim `name` ('*': all), as the broker writes them
+    (shared.contract.subjects: a '.' of a claim name is a '_' there). A name no subject carries has no
+    status: refused here (exit 2)."""
     from shared.contract import bus_auth
 
-    return bus_auth.status_filter(tenant, name.replace(".", "_") if name != "*" else ">")
+    if name == "*":
+        return bus_auth.status_filter(tenant)
+    if not subjects.carries(name):
+        from shared.dra.claims import claim_name_problem
+
+        err.print(f"claimbroker: {claim_name_problem(name, 'NAME') or f'NAME {name!r} has no status subject'}")
+        raise typer.Exit(2)
+    return bus_auth.status_filter(tenant, subjects.name_token(name))
 
 
 async def _statuses_on(nc: Any, url: str, tenant: str, name: str) -> list[dict[str, Any]]:

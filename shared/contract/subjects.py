@@ -30,8 +30,36 @@ def token(value: str) -> str:
     return value
 
 
+# What a claim's or node's name may hold to be carried in a subject: Kubernetes' names (DNS subdomains) and
+# the names it refuses for their case or the place of a '-' or '.', which still get a Rejected status there.
+# No '_': it stands for '.' in a subject (a Kubernetes name never holds one), so a name holding one would
+# share its token with the dotted name.
+_CARRIED = re.compile(r"[A-Za-z0-9.-]{1,253}")
+
+
+def carries(name: object) -> bool:
+    """Whether `name` (of a claim or node) has a subject token: `name_token` takes it."""
+    return isinstance(name, str) and _CARRIED.fullmatch(name) is not None
+
+
+def name_token(name: str) -> str:
+    """A claim's or node's name as one subject token: Kubernetes allows '.' in these names (`train.v2`,
+    `node-1.example.com`), which would split the subject, and never '_', so each '.' is written '_' and the
+    token reads back as the name (`name_of`). The payload keeps the name as it is."""
+    if not carries(name):
+        raise SubjectError(f"{name!r} cannot be carried in a subject (ASCII letters, digits, '-' and '.', "
+                           "at most 253 characters)")
+    return name.replace(".", "_")
+
+
+def name_of(carried: str) -> str:
+    """The claim's or node's name a subject token stands for (`name_token` backwards)."""
+    return carried.replace("_", ".")
+
+
 def inventory(node: str) -> str:
-    return f"{PREFIX}.inventory.{token(node)}"
+    """`claimbroker.v1.inventory.<node>`: a dotted node name's dots are written '_'."""
+    return f"{PREFIX}.inventory.{name_token(node)}"
 
 
 def submit(tenant: str) -> str:
@@ -43,7 +71,22 @@ def release(tenant: str) -> str:
 
 
 def status(tenant: str, claim: str) -> str:
-    return f"{PREFIX}.claims.status.{token(tenant)}.{token(claim)}"
+    """`claimbroker.v1.claims.status.<tenant>.<claim>`: a dotted claim name's dots are written '_'."""
+    return f"{PREFIX}.claims.status.{token(tenant)}.{name_token(claim)}"
+
+
+def status_parts(subject: str) -> tuple[str, str]:
+    """The tenant token and claim token of a status subject, as they are in it."""
+    parts = subject.split(".")
+    if len(parts) != 6 or parts[2:4] != ["claims", "status"]:
+        raise SubjectError(f"not a status subject: {subject!r}")
+    return parts[4], parts[5]
+
+
+def claim_of(subject: str) -> tuple[str, str]:
+    """The tenant and claim name a status subject is about (`status` backwards)."""
+    tenant, claim = status_parts(subject)
+    return tenant, name_of(claim)
 
 
 FLEET = "_fleet"  # the tenant token of an alert about no tenant (nodes, devices, flavors, services)

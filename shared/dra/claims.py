@@ -1,8 +1,8 @@
 """Reading a tenant's claim: namespace as tenant, broker annotations, and what makes one invalid.
 
-Everything that reaches the ledger is checked here or in shared.dra.model first: names fit their columns and
-NATS subject tokens, the priority fits the 32-bit column, and no string holds what PostgreSQL refuses.
-One bad value in a batch would otherwise make the database refuse the whole batch.
+Everything that reaches the ledger is checked here or in shared.dra.model first: names fit their columns,
+the priority fits the 32-bit column, and no string holds what PostgreSQL refuses. One bad value in a batch
+would otherwise make the database refuse the whole batch.
 """
 
 from __future__ import annotations
@@ -60,14 +60,19 @@ def settings_of(claim: dra.ResourceClaim) -> ClaimSettings:
 
 
 def claim_name_problem(name: object, path: str = "metadata.name") -> str | None:
-    """Why `name` cannot name a claim: Kubernetes wants a DNS subdomain, and the broker uses the name as
-    one NATS subject token (claimbroker.v1.claims.status.<tenant>.<claim>), which a '.' would split."""
+    """Why `name` cannot name a claim: Kubernetes wants an object's name to be a DNS subdomain (a '.' is
+    fine: its subject writes it '_', shared.contract.subjects.name_token)."""
     if not isinstance(name, str) or not name:
         return f"{path}: is required"
     if not dra.is_dns_subdomain(name):
-        return f"{path}: {dra.shown(name)} {dra.DNS_SUBDOMAIN_RULE}"
-    if "." in name:
-        return f"{path}: {dra.shown(name)} must not contain '.': the broker uses the claim name as a NATS subject token"
+        return f"{path}: {dra.shown(name)} {dra.DNS_SUBDOMAIN_RULE}, as Kubernetes requires of an object's name"
+    return None
+
+
+def namespace_problem(namespace: object, path: str = "metadata.namespace") -> str | None:
+    """Why `namespace` cannot be a claim's namespace (its tenant): Kubernetes wants a DNS label."""
+    if not dra.is_dns_label(namespace):
+        return f"{path}: {dra.shown(namespace)} {dra.DNS_LABEL_RULE}, as Kubernetes requires of a namespace"
     return None
 
 
@@ -147,8 +152,9 @@ def _finite(text: str) -> float:
 
 
 def read_submission(payload: bytes, tenant: str) -> dra.ResourceClaim:
-    """Parse a submit message for `tenant`; raises InvalidClaim naming the field. Its `name` is set only
-    when the claim's name is valid, since a Rejected status is written under it."""
+    """Parse a submit message for `tenant`; raises InvalidClaim naming the field. Its `name` is the claim's
+    name as written, whenever it is a string, valid or not: the caller decides whether a subject can carry a
+    Rejected status under it (shared.contract.subjects.carries)."""
     repeated = False
 
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -179,14 +185,14 @@ def read_submission(payload: bytes, tenant: str) -> dra.ResourceClaim:
         raw_name = document["metadata"].get("name")
         raw_namespace = document["metadata"].get("namespace")
     name_problem = claim_name_problem(raw_name)
-    name = raw_name if name_problem is None and isinstance(raw_name, str) else None
+    name = raw_name if isinstance(raw_name, str) and raw_name else None
     if isinstance(raw_namespace, str) and raw_namespace and raw_namespace != tenant:
         raise InvalidClaim(
             f"metadata.namespace: {dra.shown(raw_namespace)} does not match the subject's tenant {tenant!r}",
             name=name, namespace=tenant,
         )
     if name_problem is not None and isinstance(raw_name, str):
-        raise InvalidClaim(name_problem, namespace=tenant)
+        raise InvalidClaim(name_problem, name=name, namespace=tenant)
     if number_problem is not None:
         raise InvalidClaim(number_problem, name=name, namespace=tenant)
     if repeated and (problems := repeated_field_problems(document)):

@@ -479,7 +479,7 @@ def _db_values(corpus: _Corpus) -> None:
         ("null", None, "invalid", None), ("string", "x", "invalid", None),
         ("name-null", {"name": None}, "invalid", None),
         ("name-list", {"name": ["a"]}, "invalid", None), ("name-empty", {"name": ""}, "invalid", None),
-        ("name-nul", {"name": "a\x00b"}, "invalid", None), ("name-dot", {"name": "a.b"}, "invalid", None),
+        ("name-nul", {"name": "a\x00b"}, "invalid", None), ("name-dot", {"name": "a.b"}, "accepted", "a.b"),
         ("name-254", {"name": "n" * 254}, "invalid", None), ("name-space", {"name": "a b"}, "invalid", None),
         ("name-wildcard", {"name": ">"}, "invalid", None),
         ("name-253", {"name": "n" * 253}, "accepted", "n" * 253),
@@ -498,9 +498,11 @@ def _db_values(corpus: _Corpus) -> None:
 
 def _validation(corpus: _Corpus) -> None:
     for key, name in (("upper", "UPPER"), ("underscore", "under_score"), ("leading-hyphen", "-leading"),
-                      ("trailing-hyphen", "trailing-"), ("dot", "a.b"), ("space", "a b"), ("slash", "a/b"),
+                      ("trailing-hyphen", "trailing-"), ("dot-dot", "a..b"), ("space", "a b"), ("slash", "a/b"),
                       ("wildcard", "a*"), ("gt", ">")):
         corpus.claim(f"val-claim-name-{key}", "invalid", VALIDATION, name=name)
+    corpus.claim("val-claim-name-dot", "accepted", VALIDATION, name="train.v2",
+                 note="a claim name is a DNS subdomain: its '.' is written '_' in its status subject")
     corpus.claim("val-claim-name-64", "accepted", VALIDATION, name="v" * 64,
                  note="a claim name is a DNS subdomain: up to 253 characters")
     for key, name in (("upper", "GPU"), ("underscore", "g_pu"), ("leading-hyphen", "-gpu"), ("64", "g" * 64),
