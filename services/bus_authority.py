@@ -151,7 +151,7 @@ class Provisioner:
         for start in range(0, len(items), BACKFILL_AT_ONCE):
             batch = items[start:start + BACKFILL_AT_ONCE]
             replies = await asyncio.gather(*(
-                nc.request(bus_auth.backfill_subject(tenant, subject.rsplit(".", 1)[1]), message.data,
+                nc.request(bus_auth.backfill_subject(tenant, subjects.status_parts(subject)[1]), message.data,
                            headers=_copy_headers(message), timeout=REQUEST_TIMEOUT_S)
                 for subject, message in batch))
             for reply in replies:

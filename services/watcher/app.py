@@ -29,7 +29,7 @@ def create_app(settings: BrokerSettings, nats_url: str) -> ServiceApp:
             from services.watcher.nvml import NvmlWatcher
 
             runner = NvmlWatcher(InventoryPublisher(js, heartbeat_interval=settings.heartbeat_interval),
-                                 settings.node_name or socket.gethostname(),
+                                 settings.node_name or socket.gethostname().lower(),  # as the kubelet names it
                                  poll_interval=settings.nvml_poll_interval).run()
         else:
             from services.watcher.files import FileWatcher

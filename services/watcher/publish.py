@@ -51,6 +51,7 @@ class InventoryPublisher:
         self.state: dict[str, _Published] = {}
         self._ids: dict[str, dict[str, float]] = {}  # per node: message ids used inside the duplicate window
         self._last_sequence = 0
+        self._refused: set[str] = set()  # node names Kubernetes would refuse, said once each
         self._lock = asyncio.Lock()  # sources publish from several tasks; one node's messages stay ordered
 
     def nodes(self) -> set[str]:
@@ -63,7 +64,15 @@ class InventoryPublisher:
 
     async def publish(self, node: str, slices: Sequence[dra.ResourceSlice], *, labels: Mapping[str, str],
                       telemetry: Mapping[str, Any] | None = None) -> bool:
-        """Publish the node's full inventory unless the same content went out less than an interval ago."""
+        """Publish the node's full inventory unless the same content went out less than an interval ago. A
+        node name Kubernetes would refuse is not published: said once, as an error (a dotted one is fine:
+        its subject writes the '.' as '_')."""
+        if not dra.is_dns_subdomain(node):
+            if node not in self._refused:
+                self._refused.add(node)
+                log.error("node %s: the name %s, as Kubernetes requires of a node's name: its inventory is not "
+                          "published", dra.shown(node), dra.DNS_SUBDOMAIN_RULE)
+            return False
         async with self._lock:
             now = self.clock()
             payload = events.inventory_payload(node, slices, labels=labels, telemetry=telemetry,

@@ -83,12 +83,6 @@ def status_parts(subject: str) -> tuple[str, str]:
     return parts[4], parts[5]
 
 
-def claim_of(subject: str) -> tuple[str, str]:
-    """The tenant and claim name a status subject is about (`status` backwards)."""
-    tenant, claim = status_parts(subject)
-    return tenant, name_of(claim)
-
-
 FLEET = "_fleet"  # the tenant token of an alert about no tenant (nodes, devices, flavors, services)
 
 

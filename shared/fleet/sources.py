@@ -49,6 +49,15 @@ BUILTIN_TOPOLOGY: dict[str, Any] = {
 }
 
 
+def _node_name_problem(resource_slice: dra.ResourceSlice) -> str | None:
+    """A node is named as Kubernetes names it, a DNS subdomain: its inventory's subject carries it (a '.'
+    written '_'), and its claims' allocations name it."""
+    node = resource_slice.spec.node_name
+    if node is None or dra.is_dns_subdomain(node):
+        return None
+    return f"{dra.shown(node)} {dra.DNS_SUBDOMAIN_RULE}, as Kubernetes requires of a node's name"
+
+
 def documents_from(raw: Iterable[Any], origin: str) -> InventoryDocuments:
     out = InventoryDocuments()
     for index, document in enumerate(raw):
@@ -65,6 +74,8 @@ def documents_from(raw: Iterable[Any], origin: str) -> InventoryDocuments:
                 raise InventoryFileError(f"{where} (Topology): {error}") from None
             for slice_doc in generated:
                 out.slices.append(dra.ResourceSlice.model_validate(slice_doc))
+                if (problem := _node_name_problem(out.slices[-1])) is not None:
+                    raise InventoryFileError(f"{where} (Topology): nodes: {problem}")
             out.labels.update(labels)
             continue
         try:
@@ -72,6 +83,8 @@ def documents_from(raw: Iterable[Any], origin: str) -> InventoryDocuments:
         except dra.DocumentError as error:
             raise InventoryFileError(f"{where}: {error}") from None
         if isinstance(obj, dra.ResourceSlice):
+            if (problem := _node_name_problem(obj)) is not None:
+                raise InventoryFileError(f"{where}: spec.nodeName: {problem}")
             out.slices.append(obj)
         elif isinstance(obj, dra.DeviceClass):
             out.classes.append(obj)
