@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.admin_api import (
+    alert_counts,
     claims,
     credentials,
     live,
@@ -123,6 +124,7 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     app.include_router(tenants.router)
     app.include_router(usage_history.router)  # before /v1/usage's routes, which it extends
     app.include_router(quotas.router)
+    app.include_router(alert_counts.router)
     app.include_router(claims.router)
     app.include_router(tokens.router)
     app.include_router(credentials.router)

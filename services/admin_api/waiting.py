@@ -1,6 +1,7 @@
 """GET /v1/waiting: the queue as a person reads it, grouped by tenant and reason (a thousand claims waiting
 for the same thing are one row), with how long they have waited, per tenant; and how long the claims
-admitted within a window had waited, per tenant and flavor."""
+admitted within a window had waited, per tenant and flavor. A group says what kind of wait it is and
+which flavors its claims would take, so the usage page can filter the queue by them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ from shared.ledger.usage_history import WINDOWS
 router = APIRouter(responses=PROBLEMS)
 
 
+# What a group waits for, read from the allocator's explanation of its claims' latest Pending decision.
+WaitKind = Literal["quota", "devices", "unsatisfiable", "budget", "undecided", "unexplained"]
+
+
 class WaitingGroup(Model):
     tenant: str
     reason: str
@@ -26,6 +31,12 @@ class WaitingGroup(Model):
     devices: int = Field(description="devices the group's claims ask for, in all")
     oldest_submitted_at: Stamp
     oldest_wait_seconds: float
+    kind: WaitKind = Field(default="unexplained", description=(
+        "quota: a quota blocks it; devices: not enough matching devices are free; unsatisfiable: no device of "
+        "the fleet matches; budget: its placement search ran out of the cycle's budget and goes on; undecided: "
+        "the allocator has not decided yet; unexplained: decided before explanations were kept"))
+    flavors: list[str] = Field(default_factory=list, description=(
+        "the flavors the group's claims' requests accept (the allocator's explain), empty until explained"))
 
 
 class TenantWaits(Model):
@@ -93,6 +104,37 @@ async def _admitted(s: AsyncSession, token: Principal, window: str, now: datetim
     return out
 
 
+def _kind(reason: str | None, quota: Any, unsatisfiable: Any, budget: Any) -> WaitKind:
+    """What kind of wait a claim's latest Pending decision was, from its explanation's parts (every
+    explanation says whether the claim is unsatisfiable: without that, there was none)."""
+    if reason is None:
+        return "undecided"
+    if unsatisfiable is None:
+        return "unexplained"
+    if unsatisfiable:
+        return "unsatisfiable"
+    if budget:
+        return "budget"
+    return "quota" if quota else "devices"
+
+
+async def _kinds(s: AsyncSession, first: dict[tuple[str, str], tuple[int, str | None]]
+                 ) -> dict[tuple[str, str], WaitKind]:
+    """Each group's kind, from one of its claims: the claims of a group share their reason, so they share
+    the decision that gave it (reading every claim's explanation would cost the 10,000-claim queue a third
+    more time)."""
+    explain = Claim.explain
+    ids = [claim_id for claim_id, _ in first.values()]
+    parts: dict[int, tuple[Any, Any, Any]] = {}
+    for start in range(0, len(ids), 1000):  # within every driver's limit on bound parameters
+        query = (select(Claim.id, explain["quota"], explain["unsatisfiable"], explain["budgetExceeded"])
+                 .where(Claim.id.in_(ids[start:start + 1000])))
+        parts.update({claim_id: (quota, unsatisfiable, budget)
+                      for claim_id, quota, unsatisfiable, budget in await s.execute(query)})
+    return {group: _kind(reason, *parts.get(claim_id, (None, None, None)))
+            for group, (claim_id, reason) in first.items()}
+
+
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
@@ -104,32 +146,42 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 @router.get("/v1/waiting", response_model=Waiting, tags=["claims"])
 async def get_waiting(request: Request, s: Session, token: Caller,
                       window: Literal["hour", "day", "week"] = "hour") -> Waiting:
-    """Waiting claims grouped by tenant and reason (count, devices asked, oldest), per tenant the waits'
-    p50, p90 and maximum and how many wait past its pendingAlertAfter, and per tenant and flavor how long
-    the claims allocated within the window had waited. A tenant-scoped viewer sees its tenant only."""
-    query = select(Claim.namespace, Claim.reason, Claim.spec, Claim.submitted_at).where(Claim.state == "Pending")
+    """Waiting claims grouped by tenant and reason (count, devices asked, oldest, the kind of wait, the
+    flavors they would take), per tenant the waits' p50, p90 and maximum and how many wait past its
+    pendingAlertAfter, and per tenant and flavor how long the claims allocated within the window had
+    waited. A tenant-scoped viewer sees its tenant only."""
+    query = (select(Claim.id, Claim.namespace, Claim.reason, Claim.spec, Claim.submitted_at, Claim.explain["flavors"])
+             .where(Claim.state == "Pending"))
     if token.tenant is not None:
         query = query.where(Claim.namespace == token.tenant)
     now = datetime.now(UTC)
     default_after = float(getattr(request.app.state, "pending_alert_after", 600.0))
     after = {name: seconds for name, seconds in await s.execute(select(Tenant.name, Tenant.pending_alert_after_s))}
     groups: dict[tuple[str, str], dict[str, Any]] = {}
+    first: dict[tuple[str, str], tuple[int, str | None]] = {}  # a claim of each group: what its kind is read from
     waits: dict[str, list[float]] = {}
-    for tenant, reason, spec, submitted in await s.execute(query):
+    for claim_id, tenant, reason, spec, submitted, flavors in await s.execute(query):
         submitted = _aware(submitted)
         waited = max(0.0, (now - submitted).total_seconds())
         waits.setdefault(tenant, []).append(waited)
-        group = groups.setdefault((tenant, reason or "not decided yet"),
-                                  {"claims": 0, "devices": 0, "oldest": submitted})
+        key = (tenant, reason or "not decided yet")
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = {"claims": 0, "devices": 0, "oldest": submitted, "flavors": set()}
+            first[key] = (claim_id, reason)
         group["claims"] += 1
         group["devices"] += _asked(spec)
         group["oldest"] = min(group["oldest"], submitted)
+        if isinstance(flavors, list):
+            group["flavors"].update(f for f in flavors if isinstance(f, str))
     ordered = sorted(groups.items(), key=lambda item: (-item[1]["claims"], item[0]))
+    kinds = await _kinds(s, first)
     out = Waiting(groups=[], tenants=[], window=window, admitted=await _admitted(s, token, window, now))
     for (tenant, reason), group in ordered:
         out.groups.append(WaitingGroup(tenant=tenant, reason=reason, claims=group["claims"], devices=group["devices"],
                                        oldest_submitted_at=group["oldest"],
-                                       oldest_wait_seconds=round((now - group["oldest"]).total_seconds(), 1)))
+                                       oldest_wait_seconds=round((now - group["oldest"]).total_seconds(), 1),
+                                       kind=kinds[(tenant, reason)], flavors=sorted(group["flavors"])))
     for tenant, values in sorted(waits.items()):
         values.sort()
         limit = after.get(tenant) or default_after
