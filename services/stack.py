@@ -147,10 +147,15 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
             return stack.allocator.fleet
         return await read_fleet(bus_url, settings.tls_ca)
 
+    def last_heard() -> dict[str, float] | None:
+        """The allocator's fleet keeps a node as its content was last read (a heartbeat changes nothing in
+        it): when each node was last heard is the allocator's own record. None: the bus's fleet has it."""
+        return stack.allocator.last_heard() if stack.allocator is not None else None
+
     live = LiveFeed(lambda: connect(bus_url, name="claimbroker-admin-api-live", tls_ca=settings.tls_ca))
     # heavy requests' workers read the ledger and the bus themselves, beside the allocator's loop
     app = create_app(stack.engine, apply, fleet, settings.pending_alert_after, settings.inventory_ttl, live,
-                     Limits.of(settings), bus_url, settings.tls_ca)
+                     Limits.of(settings), bus_url, settings.tls_ca, last_heard)
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,

@@ -7,7 +7,7 @@ live in one module per resource; this module wires them to an engine and maps er
 requests (what-if, quota import and export) run in worker processes (offload.py); every body is bounded.
 """
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -42,14 +42,17 @@ from shared.ledger.engine import sessions
 def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None,
                fleet: Callable[[], Awaitable[Fleet]] | None = None, pending_alert_after: float = 600.0,
                inventory_ttl: float = 90.0, live_feed: LiveFeed | None = None, limits: Limits | None = None,
-               bus_url: str | None = None, tls_ca: Path | None = None) -> FastAPI:
+               bus_url: str | None = None, tls_ca: Path | None = None,
+               last_heard: Callable[[], Mapping[str, float] | None] | None = None) -> FastAPI:
     """Everything the app needs comes in through its arguments; nothing is read from the environment here.
     `apply_bus_credentials`: where the embedded NATS server runs in this process, what applies a change of
     bus credentials to it at once. `fleet`: the fleet the process sees (the node map; what-if's too when
     there is no `bus_url`). `pending_alert_after`: the broker's, for tenants without their own (the waiting
     view counts claims past it). `live_feed`: the broker's events for the page's live feed (/v1/events).
     `limits`: what heavy requests may ask and spend (the settings' defaults when None). `bus_url` (and
-    `tls_ca`): where heavy requests' workers read the fleet themselves."""
+    `tls_ca`): where heavy requests' workers read the fleet themselves. `last_heard`: when each node of
+    `fleet` was last heard, heartbeats included, where the fleet's own times are not that (the allocator's
+    fleet); None, or a call that answers None: the fleet's times are (a fleet read from the bus)."""
     limits = limits or Limits.defaults()
     pool = AdminWorkers(limits, Reach(engine.url.render_as_string(hide_password=False), bus_url, tls_ca))
 
@@ -71,6 +74,7 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     app.state.pending_alert_after = pending_alert_after
     app.state.live = live_feed
     app.state.inventory_ttl = inventory_ttl  # a node heard from longer ago shows as stale on the node map
+    app.state.last_heard = last_heard
 
     async def _http_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)

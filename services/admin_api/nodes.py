@@ -1,19 +1,26 @@
 """GET /v1/nodes: the node map's data. Every device of the fleet the process sees (the allocator's under
 `up`, else the bus's) with its state: allocated (to which tenant), idle, throttled, unhealthy, or on a node
 whose inventory is stale. A tenant-scoped viewer sees the fleet, and whose devices are its own, not who
-holds the others."""
+holds the others.
+
+Stale is judged as the allocator and the notifier judge it (shared/fleet/freshness.py), from when each node
+was last heard, heartbeats included: under `up`, the allocator's record (`last_heard`); read from the bus,
+each node's last message on the stream, which a heartbeat replaces. Not a fleet node's own observed_at in
+the allocator's fleet: a heartbeat leaves that fleet as it is, so it is when the content last changed."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import Field
 from sqlalchemy import select
 
 from services.admin_api.common import PROBLEMS, Caller, Model, Session
-from shared.dra.inventory import THROTTLED, UNHEALTHY, FleetDevice
+from shared.dra.inventory import THROTTLED, UNHEALTHY, Fleet, FleetDevice
+from shared.fleet.freshness import iso, judge
 from shared.ledger.schema import Claim, DeviceAllocation
 
 router = APIRouter(responses=PROBLEMS)
@@ -36,7 +43,12 @@ class DeviceCell(Model):
 class NodeCells(Model):
     node: str
     generation: str = Field(description="architecture and product of its GPUs, what the map groups nodes by")
-    stale: bool = Field(description="no inventory heard within the inventory TTL")
+    stale: bool = Field(description="no inventory heard (heartbeats included) for the inventory TTL: the "
+                                    "allocator places nothing new on it and the notifier raises inventory-stale")
+    last_heard: str | None = Field(description="when its last inventory message (a heartbeat included) was sent, "
+                                               "UTC; null when not known")
+    age_seconds: float | None = Field(description="seconds since last heard, at the time of this answer")
+    stale_reason: str | None = Field(description="why it is stale, as the allocator words it; null when fresh")
     devices: list[DeviceCell]
 
 
@@ -48,6 +60,7 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
     if fleet_of is None:
         raise HTTPException(503, "this API process has no view of the fleet (run it with the broker, or with NATS)")
     fleet = await fleet_of()
+    heard = _last_heard(request, fleet)
     ttl = float(getattr(request.app.state, "inventory_ttl", 90.0))
     held = {(driver, pool, device): (tenant, name) for driver, pool, device, tenant, name in await s.execute(
         select(DeviceAllocation.driver, DeviceAllocation.pool, DeviceAllocation.device, Claim.namespace, Claim.name)
@@ -55,7 +68,8 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
     now = time.time()
     out = []
     for name, node in fleet.nodes.items():
-        stale = bool(node.observed_at) and now - node.observed_at > ttl
+        freshness = judge(heard.get(name), now, ttl)
+        stale = freshness.stale
         gpu_by_uuid = {str(d.attributes.get(UUID)): d.name for d in node.devices if _kind(d) == "gpu"}
         cells = []
         for device in node.devices:
@@ -78,9 +92,21 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
                 tenant=holder[0] if mine and holder else None, claim=holder[1] if mine and holder else None,
                 model=str(model) if model is not None else None, temperature_c=device.temperature_c,
                 throttle_reasons=list(device.throttle_reasons)))
-        out.append(NodeCells(node=name, generation=_generation(node.devices), stale=stale, devices=cells))
+        out.append(NodeCells(
+            node=name, generation=_generation(node.devices), stale=stale,
+            last_heard=iso(freshness.last_heard) if freshness.last_heard is not None else None,
+            age_seconds=round(freshness.age, 1) if freshness.age is not None else None,
+            stale_reason=freshness.reason or None, devices=cells))
     out.sort(key=lambda n: (n.generation, n.node))
     return out
+
+
+def _last_heard(request: Request, fleet: Fleet) -> Mapping[str, float]:
+    """The app's record of when each node was last heard (the allocator's, in its process), else the fleet's
+    own times: a fleet read from the bus is each node's last message, a heartbeat's time included."""
+    last_heard = getattr(request.app.state, "last_heard", None)
+    heard = last_heard() if last_heard is not None else None
+    return heard if heard is not None else {name: node.observed_at for name, node in fleet.nodes.items()}
 
 
 UUID, PARENT_UUID = "gpu.nvidia.com/uuid", "gpu.nvidia.com/parentUUID"

@@ -62,6 +62,7 @@ from shared.dra import model as dra
 from shared.dra.budget import TENANT_BUDGET
 from shared.dra.inventory import Fleet
 from shared.dra.results import State
+from shared.fleet.freshness import judge
 from shared.ledger import inbox
 from shared.ledger.engine import sessions
 from shared.ledger.quota_store import load_quota_config
@@ -237,9 +238,11 @@ class Allocator:
         content = _fingerprint(inventory)
         if heard is not None and heard.content == content and not inventory.removed:
             # A heartbeat: the node is alive and unchanged. It is not parsed again, and the fleet stays the
-            # same object, so the cycle's indexes stay valid (500 nodes' heartbeats at once stalled cycles).
+            # same object, so the cycle's indexes stay valid (500 nodes' heartbeats at once stalled cycles);
+            # when it was last heard lives here, beside the fleet (a fleet node's observed_at is when its
+            # content was last read, not when the node was last heard).
             self._heard[inventory.node] = Heard(inventory.sequence, inventory.observedAtUnix, content)
-            if self.clock() - heard.at > self.inventory_ttl:
+            if judge(heard.at, self.clock(), self.inventory_ttl).stale:
                 self._fleet_changed.set()  # it was stale: waiting claims may go there again
             return
         try:
@@ -386,17 +389,19 @@ class Allocator:
     async def _degraded(self, why: str, *, resolved: bool = False) -> None:
         await publish_degraded(self.js, "allocator", why, log, resolved=resolved)
 
+    def last_heard(self) -> dict[str, float]:
+        """When each node of the fleet was last heard (any inventory message, heartbeats included): what
+        /v1/nodes judges freshness by when the API runs in this process (shared/fleet/freshness.py)."""
+        return {name: heard.at for name, heard in self._heard.items() if name in self.fleet.nodes}
+
     def _unusable_nodes(self) -> dict[str, str]:
-        """Nodes whose inventory is older than the TTL get no new allocation. The reason names when the
-        node was last seen, not its age: it stays the same from cycle to cycle, so the decision core
-        keeps its state instead of rebuilding it for a new text."""
+        """Stale nodes (shared/fleet/freshness.py) get no new allocation. The reason names when the node was
+        last heard, not its age: it stays the same from cycle to cycle, so the decision core keeps its
+        state instead of rebuilding it for a new text."""
         now = self.clock()
-        return {
-            name: (f"inventory last seen {datetime.fromtimestamp(seen, UTC):%Y-%m-%d %H:%M:%S} UTC, "
-                   f"over the {self.inventory_ttl:.0f}s TTL")
-            for name in self.fleet.nodes
-            if (seen := self._heard[name].at if name in self._heard else 0.0) and now - seen > self.inventory_ttl
-        }
+        return {name: verdict.reason for name in self.fleet.nodes
+                if (verdict := judge(self._heard[name].at if name in self._heard else None, now,
+                                     self.inventory_ttl)).stale}
 
     async def _decide_messages(self, messages: Sequence[Msg]) -> None:
         """One transaction: the batch's inbox rows and claim changes, one decision cycle, its events."""

@@ -43,6 +43,8 @@ from shared.admission.mig_plan import plan_mig
 from shared.alerts.book import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
 from shared.alerts.rules import (
     IDLE_LARGER_FLAVOR,
+    INVENTORY_STALE,
+    NODE_LOST,
     PENDING_TOO_LONG,
     QUOTA_NEAR_LIMIT,
     ClaimRules,
@@ -385,6 +387,11 @@ class Notifier:
         for message in open_alerts:
             self.book.restore(message.alert, first_seen=message.first_seen, last_seen=message.last_seen,
                               count=message.count)
+        # a node that came back, or was heard again, while the notifier was away: its replayed last message
+        # resolves the alert, as a live one would have
+        nodes = [(m.alert.kind, m.alert.labels.get("node")) for m in open_alerts]
+        self.fleet.seed(stale=[node for kind, node in nodes if kind == INVENTORY_STALE and node],
+                        lost=[node for kind, node in nodes if kind == NODE_LOST and node])
         for tenant, name, since, reason in waiting:
             alerted = self.book.is_open(alert_key(PENDING_TOO_LONG, tenant, name))
             self.claims.seed(tenant, name, since=since, reason=reason, alerted=alerted)

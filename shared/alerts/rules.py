@@ -12,6 +12,7 @@ from typing import Any
 
 from shared.alerts.book import Action, Alert, Raise, Resolve, alert_key
 from shared.fleet import telemetry
+from shared.fleet.freshness import iso, judge
 
 CLAIM_REJECTED = "claim-rejected"
 PENDING_TOO_LONG = "claim-pending-too-long"
@@ -126,17 +127,27 @@ class ClaimRules:
 
 @dataclass
 class _Node:
-    observed_at: float
+    last_heard: float
     stale: bool = False
 
 
 class InventoryRules:
-    """node-lost, inventory-stale, device-unhealthy and device-throttled from inventory messages."""
+    """node-lost, inventory-stale, device-unhealthy and device-throttled from inventory messages. A node's
+    freshness is judged as the allocator and /v1/nodes judge it (shared/fleet/freshness.py): last heard is
+    its newest message's observedAtUnix, heartbeats included."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self.nodes: dict[str, _Node] = {}
         self.lost: set[str] = set()
+
+    def seed(self, *, stale: Iterable[str] = (), lost: Iterable[str] = ()) -> None:
+        """Nodes whose inventory-stale or node-lost alert the ledger holds open (a restart): a message that
+        shows the node fresh, or back, resolves it. Nodes these rules already know keep what they know."""
+        for node in stale:
+            if node not in self.nodes:
+                self.nodes[node] = _Node(last_heard=float("-inf"), stale=True)
+        self.lost.update(node for node in lost if node not in self.nodes)
 
     def on_inventory(self, payload: Mapping[str, Any], now: float) -> list[Action]:
         node = payload.get("node")
@@ -152,31 +163,33 @@ class InventoryRules:
             return [Raise(Alert(NODE_LOST, "critical", lost_key, f"node {node} left the fleet",
                                 {"sequence": payload.get("sequence")}, labels)),
                     Resolve(stale_key, f"node {node} left the fleet")]
-        observed = _number(payload.get("observedAtUnix"), now)
+        heard = _number(payload.get("observedAtUnix"), now)
         out: list[Action] = []
         if node in self.lost:
             self.lost.discard(node)
             out.append(Resolve(lost_key, f"node {node} is back"))
-        entry = self.nodes.setdefault(node, _Node(observed))
-        entry.observed_at = max(entry.observed_at, observed)
-        if now - entry.observed_at < self.ttl and entry.stale:
+        entry = self.nodes.setdefault(node, _Node(heard))
+        entry.last_heard = max(entry.last_heard, heard)
+        if entry.stale and not judge(entry.last_heard, now, self.ttl).stale:
             entry.stale = False
             out.append(Resolve(stale_key, f"node {node} reports inventory again"))
         out.extend(_device_actions(node, payload.get("telemetry")))
         return out
 
     def due(self, now: float) -> list[Action]:
-        """Nodes whose last inventory is older than the TTL, each alerted once until it reports again."""
+        """Stale nodes, each alerted once until it is heard again."""
         out: list[Action] = []
         for node, entry in self.nodes.items():
-            age = now - entry.observed_at
-            if entry.stale or age < self.ttl:
+            verdict = judge(entry.last_heard, now, self.ttl)
+            if entry.stale or not verdict.stale:
                 continue
             entry.stale = True
+            age = verdict.age or 0.0
             out.append(Raise(Alert(
                 INVENTORY_STALE, "warning", alert_key(INVENTORY_STALE, node),
-                f"node {node} last reported inventory {age:.0f}s ago (limit {self.ttl:.0f}s)",
-                {"ageSeconds": round(age, 1), "ttlSeconds": self.ttl}, {"node": node})))
+                f"node {node}: {verdict.reason} ({age:.0f}s ago); no new claim is placed on it",
+                {"ageSeconds": round(age, 1), "ttlSeconds": self.ttl, "lastHeard": iso(entry.last_heard)},
+                {"node": node})))
         return out
 
 

@@ -225,12 +225,12 @@ def inventory(node: str = "n1", at: float = 0.0, removed: bool = False, **device
 def test_inventory_rules() -> None:
     fleet = rules.InventoryRules(ttl=90)
     assert kinds(fleet.on_inventory(inventory("ghost", removed=True), 0)) == []  # never had it
-    assert kinds(fleet.on_inventory(inventory(gpu0="Healthy"), 0)) == [
+    assert kinds(fleet.on_inventory(inventory(at=10, gpu0="Healthy"), 10)) == [
         ("resolve", "device-unhealthy:n1/gpu0"), ("resolve", "device-throttled:n1/gpu0")]
-    assert kinds(fleet.on_inventory(inventory(gpu0="Unhealthy"), 1))[0] == ("raise", "device-unhealthy:n1/gpu0")
-    assert kinds(fleet.on_inventory(inventory(gpu0="Throttled"), 2))[0] == ("raise", "device-throttled:n1/gpu0")
-    assert kinds(fleet.due(89)) == []
-    assert kinds(fleet.due(90)) == [("raise", "inventory-stale:n1")]
+    assert kinds(fleet.on_inventory(inventory(at=10, gpu0="Unhealthy"), 11))[0] == ("raise", "device-unhealthy:n1/gpu0")
+    assert kinds(fleet.on_inventory(inventory(at=10, gpu0="Throttled"), 12))[0] == ("raise", "device-throttled:n1/gpu0")
+    assert kinds(fleet.due(99)) == []
+    assert kinds(fleet.due(100)) == [("raise", "inventory-stale:n1")]  # last heard at 10: the TTL has passed
     assert kinds(fleet.due(200)) == []  # once per stale spell
     assert ("resolve", "inventory-stale:n1") in kinds(fleet.on_inventory(inventory(at=200), 200))
     assert kinds(fleet.on_inventory(inventory(removed=True), 201))[0] == ("raise", "node-lost:n1")

@@ -75,7 +75,7 @@ def test_only_stale_answers_are_looked_at_not_every_waiting_claim() -> None:
 
 
 def test_a_stale_node_reads_the_same_from_cycle_to_cycle() -> None:
-    """Nodes over the inventory TTL get no allocation; their reason names when they were last seen, so it
+    """Nodes over the inventory TTL get no allocation; their reason names when they were last heard, so it
     does not change every cycle (the decision core keeps its state while the unusable nodes stay the same)."""
     heard = {"old": Heard(1, 1_000.0, b""), "fresh": Heard(2, 1_150.0, b"")}
     now = [1_200.0]
@@ -84,4 +84,4 @@ def test_a_stale_node_reads_the_same_from_cycle_to_cycle() -> None:
     first = Allocator._unusable_nodes(allocator)  # type: ignore[arg-type]
     now[0] = 1_230.0
     assert Allocator._unusable_nodes(allocator) == first  # type: ignore[arg-type]
-    assert first == {"old": "inventory last seen 1970-01-01 00:16:40 UTC, over the 90s TTL"}
+    assert first == {"old": "stale inventory: last heard 1970-01-01T00:16:40Z, over the 90s TTL"}
