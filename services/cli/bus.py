@@ -98,6 +98,7 @@ BACKLOG_WAIT_S = 60.0  # how long a publish waits on a full tenant backlog for t
 async def _publish(js: Any, url: str, subject: str, payload: Any, message_id: str) -> None:
     """Publish to the broker's stream; only `up`, `serve` and `migrate` create what the broker needs. A
     tenant's backlog on the bus is bounded (settings.tenant_backlog): past it, wait for the broker."""
+    from nats.errors import ConnectionClosedError
     from nats.js.errors import APIError, NoStreamResponseError
 
     from services.natsio import BACKLOG_FULL_CODE, publish_json
@@ -112,8 +113,12 @@ async def _publish(js: Any, url: str, subject: str, payload: Any, message_id: st
         except NoStreamResponseError:
             raise _no_streams(shown) from None
         except TimeoutError:
+            if getattr(getattr(js, "_nc", None), "is_closed", False):
+                raise Unreachable(f"lost the connection to NATS at {shown}") from None
             raise Unreachable(f"NATS at {shown} did not acknowledge {subject} within {NATS_TIMEOUT_S:g}s "
                               f"(may this credential publish there?)") from None
+        except ConnectionClosedError:  # the server stopped, or a revoked credential was cut off
+            raise Unreachable(f"lost the connection to NATS at {shown}") from None
         except APIError as error:
             if error.err_code != BACKLOG_FULL_CODE:
                 raise
@@ -133,7 +138,7 @@ def _refuse_bad_names(path: Path, number: int, metadata: dict[str, Any]) -> None
 
     problem = claim_name_problem(metadata.get("name")) or namespace_problem(metadata.get("namespace"))
     if problem is not None:
-        err.print(f"{path}: document {number}: {problem}: nothing was submitted")
+        err.print(f"{path}: document {number}: {problem}: nothing was submitted", markup=False, highlight=False)
         raise typer.Exit(2)
 
 
@@ -143,19 +148,21 @@ def _checked_tenant(tenant: str, option: str = "--tenant") -> str:
     from shared.dra.claims import namespace_problem
 
     if tenant != "*" and (problem := namespace_problem(tenant, option)) is not None:
-        err.print(f"claimbroker: {problem}")
+        err.print(f"claimbroker: {problem}", markup=False, highlight=False)
         raise typer.Exit(2)
     return tenant
 
 
-def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
+def _claim_documents(path: Path, tenant: str | None, default_tenant: str = "default") -> list[dict[str, Any]]:
+    """FILE's claims, each with its namespace: its own, else --tenant, else `default_tenant` (a tenant
+    credential's tenant, else `default`). A file that cannot be read, or is not claims, is a usage error."""
     if tenant is not None:
         _checked_tenant(tenant)
     try:
         documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except (OSError, yaml.YAMLError) as error:
-        err.print(f"{path}: cannot read claims: {error}")
-        raise typer.Exit(1) from None
+        err.print(f"{path}: cannot read claims: {' '.join(str(error).split())}", markup=False)
+        raise typer.Exit(2) from None
     out = []
     for number, document in enumerate(documents, 1):
         if not isinstance(document, dict) or document.get("kind") != "ResourceClaim":
@@ -167,7 +174,7 @@ def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
             err.print(f"{path}: claim {metadata.get('name')!r} is in namespace {metadata['namespace']!r}, not --tenant "
                       f"{tenant!r}: nothing was submitted (drop --tenant, or the claim's namespace)")
             raise typer.Exit(2)  # as kubectl -n refuses an object of another namespace
-        metadata["namespace"] = metadata.get("namespace") or tenant or "default"
+        metadata["namespace"] = metadata.get("namespace") or tenant or default_tenant
         _refuse_bad_names(path, number, metadata)
         out.append({**document, "metadata": metadata})
     if not out:
@@ -176,21 +183,25 @@ def _claim_documents(path: Path, tenant: str | None) -> list[dict[str, Any]]:
     return out
 
 
-async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int | None) -> list[tuple[str, str]]:
+async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int | None,
+                          progress: _Progress | None = None) -> list[tuple[str, str]]:
     for document in claims:
         _own_tenant_only(url, str(document["metadata"]["namespace"]))
     nc = await _connect(url)
     try:
-        return await _publish_on(nc, url, claims, priority)
+        return await _publish_on(nc, url, claims, priority, progress)
     finally:
         await nc.close()
 
 
-async def _publish_on(nc: Any, url: str, claims: list[dict[str, Any]], priority: int | None) -> list[tuple[str, str]]:
+async def _publish_on(nc: Any, url: str, claims: list[dict[str, Any]], priority: int | None,
+                      progress: _Progress | None = None) -> list[tuple[str, str]]:
+    """Publish `claims` in order; `progress` counts them as they are acknowledged (what an interrupted
+    submit says it sent)."""
     # Ids unique to this invocation: a retry inside it is deduplicated, a later `submit` of the same file is
     # a new submission (the broker ignores it while the claim waits or runs, and takes it once it ended).
     run = uuid.uuid4().hex[:12]
-    progress = _Progress(len(claims))
+    progress = progress or _Progress(len(claims))
     js = nc.jetstream()
     sent: list[tuple[str, str]] = []
     try:
@@ -204,6 +215,7 @@ async def _publish_on(nc: Any, url: str, claims: list[dict[str, Any]], priority:
             digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
             await _publish(js, url, subjects.submit(tenant), document, f"submit:{tenant}:{name}:{digest}:{run}")
             sent.append((tenant, name))
+            progress.sent = len(sent)
         return sent
     finally:
         progress.done(len(sent))
@@ -218,6 +230,13 @@ class _Progress:
     def __init__(self, total: int) -> None:
         self.total, self.shown, self.started = total, False, time.monotonic()
         self.next = self.started + self.EVERY_S
+        self.sent = 0  # acknowledged by the bus
+
+    def summary(self) -> str:
+        """How far a cut submission got, and what to do: sending the file again is safe, as the broker
+        ignores a claim it holds waiting or running (and the rest are new)."""
+        return (f"sent {self.sent:,} of {self.total:,} claim(s); sending the file again is safe (the broker "
+                "ignores a claim it already holds waiting or running)")
 
     def step(self, sent: int) -> None:
         if err.is_terminal and time.monotonic() >= self.next:
@@ -264,7 +283,8 @@ def _wanted(tenant: str, name: str) -> str:
     if not subjects.carries(name):
         from shared.dra.claims import claim_name_problem
 
-        err.print(f"claimbroker: {claim_name_problem(name, 'NAME') or f'NAME {name!r} has no status subject'}")
+        problem = claim_name_problem(name, "NAME") or f"NAME {name!r} has no status subject"
+        err.print(f"claimbroker: {problem}", markup=False, highlight=False)
         raise typer.Exit(2)
     return bus_auth.status_filter(tenant, subjects.name_token(name))
 
@@ -335,7 +355,7 @@ class StatusFeed:
     def offer(self, status: dict[str, Any]) -> None:
         key = (status["namespace"], status["name"])
         held = self.latest.get(key)
-        if held is None or status.get("sequence", 0) >= held.get("sequence", 0):
+        if held is None or (status.get("sequence", 0) >= held.get("sequence", 0) and status != held):
             self.latest[key] = status
             self.changed.set()
 
@@ -370,8 +390,8 @@ async def watch_statuses(url: str, tenant: str, name: str) -> AsyncIterator[list
 WATCH_COALESCE_S = 0.2
 
 
-async def submit_and_wait(url: str, claims: list[dict[str, Any]], priority: int | None,
-                          wait: float) -> tuple[list[Key], list[dict[str, Any]]]:
+async def submit_and_wait(url: str, claims: list[dict[str, Any]], priority: int | None, wait: float,
+                          progress: _Progress | None = None) -> tuple[list[Key], list[dict[str, Any]]]:
     """Publish `claims` and wait up to `wait` seconds for each one's answer: the claims sent, and the
     statuses that answered them, in the order sent. The subscription comes first, then the statuses
     before this submission (to tell an answer from an old status), then the publish."""
@@ -385,7 +405,7 @@ async def submit_and_wait(url: str, claims: list[dict[str, Any]], priority: int 
         before: dict[Key, dict[str, Any]] = {}
         for tenant in tenants:
             before.update({(s["namespace"], s["name"]): s for s in await _statuses_on(nc, url, tenant, "*")})
-        sent = await _publish_on(nc, url, claims, priority)
+        sent = await _publish_on(nc, url, claims, priority, progress)
         deadline = time.monotonic() + wait
         found: dict[Key, dict[str, Any]] = {}
         while True:

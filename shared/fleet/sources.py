@@ -74,8 +74,6 @@ def documents_from(raw: Iterable[Any], origin: str) -> InventoryDocuments:
                 raise InventoryFileError(f"{where} (Topology): {error}") from None
             for slice_doc in generated:
                 out.slices.append(dra.ResourceSlice.model_validate(slice_doc))
-                if (problem := _node_name_problem(out.slices[-1])) is not None:
-                    raise InventoryFileError(f"{where} (Topology): nodes: {problem}")
             out.labels.update(labels)
             continue
         try:

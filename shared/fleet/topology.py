@@ -14,10 +14,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from shared.dra import model as dra
+
 DRIVER = "gpu.nvidia.com"
 DRIVER_VERSION = "580.105.8"
 CUDA_DRIVER_VERSION = "13.0.0"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -289,8 +290,9 @@ def _nodes(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any], int]]:
         if not isinstance(spec, dict):
             raise ValueError(f"nodes[{index}]: expected a mapping")
         for name in _node_names(spec, index):
-            if not _DNS_LABEL.match(name):
-                raise ValueError(f"nodes[{index}].name: {name!r} is not a valid node name")
+            if not dra.is_dns_subdomain(name):  # `gpu-1.example.com` too: its subject writes '.' as '_'
+                raise ValueError(f"nodes[{index}].name: {dra.shown(name)} {dra.DNS_SUBDOMAIN_RULE}, as Kubernetes "
+                                 "requires of a node's name")
             if name in seen:
                 raise ValueError(f"nodes[{index}].name: node {name!r} is listed twice")
             seen.add(name)
