@@ -43,8 +43,10 @@ def allocator_router(on_inventory: OnInventory = _ignore) -> NatsRouter:
     router.publisher(f"{_P}.claims.status.{{tenant}}.{{claim}}", stream=_stream(subjects.STATUS_STREAM),
                      schema=messages.ClaimStatus, title="claims.status",
                      description="The allocator's decision on a claim: Pending, Allocated, Rejected, Preempted "
-                                 "or Released, with the reason and, when Allocated, the devices. A tenant "
-                                 "reads its own claims on claimbroker.v1.claims.status.{tenant}.>.")
+                                 "or Released, with the reason and, when Allocated, the devices. {claim} is "
+                                 "the claim's name with each '.' written '_' (train.v2: train_v2); the payload "
+                                 "keeps the name. A tenant reads its own claims on "
+                                 "claimbroker.v1.claims.status.{tenant}.>.")
     return router
 
 
@@ -71,8 +73,9 @@ def watcher_router() -> NatsRouter:
     router = NatsRouter()
     router.publisher(f"{_P}.inventory.{{node}}", stream=_stream(subjects.INVENTORY_STREAM),
                      schema=messages.NodeInventory, title="inventory",
-                     description="A node's full inventory (its ResourceSlices' devices, telemetry), republished "
-                                 "at least every heartbeat interval; removed: true when the node goes. The "
+                     description="A node's full inventory (its ResourceSlices' devices, telemetry), on {node}: "
+                                 "its name with each '.' written '_' (gpu-1.example.com: gpu-1_example_com). "
+                                 "Republished at least every heartbeat interval; removed: true when the node goes. The "
                                  "stream keeps the last message per node: a new subscriber reads the fleet.")
     return router
 
