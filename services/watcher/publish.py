@@ -8,12 +8,18 @@ Message ids: `inventory:<node>:<content digest>:<time bucket>` with buckets `hea
 A republish of the same content in the same bucket (a watcher restart, a retried publish) is a JetStream
 duplicate; a heartbeat is at least one interval after the last publish, so always in a new bucket and
 never dropped. Content that flips back (A, B, A) inside one bucket gets a unique suffix, because dropping
-the second A would leave B as the node's last message.
+the second A would leave B as the node's last message. A message JetStream answers as a duplicate (a
+watcher restarted inside the bucket its predecessor published in, a retried publish) leaves the earlier one
+as the node's last, and every reader judges the node's freshness by that one (shared/fleet/freshness.py):
+with the same content, the next heartbeat is due an interval after the earlier one's time, not after now
+(else the stream's last word could grow two intervals old); with other content (it flipped before the
+restart), the message goes again under an id of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -122,11 +128,31 @@ class InventoryPublisher:
         msg_id = f"inventory:{node}:{digest}:{int(now // self.heartbeat_interval)}"
         if msg_id in ids:  # content flipped back inside one bucket, or the node came back after a removal
             msg_id = f"{msg_id}:{payload['sequence']}"
-        await publish_json(self.js, subjects.inventory(node), payload, msg_id=msg_id)
-        metrics.INVENTORY_PUBLISHED.inc()
+        ack = await publish_json(self.js, subjects.inventory(node), payload, msg_id=msg_id)
         ids[msg_id] = now
+        heard_at = now
+        if getattr(ack, "duplicate", False):
+            kept = await self._kept(node)
+            if kept is not None and events.content_id(kept, *VOLATILE) == digest:
+                stored = kept.get("observedAtUnix")
+                heard_at = min(now, float(stored)) if isinstance(stored, int | float) else now
+            else:
+                msg_id = f"{msg_id}:{payload['sequence']}"
+                await publish_json(self.js, subjects.inventory(node), payload, msg_id=msg_id)
+                ids[msg_id] = now
+        metrics.INVENTORY_PUBLISHED.inc()
         self._ids[node] = ids
-        self.state[node] = _Published(digest, now, payload)
+        self.state[node] = _Published(digest, heard_at, payload)
+
+    async def _kept(self, node: str) -> dict[str, Any] | None:
+        """The node's last message on the stream (None when it cannot be read: then ours goes again)."""
+        try:
+            message = await self.js.get_last_msg(subjects.INVENTORY_STREAM, subjects.inventory(node))
+            kept = json.loads(message.data or b"{}")
+        except Exception as error:  # noqa: BLE001 - no such message, NATS away: publishing again is safe
+            log.debug("last inventory of %s not read (%s); publishing it again", node, type(error).__name__)
+            return None
+        return kept if isinstance(kept, dict) else None
 
 
 async def heartbeat_loop(publisher: InventoryPublisher, *, floor: float = 0.05) -> None:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from services.admin_api.app import create_app
-from services.natsio import EmbeddedNats, connect, publish_json, read_fleet, wait_closed
+from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, read_fleet, wait_closed
 from services.stack import running_stack
 from services.watcher.files import slices_by_node
 from services.watcher.publish import InventoryPublisher, heartbeat_loop
@@ -28,7 +28,7 @@ from shared.ledger.engine import sessions
 from shared.ledger.tokens import create_token
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
-from tests.e2e.helpers import Collector, alerts, free_port, statuses
+from tests.e2e.helpers import Collector, FakeClock, alerts, free_port, statuses
 from tests.e2e.test_notifier_alerts import Start, start  # noqa: F401 - the notifier harness's fixture
 
 pytestmark = pytest.mark.e2e
@@ -196,3 +196,46 @@ async def test_a_node_heard_again_while_the_notifier_was_away_resolves_its_alert
     await start()  # its alerts are published as it replays the stream: the first's collector hears them
     await first.wait_seen(("inventory-stale:n1", 1, True))
     await first.wait_seen(("node-lost:n2", 1, True))
+
+
+async def test_a_restarted_watcher_leaves_the_stream_no_older_or_other_than_it_counts_on(
+        nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """Message ids carry a heartbeat-interval bucket, so a watcher restarted inside its predecessor's bucket
+    sends an id JetStream has seen, and the predecessor's message stays the node's last: readers judge the
+    node by its time, so the new watcher's next heartbeat counts from it; had the content flipped meanwhile,
+    the stream would keep other content than the files say, so that message goes again."""
+    nc = await connect(nats_server.url, name="test")
+    js = nc.jetstream()
+    await ensure_streams(js)
+    source = tmp_path / "fleet.yaml"
+    slices = {}
+    for model in ("H100", "A100"):
+        source.write_text(f"kind: Topology\nnodes:\n  - {{name: n1, gpuModel: {model}, gpuCount: 1}}\n")
+        slices[model] = slices_by_node(load_inventory([source]))["n1"]
+    clock = FakeClock()
+    clock.now = 30.0 * int(clock.now // 30.0)  # the start of a bucket: every publish below but the last in it
+
+    async def last() -> tuple[str, float, int]:
+        message = await js.get_last_msg(subjects.INVENTORY_STREAM, subjects.inventory("n1"))
+        node = events.read_inventory(json.loads(message.data or b"{}"))
+        return str(node.devices[0].attributes["gpu.nvidia.com/productName"]), node.observed_at, message.seq
+
+    first = InventoryPublisher(js, heartbeat_interval=30.0, clock=clock)
+    assert await first.publish("n1", slices["H100"], labels={})
+    clock.now += 1
+    assert await first.publish("n1", slices["A100"], labels={})
+    clock.now += 1
+    second = InventoryPublisher(js, heartbeat_interval=30.0, clock=clock)  # restarted: the files say H100 again
+    assert await second.publish("n1", slices["H100"], labels={})
+    published_at = clock.now
+    product, heard, seq = await last()
+    assert (product, heard) == ("H100", published_at)  # its own, not the predecessor's A100
+    clock.now += 1
+    third = InventoryPublisher(js, heartbeat_interval=30.0, clock=clock)  # restarted again, same content
+    assert await third.publish("n1", slices["H100"], labels={})
+    assert await last() == ("H100", published_at, seq)  # a duplicate: nothing new on the stream
+    assert third.due_in() == 29.0  # its heartbeat counts from the time the stream holds
+    clock.now = published_at + 30
+    assert await third.heartbeat() == 1
+    assert (await last())[1] == clock.now
+    await nc.close()
