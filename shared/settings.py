@@ -168,6 +168,15 @@ class BrokerSettings(BaseSettings):
     def _watcher_duration(cls, value: str | float) -> float:
         return parse_duration(value)
 
+    @model_validator(mode="after")
+    def _heartbeats_inside_the_ttl(self) -> BrokerSettings:
+        """A node is stale once inventory_ttl passes without a message from it (shared/fleet/freshness.py):
+        with heartbeats less than twice as frequent, a late poll or a lost heartbeat greys a live node."""
+        if self.inventory_ttl < 2 * self.heartbeat_interval:
+            raise ValueError(f"inventory_ttl ({self.inventory_ttl:g}s) must be at least twice heartbeat_interval "
+                             f"({self.heartbeat_interval:g}s), or live nodes turn stale between heartbeats")
+        return self
+
     def database_url(self) -> str:
         return self.db or f"sqlite+aiosqlite:///{(self.data_dir / 'ledger.db').resolve()}"
 

@@ -378,7 +378,7 @@ async def test_stack_runs_the_kube_source_from_settings_and_a_kubeconfig(
         "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "watcher"}}],
     }))
     settings = BrokerSettings.model_validate({"nats_url": nats_server.url, "kube": True, "kubeconfig": kubeconfig,
-                                              "heartbeat_interval": "1m", "data_dir": tmp_path})
+                                              "heartbeat_interval": "1m", "inventory_ttl": "3m", "data_dir": tmp_path})
     nc = await connect(nats_server.url, name="test")
     await ensure_streams(nc.jetstream())
     seen = await Collector().start(nc, subjects.INVENTORY_ALL)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from shared.alerts import rules
 from shared.fleet.freshness import Freshness, iso, judge
+from shared.settings import BrokerSettings
 
 T = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
@@ -73,3 +75,15 @@ def test_the_notifier_seeded_from_open_alerts_resolves_them_when_the_replay_show
     assert kinds(fleet.on_inventory(inventory(T + 300), T + 300)) == [("resolve", "inventory-stale:n1")]
     fleet.seed(stale=["n1"])  # a node it knows keeps what it knows (a rebuild from the ledger)
     assert not fleet.nodes["n1"].stale
+
+
+@pytest.mark.parametrize(("ttl", "heartbeat", "accepted"), [
+    ("90s", "30s", True), ("60s", "30s", True), ("59s", "30s", False), ("90s", "1m", False), ("4s", "400ms", True)])
+def test_settings_refuse_a_ttl_that_heartbeats_cannot_keep(ttl: str, heartbeat: str, accepted: bool) -> None:
+    """The settings every container shares: a TTL under two heartbeat intervals would grey live nodes."""
+    values = {"inventory_ttl": ttl, "heartbeat_interval": heartbeat}
+    if accepted:
+        BrokerSettings.model_validate(values)
+    else:
+        with pytest.raises(ValidationError, match="must be at least twice heartbeat_interval"):
+            BrokerSettings.model_validate(values)
