@@ -1,8 +1,8 @@
 """Liveness and readiness over HTTP for a service run on its own (`serve X`, with CLAIMBROKER_HEALTH_PORT):
 what Kubernetes probes and compose healthchecks ask. /healthz answers while the process's event loop runs;
 /readyz answers 200 when the service says it is ready, else 503 with why (NATS away, no inventory yet,
-decision cycles failing); /metrics answers Prometheus's text format (services/metrics.py). GET only,
-nothing else served."""
+decision cycles failing: masked, as a dependency's error may quote its URL); /metrics answers Prometheus's
+text format (services/metrics.py). GET only, nothing else served."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from services.logs import mask_secrets
 from services.metrics import exposition
 
 _REASONS = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
@@ -24,7 +25,7 @@ def answer(path: str, not_ready: Callable[[], str | None]) -> tuple[int, str, st
         return 200, "ok", TEXT
     if path == "/readyz":
         why = not_ready()
-        return (200, "ready", TEXT) if why is None else (503, why, TEXT)
+        return (200, "ready", TEXT) if why is None else (503, mask_secrets(why), TEXT)
     if path == "/metrics":
         body, content_type = exposition()
         return 200, body.decode(), content_type

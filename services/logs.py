@@ -1,21 +1,79 @@
 """The services' log lines: text for a terminal, or one JSON object a line (`--log-format json`,
 CLAIMBROKER_LOG_FORMAT=json) for a log pipeline. In JSON the allocator also writes one line per decision
 batch (logger `claimbroker.allocator.batches`) with what it decided and how long it took; in text that
-line is left out, as a terminal would scroll with it under load."""
+line is left out, as a terminal would scroll with it under load.
+
+Every line written is masked (`mask_secrets`): a URL's or DSN's password, whoever put it in the message,
+an exception's text or an extra field (nats-py, SQLAlchemy and asyncpg quote their URLs in errors), never
+reaches a log. It is the last line of defence: the code that builds a message shows URLs redacted already.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import sys
 import time
 from typing import Any
 
 BATCHES = "claimbroker.allocator.batches"
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
+# scheme://USERINFO@ in free text: USERINFO ends at the last '@' before a '/', a space or a quote, so an
+# unencoded '@' in a password is masked with the rest; each URL of a comma-separated list is its own match
+_USERINFO = re.compile(r"""(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#'"<>\\]+)@""")
+# a NATS URL's userinfo without a ':' is a token, itself the secret (nats://TOKEN@host)
+_TOKEN_SCHEMES = frozenset({"nats://", "tls://", "ws://", "wss://"})
+# libpq's key=value DSN and URL query parameters (password=...), and an HTTP bearer token
+_KEYED = re.compile(r"""(?i)\b(?P<key>password|passwd|pwd)(?P<sep>\s*=\s*|['"]?\s*:\s*['"]?)"""
+                    r"""(?P<value>'[^']*'|"[^"]*"|[^\s&;,)'"]+)""")
+_BEARER = re.compile(r"(?i)\b(Bearer\s+)[A-Za-z0-9._~+/=-]+")
+MASK = "***"
+
+
+def _userinfo(match: re.Match[str]) -> str:
+    scheme, userinfo = match["scheme"], match["userinfo"]
+    if ":" in userinfo:
+        return f"{scheme}{userinfo.split(':', 1)[0]}:{MASK}@"
+    return f"{scheme}{MASK}@" if scheme.lower() in _TOKEN_SCHEMES else match[0]
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with every credential it carries replaced by ***: a URL's password (`nats://user:***@host`,
+    `postgresql://user:***@host/db`), a NATS token (`nats://***@host`), `password=***` of a key=value DSN
+    or a query, a bearer token. A few regex scans: microseconds a line."""
+    if "@" in text:
+        text = _USERINFO.sub(_userinfo, text)
+    if "=" in text or ":" in text:
+        text = _KEYED.sub(lambda m: f"{m['key']}{m['sep']}{MASK}", text)
+    if "earer" in text:
+        text = _BEARER.sub(lambda m: f"{m[1]}{MASK}", text)
+    return text
+
+
+class TextFormatter(logging.Formatter):
+    """A terminal's line, masked (`mask_secrets`), its traceback included."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(super().format(record))
+
+
+class OneLineFormatter(logging.Formatter):
+    """`name: message: ExceptionType: text` on one line, masked: what a command line's own warnings look
+    like (its errors are one line, never a traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{record.name}: {record.getMessage()}"
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            line += f": {type(error).__name__}: {error}"
+        return mask_secrets(" ".join(line.split()))
+
 
 class JsonFormatter(logging.Formatter):
-    """{"time", "level", "logger", "message", ...the record's extra fields, "error" with a traceback}."""
+    """{"time", "level", "logger", "message", ...the record's extra fields, "error" with a traceback},
+    masked (`mask_secrets`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -27,7 +85,7 @@ class JsonFormatter(logging.Formatter):
         line.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+        return mask_secrets(json.dumps(line, default=str))
 
 
 def _not_nats_tls_eof(record: logging.LogRecord) -> bool:
@@ -42,10 +100,21 @@ def configure(verbose: bool, log_format: str = "text") -> None:
         handler.setFormatter(JsonFormatter())
         logging.getLogger(BATCHES).setLevel(logging.NOTSET)
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logging.getLogger(BATCHES).setLevel(logging.WARNING)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a line per plugin, every start
+    asyncio_log = logging.getLogger("asyncio")
+    if _not_nats_tls_eof not in asyncio_log.filters:
+        asyncio_log.addFilter(_not_nats_tls_eof)
+
+
+def configure_command_line() -> None:
+    """A command's own logging, until a command that runs services configures theirs (`configure`):
+    warnings and errors of the libraries it uses, one masked line each on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     asyncio_log = logging.getLogger("asyncio")
     if _not_nats_tls_eof not in asyncio_log.filters:
         asyncio_log.addFilter(_not_nats_tls_eof)

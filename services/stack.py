@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -58,6 +59,65 @@ class Stack:
 
 class FatalServiceError(RuntimeError):
     """A service cannot run with these settings (its port is taken): restarting it would fail again."""
+
+
+class StartRefused(RuntimeError):
+    """What the broker needs before it starts is not there (a port taken, the ledger unreachable): one
+    line that says what to change; nothing was started or created."""
+
+
+def port_problem(host: str, port: int, what: str, option: str) -> str | None:
+    """Why `what` could not listen on host:port (taken, or not an address of this host), else None. Bound
+    as uvicorn and asyncio bind (SO_REUSEADDR), then closed: a check, which a process taking the port after
+    it can still beat (the service then fails with FatalServiceError)."""
+    import socket
+
+    if port == 0:
+        return None  # any free port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        return f"{what} cannot listen on {host}:{port}: {error.strerror or error}; pass another host or {option}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            why = "the port is in use" if error.errno == errno.EADDRINUSE else (error.strerror or str(error))
+            return f"{what} cannot listen on {host}:{port} ({why}): pass {option} with a free port (0: any)"
+    return None
+
+
+def preflight(settings: BrokerSettings, services: tuple[str, ...]) -> None:
+    """Raise StartRefused when a port a service needs is taken; checked before anything is started or
+    written (the data folder, the ledger, an admin token)."""
+    checks = []
+    if "admin-api" in services:
+        checks.append((settings.api_host, settings.api_port, "the admin API", "--api-port"))
+    if settings.health_port is not None:
+        checks.append((settings.health_host, settings.health_port, "the health endpoint", "CLAIMBROKER_HEALTH_PORT"))
+    for host, port, what, option in checks:
+        problem = port_problem(host, port, what, option)
+        if problem is not None:
+            raise StartRefused(problem)
+
+
+class LedgerUnreachable(StartRefused):
+    """The ledger does not answer at start: the broker cannot run without it."""
+
+
+async def _migrate_or_refuse(db_url: str) -> None:
+    """The ledger migrated; unreachable, it is one line with the password hidden (exit 3 in `up`)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        await migrate(db_url)
+    except (OSError, DBAPIError) as error:
+        shown = make_url(db_url).render_as_string(hide_password=True)
+        why = " ".join(str(getattr(error, "orig", None) or error).split()) or type(error).__name__
+        raise LedgerUnreachable(f"cannot reach the ledger at {shown}: {why}") from None
 
 
 @dataclass(frozen=True)
@@ -158,6 +218,7 @@ async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
                      Limits.of(settings), bus_url, settings.tls_ca, last_heard)
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
                             log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
+                            log_config=None,  # its lines go through the broker's handler: masked, JSON if asked
                             ssl_certfile=str(settings.api_tls_cert) if settings.api_tls_cert else None,
                             ssl_keyfile=str(settings.api_tls_key) if settings.api_tls_key else None)
     server = uvicorn.Server(config)
@@ -216,7 +277,7 @@ async def running_stack(
     folder's admin get identities of their own, tenants theirs from the ledger (services/bus_authority.py)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db_url = settings.database_url()
-    await migrate(db_url)
+    await _migrate_or_refuse(db_url)
     engine = create_engine(db_url)
     embedded = authority = None
     identities: dict[str, Identity] = {}

@@ -14,7 +14,7 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,8 +205,10 @@ class Gatherer:
             await self._nc.subscribe(subjects.STATUS_ALL, cb=self._on_status)
             await asyncio.wait_for(self._loaded.wait(), load_timeout)
         except Exception as error:  # the API's numbers are still worth showing
+            from shared.contract.bus_auth import redact
+
             why = f"no answer within {load_timeout:g}s" if isinstance(error, TimeoutError) else repr(error)
-            self._problems.append(f"cannot read the inventory from NATS at {self.nats_url}: {why}")
+            self._problems.append(f"cannot read the inventory from NATS at {redact(self.nats_url)}: {why}")
 
     async def _on_inventory(self, message: Any) -> None:
         try:
@@ -268,9 +270,10 @@ class Unavailable(Exception):
 
 
 async def run(api: str, headers: Mapping[str, str], nats_url: str | None, *, console: Console,
-              once: bool = False, interval: float = 5.0, tls_ca: Path | None = None) -> None:
-    """One frame with `once`; else a live view until cancelled (Ctrl-C). `tls_ca`: the CA to trust for
-    the admin API and NATS."""
+              once: bool = False, interval: float = 5.0, tls_ca: Path | None = None,
+              emit: Callable[[Snapshot], None] | None = None) -> None:
+    """One frame with `once` (given to `emit` when set: `-o json`), else a live view until cancelled
+    (Ctrl-C). `tls_ca`: the CA to trust for the admin API and NATS."""
     from rich.live import Live
 
     gatherer = Gatherer(api, headers, nats_url, tls_ca)
@@ -280,7 +283,10 @@ async def run(api: str, headers: Mapping[str, str], nats_url: str | None, *, con
             frame = await gatherer.snapshot()
             if frame.problems:  # a frame without the fleet or the API's numbers would read as an empty fleet
                 raise Unavailable("; ".join(frame.problems))
-            console.print(render(frame))
+            if emit is not None:
+                emit(frame)
+            else:
+                console.print(render(frame))
             return
         with Live(render(await gatherer.snapshot()), console=console, auto_refresh=False, screen=False) as live:
             while True:

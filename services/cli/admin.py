@@ -13,7 +13,19 @@ from typing import Annotated, Any
 import typer
 
 from services.cli.bus import _nats_url, _why
-from services.cli.common import Output, Unreachable, _emit, _settings, _show, _table, app, console, err, options
+from services.cli.common import (
+    Output,
+    Unreachable,
+    _emit,
+    _settings,
+    _show,
+    _table,
+    app,
+    console,
+    err,
+    options,
+    say_error,
+)
 
 quota_app = typer.Typer(help="Quotas over the admin API (--api, --token; see `claimbroker --help`).",
                         no_args_is_help=True)
@@ -73,7 +85,7 @@ def _request(method: str, path: str, *, allow: tuple[int, ...] = (), timeout: fl
             message = response.text
         line = f"{method} {path}: {response.status_code} {message}"
         if response.status_code < 500:
-            err.print(line)
+            say_error(line)
             raise typer.Exit(1)
         retry = response.headers.get("Retry-After")
         raise Unreachable(line + (f" (retry after {retry}s)" if retry else ""))
@@ -117,7 +129,8 @@ def quota_delete(tenant: Annotated[str, typer.Argument()], flavor: Annotated[str
 
 @quota_app.command("import")
 def quota_import(
-    file: Annotated[Path, typer.Argument(help="a Quotas YAML (or JSON) document")],
+    file: Annotated[Path, typer.Argument(help="a Quotas YAML (or JSON) document", exists=True, dir_okay=False,
+                                         readable=True)],
     dry_run: Annotated[bool, typer.Option(help="show what would change, write nothing")] = False,
     output: Output = "table",
 ) -> None:
@@ -125,8 +138,8 @@ def quota_import(
     try:
         content = file.read_bytes()
     except OSError as error:
-        err.print(f"{file}: {error}")
-        raise typer.Exit(1) from None
+        say_error(f"{file}: {error}")
+        raise typer.Exit(2) from None
     result = _request("POST", "/v1/quotas/import", content=content, params={"dryRun": str(dry_run).lower()},
                       headers={"Content-Type": "application/yaml"}, timeout=HEAVY_TIMEOUT).json()
     if _emit(result, output):
@@ -175,34 +188,107 @@ def explain(
     tenant: Annotated[str, typer.Option(help="the claim's tenant (namespace)")] = "default",
     output: Output = "table",
 ) -> None:
-    """Why a claim waits: its state, reason and the allocator's structured explanation."""
+    """Why a claim waits: its state, reason and the allocator's structured explanation (blocking quotas,
+    capacity per request, what preemption could do, what would let it in)."""
     result = _request("GET", f"/v1/claims/{tenant}/{claim}/explain").json()
     if _emit(result, output):
         return
-    console.print(f"{result['namespace']}/{result['name']}: {result['state']}")
-    if result["reason"]:
-        console.print(f"reason: {result['reason']}", highlight=False)
-    if result["explain"] is None:
-        console.print("no structured explanation recorded")
-    else:
-        console.print_json(data=result["explain"])
+    for line in explanation_lines(result):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if result["explain"] is not None:
+        for columns, rows in explanation_tables(result["explain"]):
+            if rows:
+                console.print(_table(columns, rows))
+
+
+def explanation_lines(result: dict[str, Any]) -> list[str]:
+    """The head of `explain`'s table output: the claim, its state and reason, and the figures that are
+    one line each (tenant, priority, flavors, estimated start, preemption, what would admit it)."""
+    lines = [f"{result['namespace']}/{result['name']}: {result['state']}"]
+    if result.get("reason"):
+        lines.append(f"reason: {result['reason']}")
+    found = result.get("explain")
+    if found is None:
+        return [*lines, "no structured explanation recorded"]
+    tenant = found.get("tenant") or {}
+    if tenant:
+        figures = ", ".join(f"{label} {tenant[key]}" for key, label in (
+            ("unitsInUse", "units in use"), ("weight", "weight"), ("share", "share")) if key in tenant)
+        lines.append(f"tenant: {tenant.get('name')}" + (f" ({figures})" if figures else ""))
+    if "priority" in found:
+        lines.append(f"priority: {found['priority']}")
+    if found.get("flavors"):
+        lines.append(f"flavors it accepts: {', '.join(found['flavors'])}")
+    if found.get("unsatisfiable"):
+        lines.append("no device of today's fleet could ever satisfy it as written")
+    estimate = found.get("estimatedStart")
+    if isinstance(estimate, dict) and estimate.get("p50"):
+        lines.append(f"estimated start: {estimate['p50']} (p90 {estimate.get('p90') or '?'})")
+    preemption = found.get("preemption") or {}
+    if preemption:
+        lines.append(f"preemption: {preemption.get('candidates', 0)} preemptible claim(s) running; "
+                     f"{preemption.get('outcome', '')}".rstrip("; "))
+    if found.get("budgetExceeded"):
+        lines.append("its placement search ran past a cycle's budget: it goes on in slices")
+    suggestions = found.get("toAdmit") or []
+    lines += ["to admit it:", *(f"  - {s}" for s in suggestions)] if suggestions else []
+    return lines
+
+
+def explanation_tables(found: dict[str, Any]) -> list[tuple[list[str], list[list[Any]]]]:
+    """The blocking quotas and the capacity per request, as tables (columns, rows)."""
+    quotas = [[q.get("flavor"), q.get("requested"), q.get("used"), q.get("nominal"),
+               "-" if q.get("borrowingLimit") is None else q["borrowingLimit"],
+               ", ".join(f"{t} ({n})" for t, n in sorted((q.get("borrowedBy") or {}).items())) or "-", q.get("why")]
+              for q in found.get("quota") or []]
+    capacity = [[c.get("request"), c.get("requested"), c.get("matching"), c.get("free"), c.get("mostFreeOnOneNode"),
+                 c.get("nodes"), ", ".join(f"{n} {why}" for why, n in sorted((c.get("unavailable") or {}).items()))
+                 or "-"] for c in found.get("capacity") or []]
+    return [(["BLOCKING QUOTA", "REQUESTED", "USED", "NOMINAL", "BORROWING LIMIT", "BORROWED BY", "WHY"], quotas),
+            (["REQUEST", "REQUESTED", "MATCHING", "FREE", "MOST FREE ON A NODE", "NODES", "UNAVAILABLE"], capacity)]
+
+
+def _frame_json(frame: Any) -> dict[str, Any]:
+    """`top`'s frame as a document (-o json|yaml): the numbers the table shows."""
+    from datetime import UTC, datetime
+
+    return {
+        "at": datetime.fromtimestamp(frame.at, UTC).isoformat().replace("+00:00", "Z") if frame.at else None,
+        "quotaEnforced": frame.enforced,
+        "flavors": [{"name": f.name, "total": f.total, "used": f.used, "free": f.free, "pending": f.pending}
+                    for f in frame.flavors],
+        "tenants": [{"tenant": t.tenant, "flavor": t.flavor, "used": t.used, "nominal": t.nominal,
+                     "borrowed": t.borrowed, "pending": t.pending} for t in frame.tenants],
+        "pending": {"claims": frame.pending_claims, "devices": frame.pending_devices},
+        "queue": [{"tenant": w.tenant, "name": w.name, "flavors": list(w.flavors), "reason": w.reason}
+                  for w in frame.queue],
+    }
+
+
+def _show_frame(frame: Any, output: str) -> None:
+    _emit(_frame_json(frame), output)
 
 
 @app.command()
 def top(
     once: Annotated[bool, typer.Option(help="print one frame and exit")] = False,
     interval: Annotated[float, typer.Option(min=0.5, help="redraw at least this often, in seconds")] = 5.0,
+    output: Output = "table",
 ) -> None:
     """A live view of the fleet per flavor and tenant (used, free, pending, borrowed) and the Pending queue,
-    redrawn as statuses and inventory arrive; the admin API (--api, --token) and NATS (--nats)."""
+    redrawn as statuses and inventory arrive; the admin API (--api, --token) and NATS (--nats). -o json|yaml
+    prints one frame as a document (with --once)."""
 
     from services import top as view
 
+    if output != "table" and not once:
+        raise typer.BadParameter("json and yaml print one frame: add --once", param_hint="'--output' / '-o'")
     url, headers = _admin_api()
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a live view ends
         try:
             settings = _settings()
             asyncio.run(view.run(url, headers, _nats_url(settings), console=console, once=once,
-                                 interval=interval, tls_ca=settings.tls_ca))
+                                 interval=interval, tls_ca=settings.tls_ca,
+                                 emit=None if output == "table" else lambda frame: _show_frame(frame, output)))
         except view.Unavailable as error:
             raise Unreachable(str(error)) from None

@@ -16,14 +16,15 @@ import typer
 import yaml
 
 from services.cli.bus import _publish_claims, _status_table, _why, read_statuses
-from services.cli.common import LogFormat, Unreachable, _emit, _logging, _settings, app, console, err, log
+from services.cli.common import LogFormat, Unreachable, _emit, _logging, _settings, app, console, err, log, say_error
 from services.runtime import tune_gc
 from shared.settings import BrokerSettings
 
 
 @app.command()
 def up(
-    inventory: Annotated[list[Path] | None, typer.Option("--inventory", help="inventory file")] = None,
+    inventory: Annotated[list[Path] | None, typer.Option("--inventory", help="inventory file", exists=True,
+                                                         dir_okay=False, readable=True)] = None,
     kube: Annotated[bool, typer.Option(help="take the fleet from the Kubernetes cluster only")] = False,
     kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for --kube (default: in-cluster)")] = None,
     db: Annotated[str | None, typer.Option(help="ledger URL (default: SQLite in the data folder)")] = None,
@@ -41,6 +42,7 @@ def up(
     = None,
 ) -> None:
     """Run watcher, allocator, notifier and admin API until Ctrl-C."""
+    from services.stack import SERVICES, LedgerUnreachable, StartRefused
     from shared.settings import Webhook
 
     tune_gc()
@@ -49,15 +51,52 @@ def up(
                          mig_advice_min=mig_advice_min,
                          pending_alert_after=pending_alert_after, log_format=log_format,
                          webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
+    _refuse_unless_ready(settings, SERVICES)
     _logging(True, settings.log_format)
-    if not asyncio.run(_up(settings)):
+    try:
+        told = asyncio.run(_up(settings))
+    except LedgerUnreachable as error:
+        raise Unreachable(str(error)) from None
+    except StartRefused as error:
+        say_error(f"claimbroker: {error}")
+        raise typer.Exit(2) from None
+    if not told:
         raise typer.Exit(1)  # a service ended on its own: everything it started is stopped
+
+
+def _refuse_unless_ready(settings: BrokerSettings, services: tuple[str, ...]) -> None:
+    """The ports the services need, checked before anything starts or is written: one line that says which
+    option to change, exit 2."""
+    from services.stack import StartRefused, preflight
+
+    try:
+        preflight(settings, services)
+    except StartRefused as error:
+        say_error(f"claimbroker: {error}")
+        raise typer.Exit(2) from None
+
+
+def _shown(url: str) -> str:
+    """A NATS or ledger URL as the banner prints it: without its password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from services.logs import mask_secrets
+    from shared.contract import bus_auth
+
+    if url.startswith(("nats://", "tls://", "ws://", "wss://")):
+        return bus_auth.redact(url)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return mask_secrets(url)
 
 
 async def _up(settings: BrokerSettings) -> bool:
     """Whether it stopped because it was told to (False: a service failed for good; see supervise)."""
     from services.natsio import wait_closed
-    from services.stack import running_stack, supervise
+    from services.stack import StartRefused, running_stack, supervise
+    from shared.contract import bus_auth
     from shared.ledger.engine import sessions
     from shared.ledger.tokens import create_token
 
@@ -66,16 +105,23 @@ async def _up(settings: BrokerSettings) -> bool:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with running_stack(settings) as stack:
-        (settings.data_dir / "nats.url").write_text(stack.nats_url)  # where the other commands find it
-        if stack.api_url:
-            (settings.data_dir / "api.url").write_text(stack.api_url)
+        if stack.api_url is None:  # its port was taken after preflight's check, or it never listened
+            serving = stack.tasks.get("admin-api")
+            failure = serving.exception() if serving is not None and serving.done() and not serving.cancelled() \
+                else None
+            raise StartRefused(str(failure) if failure else "the admin API did not listen within 30s")
+        url_file = settings.data_dir / "nats.url"  # where the other commands find it
+        url_file.write_text(stack.nats_url)
+        if bus_auth.user_of(stack.nats_url) is not None:  # an external server's credential: the owner's only
+            url_file.chmod(0o600)
+        (settings.data_dir / "api.url").write_text(stack.api_url)
         token_file = settings.data_dir / "admin.token"
         if not token_file.exists():
             token = await create_token(sessions(stack.engine), "admin", None, actor="up")
             token_file.write_text(token)
             token_file.chmod(0o600)
             console.print(f"admin token (shown once, kept in {token_file}): {token}")
-        console.print(f"NATS      {stack.nats_url}")
+        console.print(f"NATS      {_shown(stack.nats_url)}", markup=False)
         if stack.authority is not None:
             console.print("          every client needs a credential: `claimbroker credentials create --tenant T`")
             console.print("          (the CLI run in this folder uses its bus admin)")
@@ -84,8 +130,8 @@ async def _up(settings: BrokerSettings) -> bool:
                         "tenant's claims, and delete the streams", stack.nats_url)
             console.print("          [bold red]OPEN BUS (--insecure): no credential asked; anyone who reaches it "
                           "acts as any tenant[/bold red]")
-        console.print(f"admin API {stack.api_url}")
-        console.print(f"ledger    {stack.db_url}")
+        console.print(f"admin API {stack.api_url}", markup=False)
+        console.print(f"ledger    {_shown(stack.db_url)}", markup=False)
         health = None
         if settings.health_port is not None:  # /healthz, /readyz (every service ready) and /metrics
             from services.health import serve_health
@@ -184,6 +230,7 @@ def serve(
                   "(a deployed watcher never publishes the demo fleet)")
         raise typer.Exit(2)
 
+    _refuse_unless_ready(settings, (service,))
     from shared.ledger.engine import LedgerNotReady, require_sqlite_file
 
     try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from services.cli.bus import (
     _connect,
     _nats_url,
     _own_tenant_only,
+    _Progress,
     _publish,
     _publish_claims,
     _status_table,
@@ -23,34 +25,77 @@ from services.cli.bus import (
     submit_and_wait,
     watch_statuses,
 )
-from services.cli.common import Output, _emit, _settings, app, console, err
+from services.cli.common import (
+    Interrupted,
+    MaybeOutput,
+    Output,
+    Unreachable,
+    _emit,
+    _settings,
+    _table,
+    app,
+    console,
+    say_error,
+)
 from shared.contract import subjects
+from shared.dra.claims import INT32_MAX, INT32_MIN
+
+
+def _positive_seconds(value: float | None) -> float | None:
+    if value is not None and not value > 0:  # NaN too
+        raise typer.BadParameter(f"must be a positive number of seconds, not {value:g}")
+    return value
 
 
 @app.command()
 def submit(
-    file: Annotated[Path, typer.Argument(help="YAML with one or more ResourceClaims")],
-    tenant: Annotated[str | None, typer.Option(help="tenant for claims without a namespace")] = None,
-    priority: Annotated[int | None, typer.Option(help="set claimbroker.io/priority")] = None,
-    wait: Annotated[float | None, typer.Option(help="wait this many seconds for each status")] = None,
+    file: Annotated[Path, typer.Argument(help="YAML with one or more ResourceClaims", exists=True, dir_okay=False,
+                                         readable=True)],
+    tenant: Annotated[str | None, typer.Option(
+        help="tenant for claims without a namespace (default: a tenant credential's own, else default)")] = None,
+    priority: Annotated[int | None, typer.Option(help="set claimbroker.io/priority", min=INT32_MIN, max=INT32_MAX)]
+    = None,
+    wait: Annotated[float | None, typer.Option(help="wait this many seconds for each status",
+                                               callback=_positive_seconds)] = None,
+    output: MaybeOutput = None,
 ) -> None:
-    """Publish each ResourceClaim in FILE to the queue."""
+    """Publish each ResourceClaim in FILE to the queue. Without -o: a line per claim sent, or with --wait
+    each claim's status as a JSON line; -o table|json|yaml: the claims sent, or their statuses."""
+    from shared.contract import bus_auth
+
     settings = _settings()
     url = _nats_url(settings)
-    claims = _claim_documents(file, tenant)
+    own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")  # a tenant credential's claims are its tenant's
+    claims = _claim_documents(file, tenant, own or "default")
+    progress = _Progress(len(claims))
+    try:
+        if wait is None:
+            sent = asyncio.run(_publish_claims(url, claims, priority, progress))
+        else:
+            sent, results = asyncio.run(submit_and_wait(url, claims, priority, wait, progress))
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {progress.summary()}") from None
+    except Unreachable as error:
+        raise Unreachable(f"{error}; {progress.summary()}") from None
     if wait is None:
-        for tenant_name, name in asyncio.run(_publish_claims(url, claims, priority)):
-            console.print(f"submitted {tenant_name}/{name}")
+        submitted = [{"namespace": t, "name": n} for t, n in sent]
+        if output is None:
+            for tenant_name, name in sent:
+                console.print(f"submitted {tenant_name}/{name}", markup=False, highlight=False, soft_wrap=True)
+        elif not _emit(submitted, output):
+            console.print(_table(["TENANT", "CLAIM"], [[s["namespace"], s["name"]] for s in submitted]))
         return
-    sent, results = asyncio.run(submit_and_wait(url, claims, priority, wait))
-    for status in results:
-        print(json.dumps(status))
+    if output is None:
+        for status in results:
+            print(json.dumps(status))
+    elif not _emit(results, output):
+        console.print(_status_table(results))
     if len(results) < len(set(sent)):
-        err.print(f"{len(set(sent)) - len(results)} claim(s) had no status within {wait}s")
+        say_error(f"claimbroker: {len(set(sent)) - len(results)} claim(s) had no status within {wait:g}s")
         raise typer.Exit(1)
     rejected = [f"{s['namespace']}/{s['name']}" for s in results if s.get("state") == "Rejected"]
     if rejected:  # a refusal, as the contract's exit statuses say: the claim is wrong as written
-        err.print(f"rejected: {', '.join(rejected)} (the reason is in the status above)")
+        say_error(f"claimbroker: rejected: {', '.join(rejected)} (the reason is in the status above)")
         raise typer.Exit(1)
 
 
@@ -61,7 +106,7 @@ def status(
     output: Output = "table",
     watch: Annotated[bool, typer.Option(help="keep printing as statuses change")] = False,
 ) -> None:
-    """Print claim states."""
+    """Print claim states. With NAME: exit 1 when no such claim has a status, or when it is Rejected."""
     url = _nats_url(_settings())
 
     def show(statuses: list[dict[str, Any]]) -> None:
@@ -69,14 +114,28 @@ def status(
             console.print(_status_table(statuses))
 
     if not watch:
-        show(asyncio.run(read_statuses(url, tenant or "*", name or "*")))
+        statuses = asyncio.run(read_statuses(url, tenant or "*", name or "*"))
+        if name is not None and not statuses:  # an unknown claim is a refusal, as kubectl's NotFound
+            whose = f"tenant {tenant}'s" if tenant else "any tenant's"
+            say_error(f"claimbroker: no claim {name!r} has a status among {whose} claims (see `claimbroker status`)")
+            raise typer.Exit(1)
+        show(statuses)
+        rejected = [s for s in statuses if s["state"] == "Rejected"]
+        if name is not None and rejected:
+            say_error(f"claimbroker: {rejected[0]['namespace']}/{name} is Rejected: it will never be allocated as "
+                      "written (the reason is in its status)")
+            raise typer.Exit(1)
         return
 
     async def follow() -> None:
+        shown: list[dict[str, Any]] | None = None
         async for statuses in watch_statuses(url, tenant or "*", name or "*"):
-            show(statuses)
+            if statuses != shown:  # a status sent again unchanged is no news
+                show(statuses)
+                shown = statuses
 
-    asyncio.run(follow())
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a watch ends
+        asyncio.run(follow())
 
 
 @app.command()
@@ -84,6 +143,7 @@ def release(
     name: Annotated[str, typer.Argument()],
     tenant: Annotated[str | None, typer.Option(help="the claim's tenant (default: a tenant credential's own)")]
     = None,
+    output: MaybeOutput = None,
 ) -> None:
     """Release an allocated or pending claim."""
     import secrets
@@ -96,7 +156,7 @@ def release(
     known = asyncio.run(read_statuses(url, tenant, name))
     if not known or known[-1]["state"] not in ("Pending", "Allocated"):
         what = f"its last status is {known[-1]['state']}" if known else "it has no status (yet)"
-        err.print(f"claimbroker: {tenant}/{name} is neither waiting nor allocated: {what}; nothing to release")
+        say_error(f"claimbroker: {tenant}/{name} is neither waiting nor allocated: {what}; nothing to release")
         raise typer.Exit(1)
 
     async def main() -> None:
@@ -108,14 +168,21 @@ def release(
             await nc.close()
 
     asyncio.run(main())
-    console.print(f"release requested for {tenant}/{name}")
+    requested = {"namespace": tenant, "name": name, "stateBefore": known[-1]["state"], "release": "requested"}
+    if output is None:
+        console.print(f"release requested for {tenant}/{name}", markup=False, highlight=False, soft_wrap=True)
+    elif not _emit(requested, output):
+        console.print(_table(["TENANT", "CLAIM", "STATE BEFORE", "RELEASE"], [list(requested.values())]))
 
 
 @app.command()
 def simulate(
-    inventory: Annotated[list[Path], typer.Option("--inventory", help="inventory file")],
-    claims: Annotated[list[Path], typer.Option("--claims", help="claims file; each file is one wave")],
-    quotas: Annotated[Path | None, typer.Option(help="Quotas file")] = None,
+    inventory: Annotated[list[Path], typer.Option("--inventory", help="inventory file", exists=True, dir_okay=False,
+                                                  readable=True)],
+    claims: Annotated[list[Path], typer.Option("--claims", help="claims file; each file is one wave", exists=True,
+                                               dir_okay=False, readable=True)],
+    quotas: Annotated[Path | None, typer.Option(help="Quotas file", exists=True, dir_okay=False, readable=True)]
+    = None,
     output: Output = "table",
     tenant: Annotated[str, typer.Option(help="tenant of claims without a namespace")] = "default",
 ) -> None:
@@ -132,7 +199,7 @@ def simulate(
                  for path in claims]
         config = _read_quotas(quotas) if quotas is not None else QuotaConfig()
     except (InventoryFileError, ValueError) as error:
-        err.print(str(error))
+        say_error(str(error))
         raise typer.Exit(1) from None
     fleet = Fleet.from_slices(documents.slices, documents.labels)
     result = run_waves(fleet, merge_classes(documents.classes), waves, config).to_json()
@@ -155,6 +222,6 @@ def _read_quotas(path: Path) -> Any:
     for i, flavor in enumerate(config.listed_flavors):
         try:
             compile_selector(flavor.selector)
-        except SelectorError as error:
-            raise QuotaFileError(f"{path}: flavors[{i}].selector: {error}") from None
+        except SelectorError as error:  # with a caret under the error: this is the file's author's terminal
+            raise QuotaFileError(f"{path}: flavors[{i}].selector: {error.pointed}") from None
     return config

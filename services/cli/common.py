@@ -17,6 +17,7 @@ import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from shared.settings import BrokerSettings
 
@@ -85,7 +86,20 @@ def _settings(**overrides: Any) -> BrokerSettings:
         values.setdefault("data_dir", options().data_dir)
     if options().nats:
         values.setdefault("nats_url", options().nats)
-    return BrokerSettings(**values)
+    from pydantic import ValidationError
+
+    try:
+        return BrokerSettings(**values)
+    except ValidationError as error:  # a value given as an option or a variable: a usage error, one line
+        problems = "; ".join(f"{_setting_name(e['loc'])}: {e['msg']}" for e in error.errors()[:3])
+        say_error(f"claimbroker: invalid setting: {problems}")
+        raise typer.Exit(2) from None
+
+
+def _setting_name(location: tuple[Any, ...]) -> str:
+    """A setting as the user gives it: --option (or CLAIMBROKER_OPTION)."""
+    field = str(location[0]) if location else "?"
+    return f"--{field.replace('_', '-')} (CLAIMBROKER_{field.upper()})"
 
 
 def _output_format(value: str) -> str:
@@ -96,6 +110,14 @@ def _output_format(value: str) -> str:
 
 Output = Annotated[str, typer.Option("--output", "-o", help="table | json | yaml", callback=_output_format)]
 
+
+def _output_format_or_none(value: str | None) -> str | None:
+    return None if value is None else _output_format(value)
+
+
+# For a command whose plain output is neither a table nor a document (`submit`'s lines): its own without -o
+MaybeOutput = Annotated[str | None, typer.Option("--output", "-o", help="table | json | yaml",
+                                                 callback=_output_format_or_none)]
 
 def _emit(data: Any, output: str) -> bool:
     """Print `data` as JSON or YAML when asked (True); False: the caller prints its table."""
@@ -112,6 +134,18 @@ class Refused(Exception):
 
 class Unreachable(Exception):
     """A server the command needs cannot be reached or does not hold the broker: one line, exit 3."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped a command that has something to say about how far it got: one line, exit 130."""
+
+
+def say_error(line: str) -> None:
+    """One line on stderr, credentials masked, printed as it is (no console markup: `[0]` or `[a]` in a
+    path or an expression stays)."""
+    from services.logs import mask_secrets
+
+    err.print(mask_secrets(line), markup=False, highlight=False)
 
 
 def _logging(verbose: bool, log_format: str = "text") -> None:
@@ -144,8 +178,8 @@ def _table(columns: list[str], rows: list[list[Any]]) -> Table:
     table = Table(show_lines=False)
     for column in columns:
         table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+    for row in rows:  # as text, never console markup: a reason or a name may hold "[...]"
+        table.add_row(*(Text("" if v is None else str(v)) for v in row))
     return table
 
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import sys
 
-from services.cli.common import Refused, Unreachable, app, err
+try:  # Typer 0.27 carries its own click; older ones use click's
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover
+    from click import exceptions as click  # type: ignore[no-redef]
+
+from services.cli.common import Interrupted, Refused, Unreachable, app, say_error
 from shared.dra import model as dra
 
 GLOBAL_OPTIONS = ("--nats", "--api", "--token", "--data-dir")
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 
 
 def globals_first(argv: list[str]) -> list[str]:
@@ -32,26 +38,54 @@ def globals_first(argv: list[str]) -> list[str]:
     return front + rest
 
 
+def usage_line(error: click.UsageError) -> str:
+    """A usage error as one line: the command, what is wrong, where help is (Typer's own is a framed box
+    of several lines)."""
+    where = error.ctx.command_path if error.ctx is not None else "claimbroker"
+    return f"{where}: {' '.join(error.format_message().split())} (see `{where} --help`)"
+
+
 def main() -> None:
-    """Errors are one line on stderr, never a traceback (CLAIMBROKER_DEBUG=1 shows it)."""
+    """Errors are one line on stderr, credentials masked, never a traceback (CLAIMBROKER_DEBUG=1 shows it).
+    Exit statuses: 0 done, 1 refused, 2 usage, 3 unreachable or failed, 130 interrupted."""
     import os
 
+    from services.logs import configure_command_line
+
+    configure_command_line()
     try:
-        app(args=globals_first(sys.argv[1:]))
+        code = app(args=globals_first(sys.argv[1:]), prog_name="claimbroker", standalone_mode=False)
+    except click.NoArgsIsHelpError:
+        sys.exit(2)  # the help is printed already
+    except click.UsageError as error:
+        say_error(usage_line(error))
+        sys.exit(2)
+    except click.ClickException as error:
+        say_error(f"claimbroker: {error.format_message()}")
+        sys.exit(error.exit_code)
+    except click.Abort:
+        say_error("claimbroker: aborted")
+        sys.exit(1)
     except dra.DocumentError as error:
-        err.print(str(error))
+        say_error(str(error))
         sys.exit(1)
     except Unreachable as error:
-        err.print(f"claimbroker: {error}")
+        say_error(f"claimbroker: {error}")
         sys.exit(3)
     except Refused as error:
-        err.print(f"claimbroker: {error}")
+        say_error(f"claimbroker: {error}")
         sys.exit(1)
+    except Interrupted as error:
+        say_error(f"claimbroker: {error}")
+        sys.exit(INTERRUPTED)
     except Exception as error:
         if os.environ.get("CLAIMBROKER_DEBUG"):
             raise
-        err.print(f"claimbroker: {type(error).__name__}: {error} (CLAIMBROKER_DEBUG=1 shows where)")
+        say_error(f"claimbroker: {type(error).__name__}: {error} (CLAIMBROKER_DEBUG=1 shows where)")
         sys.exit(3)
+    if code == INTERRUPTED:  # Ctrl-C (Typer turns it into this status) of a command that has nothing to add
+        say_error("claimbroker: interrupted")
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,13 @@ GUARD_HINT = (
 
 
 class SelectorError(ValueError):
-    """A selector that cannot be evaluated: the claim or class is wrong, not the fleet."""
+    """A selector that cannot be evaluated: the claim or class is wrong, not the fleet. `str()` is one line
+    (a status reason, an API's detail); `pointed` adds the expression with a caret under the error where
+    one is known (a file check on a terminal)."""
+
+    def __init__(self, message: str, pointed: str | None = None) -> None:
+        super().__init__(message)
+        self.pointed = pointed or message
 
 
 class _DefaultingMap(ct.MapType):
@@ -569,11 +575,19 @@ class CompiledSelector:
     budget: EvaluationBudget = field(default_factory=EvaluationBudget, compare=False, repr=False)
 
 
+@dataclass(frozen=True)
+class _Refusal:
+    """Why a text is not a selector, as SelectorError says it (kept in the compile cache)."""
+
+    message: str
+    pointed: str | None = None
+
+
 # Compiled selectors kept, most recently used last. A compiled program takes about 25 KB, so the cache is
 # bounded by count and nothing else holds a program for long: a queue of claims with thousands of distinct
 # selectors costs recompiling (charged to those claims' meters), never memory without bound.
 COMPILE_CACHE_SIZE = 1024
-_compiled: OrderedDict[str, CompiledSelector | str] = OrderedDict()
+_compiled: OrderedDict[str, CompiledSelector | _Refusal] = OrderedDict()
 
 
 def compile_selector(expression: str, meter: Meter | None = None) -> CompiledSelector:
@@ -591,8 +605,8 @@ def compile_selector(expression: str, meter: Meter | None = None) -> CompiledSel
             _compiled.popitem(last=False)
     else:
         _compiled.move_to_end(expression)
-    if isinstance(found, str):
-        raise SelectorError(found)
+    if isinstance(found, _Refusal):
+        raise SelectorError(found.message, found.pointed)  # a new one each time: no traceback piles up
     return found
 
 
@@ -642,34 +656,113 @@ def is_compiled(expression: str) -> bool:
     return expression in _compiled
 
 
-def _compile(expression: str) -> CompiledSelector | str:
+def _compile(expression: str) -> CompiledSelector | _Refusal:
     """The selector, or why it is refused: refusals are cached too (parsing 10 KiB can take 0.4 s)."""
     size = len(expression.encode("utf-8", "surrogatepass"))
     if size > MAX_CEL_LENGTH:
-        return f"CEL expression is {size} bytes, over the limit of {MAX_CEL_LENGTH}"
+        return _Refusal(f"CEL expression is {size} bytes, over the limit of {MAX_CEL_LENGTH}")
     nesting = _bracket_nesting(expression)
     if nesting > MAX_NESTING:
-        return _too_deep(f"{nesting} nested brackets, over the limit of {MAX_NESTING}")
+        return _Refusal(_too_deep(f"{nesting} nested brackets, over the limit of {MAX_NESTING}"))
+    rewritten = rewrite(expression)
     try:
-        ast = _ENV.compile(rewrite(expression))
+        ast = _ENV.compile(rewritten)
         cost = estimate_cost(ast)
         if cost > MAX_COST:
-            return (f"CEL expression is too complex: estimated cost {cost:,} exceeds the limit of {MAX_COST:,}; "
-                    "iterate over fewer elements, nest fewer comprehensions or build smaller strings")
+            return _Refusal(f"CEL expression is too complex: estimated cost {cost:,} exceeds the limit of "
+                            f"{MAX_COST:,}; iterate over fewer elements, nest fewer comprehensions or build smaller "
+                            "strings")
         program = _ENV.program(ast, functions=FUNCTIONS)
     except SelectorError as error:
-        return str(error)
+        return _Refusal(str(error))
     except celpy.CELParseError as error:
-        return f"CEL compile error: {str(error).strip()}"
+        return _syntax_error(expression, rewritten, error)
     except RecursionError:  # raised, not returned: the caller's stack may be to blame, do not cache it
         raise SelectorError(_too_deep("it ran out of stack while being compiled")) from None
     except MemoryError:
         raise
     except ValueError as error:
-        return f"CEL compile error: {error}"
+        return _Refusal(f"CEL compile error: {error}")
     except Exception as error:  # noqa: BLE001 - a claim's text must never crash the allocator
-        return f"CEL compile error: {type(error).__name__}: {error}"
+        return _Refusal(f"CEL compile error: {type(error).__name__}: {error}")
     return CompiledSelector(expression, program, _names_read(expression))
+
+
+# What the parser expected, in CEL's own words (lark's terminal names otherwise)
+_TERMINALS = {"RPAR": "')'", "RSQB": "']'", "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "DOT": "'.'",
+              "IDENT": "a name", "QMARK": "'?'", "LPAR": "'('", "LSQB": "'['", "LBRACE": "'{'"}
+_OPERAND = frozenset({"IDENT", "INT_LIT", "STRING_LIT"})  # one of these expected: an operand is missing
+SHOWN_EXPRESSION = 300  # characters of an expression a one-line message quotes whole; past it, the part around
+
+
+def _syntax_error(expression: str, rewritten: str, error: celpy.CELParseError) -> _Refusal:
+    """cel-python's parse error (lark's excerpt of the text, often cut at a line or a token) named, with
+    its line and column in the claim's own text, the whole expression quoted (one line) and, for
+    `pointed`, the expression again with a caret under the position."""
+    cause = error.__context__
+    token = getattr(cause, "token", None)
+    expected = set(getattr(cause, "expected", None) or getattr(cause, "allowed", None) or ())
+    char = getattr(cause, "char", None)
+    at: int | None = getattr(cause, "pos_in_stream", None)
+    if token is not None and getattr(token, "type", "") == "$END":
+        what, at = "the expression ends too early", len(rewritten.rstrip())
+    elif token is not None:
+        what = f"unexpected {str(token)!r}"
+        if at is None:  # a token lark made itself (true, false, null) has no position: it follows the last one
+            before = (getattr(cause, "token_history", None) or [None])[-1]
+            after = getattr(before, "end_pos", None)
+            at = rewritten.find(str(token), after) if after is not None else -1
+            at = at if at >= 0 else None
+    elif char in ("'", '"'):
+        what, expected = "a string that is never closed", set()
+    elif char is not None:
+        what = f"unexpected character {char!r}"
+    else:
+        what = " ".join(str(error.args[0]).split()) if error.args else "invalid syntax"
+    if expected & _OPERAND:
+        what += ": a value is missing"
+    elif expected and expected <= set(_TERMINALS):
+        what += f": expected {' or '.join(sorted(_TERMINALS[e] for e in expected))}"
+    elif token is not None and expected:
+        what += ": an operator is missing"
+    where = _in_original(expression, rewritten, at)
+    if where is None:
+        return _Refusal(f"CEL compile error: syntax error: {what}, in: {_one_line(expression)}")
+    line = expression.count("\n", 0, where) + 1
+    column = where - (expression.rfind("\n", 0, where) + 1) + 1
+    head = f"CEL compile error: syntax error at line {line}, column {column}: {what}"
+    message = f"{head}, in: {_one_line(expression, where)}"
+    lines = expression.split("\n")
+    pointed = "\n".join([head,
+                         *(f"  {text}" for text in lines[:line]), "  " + " " * (column - 1) + "^",
+                         *(f"  {text}" for text in lines[line:])])
+    return _Refusal(message, pointed)
+
+
+def _in_original(expression: str, rewritten: str, at: int | None) -> int | None:
+    """`at` in `rewritten` as a position in `expression`: the rewrite of `.?` forms changes the text in
+    places, so a position before the first change or after the last one is known, one between is not."""
+    if at is None or rewritten == expression:
+        return at
+    prefix = next((i for i, (a, b) in enumerate(zip(expression, rewritten, strict=False)) if a != b),
+                  min(len(expression), len(rewritten)))
+    if at < prefix:
+        return at
+    suffix = next((i for i, (a, b) in enumerate(zip(reversed(expression), reversed(rewritten), strict=False))
+                   if a != b), min(len(expression), len(rewritten)))
+    shift = len(rewritten) - len(expression)
+    return at - shift if at >= len(rewritten) - suffix and 0 <= at - shift <= len(expression) else None
+
+
+def _one_line(expression: str, at: int | None = None) -> str:
+    """The expression on one line (its line breaks as spaces), whole up to SHOWN_EXPRESSION characters,
+    else the part around `at` (or its start)."""
+    text = " ".join(expression.split("\n"))
+    if len(text) <= SHOWN_EXPRESSION:
+        return text
+    start = max(0, min((at or 0) - SHOWN_EXPRESSION // 2, len(text) - SHOWN_EXPRESSION))
+    return (("..." if start else "") + text[start:start + SHOWN_EXPRESSION]
+            + ("..." if start + SHOWN_EXPRESSION < len(text) else ""))
 
 
 def to_cel_value(value: Any) -> Any:

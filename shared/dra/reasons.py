@@ -10,13 +10,16 @@ except for the hints of a claim that nothing matches.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from shared.dra.budget import STEP
+from shared.dra.cel import SelectorError, SelectorText, selector_text
 from shared.dra.fleet_index import DeviceIndex
 
 if TYPE_CHECKING:  # the allocation module calls these with its state and plans
     from shared.dra.allocation import FleetState
+    from shared.dra.inventory import FleetDevice
     from shared.dra.plan import Alternative, Plan
 
 MAX_PARTS = 4  # requests and alternatives a reason names; a status stays a sentence, not a report
@@ -53,16 +56,45 @@ def _hint(state: FleetState, kind: str, alternative: Alternative) -> str:
 
 
 def _did_you_mean(state: FleetState, alternative: Alternative) -> str:
-    """For `productName == "H100"` against a fleet that says "NVIDIA H100 80GB HBM3", show what exists."""
+    """For `productName == "H100"` against a fleet that says "NVIDIA H100 80GB HBM3", show what exists among
+    the devices the claim's class accepts: a value only devices of another class have (the MIG slices of an
+    H100 for a gpu.nvidia.com claim) is no answer, and where it is, that class is named."""
     hints = []
-    for expression in alternative.expressions:
+    device_class = state.classes.get(alternative.class_name)
+    own = len(device_class.spec.selectors) if device_class is not None else 0
+    devices = _accepted(state, alternative.selectors[:own])
+    for expression in alternative.expressions[own:]:  # the request's own: the class's hold by definition
         for domain, name, wanted in _EQUALITY.findall(expression):
-            values = sorted({v for d in state.fleet.devices if (v := d.attribute_text(f"{domain}/{name}")) is not None})
+            values = sorted({v for d in devices if (v := d.attribute_text(f"{domain}/{name}")) is not None})
             if values and wanted not in values:
                 close = [v for v in values if wanted.lower() in v.lower()]
                 listed = ", ".join(repr(v) for v in (close or values)[:6])
-                hints.append(f"{domain}/{name} is never {wanted!r} in the fleet; did you mean {listed}?")
+                among = f" among {alternative.class_name} devices" if own else " in the fleet"
+                elsewhere = _classes_with(state, alternative.class_name, f"{domain}/{name}", wanted)
+                hints.append(f"{domain}/{name} is never {wanted!r}{among}{elsewhere}; did you mean {listed}?")
     return (" " + " ".join(hints)) if hints else ""
+
+
+def _accepted(state: FleetState, selectors: tuple[SelectorText, ...],
+              devices: Iterable[FleetDevice] | None = None) -> list[FleetDevice]:
+    """The devices (the fleet's by default) every one of `selectors` accepts; all of them when a selector
+    fails on one (a hint is no place to refuse a class)."""
+    devices = list(state.fleet.devices if devices is None else devices)
+    try:
+        return [d for d in devices if all(state.memo.matches(s, d) for s in selectors)]
+    except SelectorError:
+        return devices
+
+
+def _classes_with(state: FleetState, own_class: str, attribute: str, wanted: str) -> str:
+    """" (it is on N devices of class X)" when devices the claim's class excludes have the value, else ""."""
+    having = [d for d in state.fleet.devices if d.attribute_text(attribute) == wanted]
+    if not having:
+        return ""
+    named = [name for name, device_class in sorted(state.classes.items()) if name != own_class and _accepted(
+        state, tuple(selector_text(s.cel.expression) for s in device_class.spec.selectors), having)]
+    where = f"class {' or '.join(named)}" if named else "other classes"
+    return f" (it is on {_plural(len(having), 'device')} of {where})"
 
 
 def _closest(state: FleetState, alternative: Alternative) -> str:
