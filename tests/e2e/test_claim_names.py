@@ -238,6 +238,12 @@ def test_a_dotted_claim_is_released_and_its_status_read_by_name(stack: StackThre
     code, _, err = claimbroker(stack, "submit", str(claim_file(tmp_path, "train.v2")), "--wait", "30")
     assert code == 0, err
     assert answered_on_its_subject(stack, "train.v2")["state"] == "Allocated"
+    # a bad copy of the running claim leaves it as it is, and is answered (it once vanished without a word)
+    bad_copy = a_claim("train.v2", TENANT).request(count=-1).document()
+    message_id = stack.publish(subjects.submit(TENANT), json.dumps(bad_copy).encode())
+    _, alert = stack.wait(stack.alerts, lambda _, a: a.get("details", {}).get("messageId") == message_id)
+    assert alert["kind"] == "invalid-message" and "claim train.v2 is Allocated and stays so" in alert["summary"]
+    assert [s["state"] for s in stack.statuses.for_claim(TENANT, "train.v2")] == ["Allocated"]
     code, _, err = claimbroker(stack, "release", "train.v2", "--tenant", TENANT)
     assert code == 0, err
     stack.wait(stack.statuses, lambda _, s: (s["name"], s["state"]) == ("train.v2", "Released"))
