@@ -3,12 +3,15 @@ Kubernetes name holds, so the token reads back as the name; a name no subject ca
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.watcher.publish import InventoryPublisher
 from shared.contract import subjects
 from shared.dra import model as dra
 from shared.fleet.sources import InventoryFileError, load_inventory
@@ -107,3 +110,18 @@ def test_an_inventory_file_with_a_node_name_kubernetes_refuses_is_refused_by_nam
         load_inventory([path])
     assert str(refused.value).startswith(f"{path}: {where}: "), refused.value
     assert str(refused.value).endswith("as Kubernetes requires of a node's name"), refused.value
+
+
+async def test_the_watcher_publishes_no_node_kubernetes_refuses_and_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Any source's node (kube, NVML, files) goes through the publisher: one error per name, nothing sent."""
+    publisher = InventoryPublisher(cast(Any, None), heartbeat_interval=30)  # no bus: nothing may reach it
+    with caplog.at_level(logging.ERROR, logger="claimbroker.watcher"):
+        for _ in range(3):
+            assert await publisher.publish("GPU_Box", [], labels={}) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "node \"GPU_Box\": the name must be a DNS subdomain (lowercase letters, digits, '-' and '.', starting and "
+        "ending "
+        "with a letter or digit, at most 253 characters), as Kubernetes requires of a node's name: its inventory is "
+        "not published"]
+    assert publisher.nodes() == set() and await publisher.remove("GPU_Box") is False
