@@ -52,6 +52,19 @@ def mask_secrets(text: str) -> str:
     return text
 
 
+def url_origin(url: str) -> str:
+    """`scheme://host[:port]/...`: a URL as a log line names it where its path is the secret (a Slack
+    webhook's is), and never with a password."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an unreadable URL)"
+    return f"{parts.scheme}://{parts.hostname or ''}{port}" + ("/..." if parts.path.strip("/") else "")
+
+
 class TextFormatter(logging.Formatter):
     """A terminal's line, masked (`mask_secrets`), its traceback included."""
 

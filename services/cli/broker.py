@@ -52,6 +52,8 @@ def up(
                          pending_alert_after=pending_alert_after, log_format=log_format,
                          webhooks=[Webhook.parse(url) for url in webhook] if webhook else None)
     _refuse_unless_ready(settings, SERVICES)
+    if settings.nats_url:  # an external server that is not there, or refuses the credential: said, not waited on
+        asyncio.run(_answers(settings.nats_url))
     _logging(True, settings.log_format)
     try:
         told = asyncio.run(_up(settings))
@@ -74,6 +76,15 @@ def _refuse_unless_ready(settings: BrokerSettings, services: tuple[str, ...]) ->
     except StartRefused as error:
         say_error(f"claimbroker: {error}")
         raise typer.Exit(2) from None
+
+
+async def _answers(url: str) -> None:
+    """One bounded connection to `url`: Unreachable (exit 3) or Refused (exit 1) in one line, the URL
+    masked, where the services would retry it for good without a word."""
+    from services.cli.bus import _connect
+
+    nc = await _connect(url)
+    await nc.close()
 
 
 def _shown(url: str) -> str:

@@ -16,6 +16,7 @@ import stamina
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services import metrics
+from services.logs import url_origin
 from services.notifier import history
 from shared.alerts.book import Message, severity_rank
 from shared.settings import Webhook
@@ -89,7 +90,7 @@ class WebhookDispatcher:
             try:
                 queue.put_nowait(delivery)
             except asyncio.QueueFull:
-                log.error("webhook queue for %s is full; dropping %s", sink.url, message.msg_id)
+                log.error("webhook queue for %s is full; dropping %s", url_origin(sink.url), message.msg_id)
                 metrics.WEBHOOK_FAILURES.labels(httpx.URL(sink.url).host).inc()
 
     async def join(self) -> None:
@@ -111,7 +112,7 @@ class WebhookDispatcher:
             try:
                 await self._deliver(sink, delivery)
             except Exception:  # a worker must outlive any one delivery
-                log.exception("webhook delivery to %s failed unexpectedly", sink.url)
+                log.exception("webhook delivery to %s failed unexpectedly", url_origin(sink.url))
             finally:
                 queue.task_done()
 
@@ -131,7 +132,7 @@ class WebhookDispatcher:
             return
         except (httpx.HTTPError, _Refused) as failure:
             error = str(failure) if isinstance(failure, _Refused) else f"{type(failure).__name__}: {failure}"
-        log.warning("webhook %s failed %d times (%s); dead-lettered %s", sink.url, self.attempts, error,
+        log.warning("webhook %s failed %d times (%s); dead-lettered %s", url_origin(sink.url), self.attempts, error,
                     delivery.key)
         metrics.WEBHOOK_FAILURES.labels(httpx.URL(sink.url).host).inc()  # the host: a Slack URL's path is its secret
         async with self.sessions() as session, session.begin():
