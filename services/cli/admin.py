@@ -14,15 +14,16 @@ import typer
 
 from services.cli.bus import _nats_url, _why
 from services.cli.common import (
+    MaybeOutput,
     Output,
     Unreachable,
     _emit,
+    _said,
     _settings,
     _show,
     _table,
     app,
     console,
-    err,
     options,
     say_error,
 )
@@ -48,7 +49,7 @@ def _admin_api() -> tuple[str, dict[str, str]]:
     if not url:
         url_file = data_dir / "api.url"
         if not url_file.exists():
-            err.print(f"claimbroker: no admin API URL: pass --api URL (or CLAIMBROKER_API), or run where "
+            say_error(f"claimbroker: no admin API URL: pass --api URL (or CLAIMBROKER_API), or run where "
                       f"`claimbroker up` keeps its data ({url_file} does not exist)")
             raise typer.Exit(2)
         url = url_file.read_text().strip()
@@ -121,10 +122,11 @@ def quota_set(
 
 
 @quota_app.command("delete")
-def quota_delete(tenant: Annotated[str, typer.Argument()], flavor: Annotated[str, typer.Argument()]) -> None:
+def quota_delete(tenant: Annotated[str, typer.Argument()], flavor: Annotated[str, typer.Argument()],
+                 output: MaybeOutput = None) -> None:
     """Remove a tenant's quota for one flavor."""
     _request("DELETE", f"/v1/tenants/{tenant}/quotas/{flavor}")
-    console.print(f"deleted quota {tenant}/{flavor}")
+    _said(f"deleted quota {tenant}/{flavor}", {"tenant": tenant, "flavor": flavor, "deleted": True}, output)
 
 
 @quota_app.command("import")
@@ -156,7 +158,7 @@ def quota_import(
     console.print(f"{len(result['changes'])} row(s) {verb}")
     for over in result["exceeding"]:
         holders = ", ".join(f"{c['namespace']}/{c['name']} ({c['devices']})" for c in over["claims"])
-        err.print(f"{over['tenant']} holds {over['used']} {over['flavor']}, over its new quota "
+        say_error(f"{over['tenant']} holds {over['used']} {over['flavor']}, over its new quota "
                   f"{over['nominal']} + {over['borrowingLimit']} borrowing: {holders}")
 
 

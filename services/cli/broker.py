@@ -16,7 +16,20 @@ import typer
 import yaml
 
 from services.cli.bus import _publish_claims, _status_table, _why, read_statuses
-from services.cli.common import LogFormat, Unreachable, _emit, _logging, _settings, app, console, err, log, say_error
+from services.cli.common import (
+    LogFormat,
+    MaybeOutput,
+    Output,
+    Unreachable,
+    _emit,
+    _logging,
+    _said,
+    _settings,
+    app,
+    console,
+    log,
+    say_error,
+)
 from services.runtime import tune_gc
 from shared.settings import BrokerSettings
 
@@ -169,7 +182,7 @@ def _serve_bus_auth(settings: BrokerSettings) -> None:
     from shared.ledger.engine import create_engine
 
     if settings.bus_auth_file is None or not settings.bus_passwords:
-        err.print("serve bus-auth needs CLAIMBROKER_BUS_AUTH_FILE and CLAIMBROKER_BUS_PASSWORDS")
+        say_error("serve bus-auth needs CLAIMBROKER_BUS_AUTH_FILE and CLAIMBROKER_BUS_PASSWORDS")
         raise typer.Exit(2)
     target = FileTarget(settings.bus_auth_file, settings.nats_pid_file)
     own = own_identities(settings.bus_passwords)
@@ -231,13 +244,13 @@ def serve(
         _serve_bus_auth(settings)
         return
     if not settings.nats_url:
-        err.print("serve needs --nats or CLAIMBROKER_NATS_URL")
+        say_error("serve needs --nats or CLAIMBROKER_NATS_URL")
         raise typer.Exit(2)
     if service == "watcher" and settings.kube and settings.nvml:
-        err.print("serve watcher takes one source: --kube (the cluster) or --nvml (this host), not both")
+        say_error("serve watcher takes one source: --kube (the cluster) or --nvml (this host), not both")
         raise typer.Exit(2)
     if service == "watcher" and not (settings.kube or settings.nvml or settings.inventory):
-        err.print("serve watcher needs --kube, --nvml or --inventory FILE "
+        say_error("serve watcher needs --kube, --nvml or --inventory FILE "
                   "(a deployed watcher never publishes the demo fleet)")
         raise typer.Exit(2)
 
@@ -247,7 +260,7 @@ def serve(
     try:
         require_sqlite_file(settings.database_url())
     except LedgerNotReady as error:
-        err.print(f"claimbroker: {error}")
+        say_error(f"claimbroker: {error}")
         raise typer.Exit(3) from None
 
     async def main() -> bool:
@@ -293,7 +306,7 @@ def serve(
 
 
 @app.command()
-def migrate(db: Annotated[str | None, typer.Option()] = None) -> None:
+def migrate(db: Annotated[str | None, typer.Option()] = None, output: MaybeOutput = None) -> None:
     """Bring the ledger schema to the newest revision."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import DBAPIError
@@ -307,12 +320,13 @@ def migrate(db: Annotated[str | None, typer.Option()] = None) -> None:
         asyncio.run(run_migrations(settings.database_url()))
     except (OSError, DBAPIError) as error:
         raise Unreachable(f"cannot reach the ledger at {shown}: {_why(error)}") from None
-    console.print(f"ledger at head: {shown}")
+    _said(f"ledger at head: {shown}", {"ledger": shown, "atHead": True}, output)
 
 
 @app.command()
 def demo(
     timeout: Annotated[float, typer.Option(help="seconds to wait for all statuses")] = 60.0,
+    output: Output = "table",
 ) -> None:
     """Start the embedded stack, replay the lab workload (and a MIG, a NUMA and an unsatisfiable claim)
     over NATS, print a summary and stop."""
@@ -322,13 +336,14 @@ def demo(
     with tempfile.TemporaryDirectory(prefix="claimbroker-demo-") as folder:
         settings = _settings(data_dir=Path(folder), api_port=0).model_copy(update={"data_dir": Path(folder)})
         statuses, expected = asyncio.run(_demo(settings, timeout))
-    console.print(_status_table(statuses))
-    counts: dict[str, int] = {}
-    for s in statuses:
-        counts[s["state"]] = counts.get(s["state"], 0) + 1
-    console.print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    if not _emit(statuses, output):
+        console.print(_status_table(statuses))
+        counts: dict[str, int] = {}
+        for s in statuses:
+            counts[s["state"]] = counts.get(s["state"], 0) + 1
+        console.print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     if len(statuses) < expected:
-        err.print("demo: not every claim got a status in time")
+        say_error("claimbroker: demo: not every claim got a status in time")
         raise typer.Exit(1)
 
 
@@ -364,6 +379,6 @@ def asyncapi(
     from services.asyncapi import document
 
     if output not in ("json", "yaml"):
-        err.print(f"claimbroker: --output must be json or yaml, not {output!r}")
+        say_error(f"claimbroker: --output must be json or yaml, not {output!r}")
         raise typer.Exit(2)
     _emit(document(), output)

@@ -183,6 +183,15 @@ def _table(columns: list[str], rows: list[list[Any]]) -> Table:
     return table
 
 
+def _said(line: str, data: dict[str, Any], output: str | None) -> None:
+    """What a command that did one thing prints: its line, or with -o the same as a document (a table of
+    one row)."""
+    if output is None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    elif not _emit(data, output):
+        console.print(_table([k.upper() for k in data], [list(data.values())]))
+
+
 def _show(data: Any, output: str, columns: list[str], rows: list[list[Any]]) -> None:
     if not _emit(data, output):
         console.print(_table(columns, rows))

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from services.cli.admin import _request
-from services.cli.common import Output, _emit, _settings, _show, app, console, err
+from services.cli.common import MaybeOutput, Output, _emit, _said, _settings, _show, app, console, say_error
 from shared.contract import subjects
 
 credentials_app = typer.Typer(help="Bus credentials (over the admin API: --api, --token).", no_args_is_help=True)
@@ -29,7 +29,7 @@ def credentials_create(
     from shared.contract import bus_auth
 
     if tenant is None and not alerts:
-        err.print("claimbroker: give --tenant T, --alerts, or both (one tenant's alerts)")
+        say_error("claimbroker: give --tenant T, --alerts, or both (one tenant's alerts)")
         raise typer.Exit(2)
     body = {"role": "alerts", "tenant": tenant} if alerts else {"role": "tenant", "tenant": tenant}
     created = _request("POST", "/v1/credentials", json=body).json()
@@ -56,7 +56,8 @@ def credentials_list(output: Output = "table") -> None:
 
 
 @credentials_app.command("revoke")
-def credentials_revoke(credential_id: Annotated[int, typer.Argument(help="the id `credentials list` shows")]) -> None:
+def credentials_revoke(credential_id: Annotated[int, typer.Argument(help="the id `credentials list` shows")],
+                       output: MaybeOutput = None) -> None:
     """Revoke a bus credential: its connections are closed and it is refused from then on."""
     _request("DELETE", f"/v1/credentials/{credential_id}")
-    print(f"credential {credential_id} revoked")
+    _said(f"credential {credential_id} revoked", {"id": credential_id, "revoked": True}, output)

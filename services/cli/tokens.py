@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from services.cli.common import Output, _show, _with_ledger, app, err
+from services.cli.common import MaybeOutput, Output, _said, _show, _with_ledger, app, say_error
 
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 
@@ -23,13 +23,14 @@ def token_create(
     ttl: Annotated[str | None, typer.Option(help="stop working after this long (30d, 12h, 90m); default never")]
     = None,
     db: Annotated[str | None, typer.Option()] = None,
+    output: MaybeOutput = None,
 ) -> None:
     """Create an API token in the ledger and print it once (the ledger must exist: `up` or `migrate`)."""
     from shared.ledger.tokens import create_token
     from shared.settings import parse_duration
 
     if role not in ("admin", "viewer"):
-        err.print("--role must be admin or viewer")
+        say_error("claimbroker token create: --role must be admin or viewer")
         raise typer.Exit(2)
     from shared.ledger.tokens import MAX_TTL_S
 
@@ -38,9 +39,10 @@ def token_create(
         if seconds is not None and not 0 < seconds <= MAX_TTL_S:
             raise ValueError("a token's ttl must be positive and at most ten years")
     except ValueError as error:
-        err.print(f"--ttl: {error}")
+        say_error(f"claimbroker token create: --ttl: {error}")
         raise typer.Exit(2) from None
-    print(asyncio.run(_with_ledger(db, lambda factory: create_token(factory, role, tenant, seconds))))
+    token = asyncio.run(_with_ledger(db, lambda factory: create_token(factory, role, tenant, seconds)))
+    _said(token, {"token": token, "role": role, "tenant": tenant, "ttlSeconds": seconds}, output)
 
 
 @token_app.command("list")
@@ -60,7 +62,7 @@ def token_list(output: Output = "table", db: Annotated[str | None, typer.Option(
 
 @token_app.command("revoke")
 def token_revoke(token_id: Annotated[int, typer.Argument(help="the id `token list` shows")],
-                 db: Annotated[str | None, typer.Option()] = None) -> None:
+                 db: Annotated[str | None, typer.Option()] = None, output: MaybeOutput = None) -> None:
     """Revoke an API token: refused at its next request."""
     from shared.ledger.tokens import revoke_token
 
@@ -69,6 +71,6 @@ def token_revoke(token_id: Annotated[int, typer.Argument(help="the id `token lis
             return await revoke_token(session, token_id, "cli") is not None
 
     if not asyncio.run(_with_ledger(db, revoke)):
-        err.print(f"claimbroker: no token {token_id}")
+        say_error(f"claimbroker: no token {token_id}")
         raise typer.Exit(1)
-    print(f"token {token_id} revoked")
+    _said(f"token {token_id} revoked", {"id": token_id, "revoked": True}, output)

@@ -13,7 +13,7 @@ import typer
 
 from services.cli.bus import _nats_url, last_per_subject
 from services.cli.claims import _read_quotas
-from services.cli.common import Output, _emit, _settings, _table, _with_ledger, app, console, err
+from services.cli.common import Output, _emit, _settings, _table, _with_ledger, app, console, say_error
 from shared.contract import subjects
 
 
@@ -52,9 +52,10 @@ def _added_nodes(paths: list[Path]) -> tuple[Any, ...]:
 
 @app.command()
 def whatif(
-    quotas: Annotated[Path | None, typer.Option(help="a proposed Quotas file (the whole configuration)")] = None,
-    add_inventory: Annotated[list[Path] | None, typer.Option("--add-inventory", help="nodes to add (repeatable)")]
-    = None,
+    quotas: Annotated[Path | None, typer.Option(help="a proposed Quotas file (the whole configuration)",
+                                                exists=True, dir_okay=False, readable=True)] = None,
+    add_inventory: Annotated[list[Path] | None, typer.Option("--add-inventory", help="nodes to add (repeatable)",
+                                                             exists=True, dir_okay=False, readable=True)] = None,
     drain: Annotated[list[str] | None, typer.Option("--drain", help="a node to take away (repeatable)")] = None,
     remove_tenant: Annotated[list[str] | None, typer.Option("--remove-tenant", help="repeatable")] = None,
     mig_plan: Annotated[bool, typer.Option("--mig-plan", help="with the MIG re-layout `advise mig` plans")]
@@ -65,24 +66,29 @@ def whatif(
     """What the live fleet and queue would become with proposed changes; nothing is written."""
     from shared.admission.whatif import Change, what_if
     from shared.dra.classes import merge_classes
-    from shared.fleet.sources import load_inventory
+    from shared.fleet.sources import InventoryFileError, load_inventory
 
     settings = _settings(db=db)
+    try:  # the files first, before the bus and the ledger are read: their errors name the file and the field
+        proposed = _read_quotas(quotas) if quotas is not None else None
+        added = _added_nodes(list(add_inventory or []))
+        classes = merge_classes(load_inventory(list(add_inventory or [])).classes if add_inventory else [])
+    except (InventoryFileError, ValueError) as error:
+        say_error(str(error))
+        raise typer.Exit(1) from None
     fleet = asyncio.run(_read_fleet(_nats_url(settings)))
     running, waiting, documents, config = asyncio.run(_with_ledger(db, _read_ledger))
-    added = _added_nodes(list(add_inventory or []))
     unknown = sorted(set(drain or ()) - set(fleet.nodes))
     if unknown:
-        err.print(f"claimbroker: no node {', '.join(unknown)} in the fleet: nothing to drain")
+        say_error(f"claimbroker: no node {', '.join(unknown)} in the fleet: nothing to drain")
         raise typer.Exit(1)
     if mig_plan:  # the re-laid nodes as the plan carves them, after any added ones
         from shared.admission.mig_plan import plan_mig
 
         planned = plan_mig(fleet, merge_classes([]), config, running, waiting)
         added = (*added, *planned.nodes.values())
-    change = Change(quotas=_read_quotas(quotas) if quotas is not None else None, add_nodes=added,
-                    drain=frozenset(drain or ()), remove_tenants=frozenset(remove_tenant or ()))
-    classes = merge_classes(load_inventory(list(add_inventory or [])).classes if add_inventory else [])
+    change = Change(quotas=proposed, add_nodes=added, drain=frozenset(drain or ()),
+                    remove_tenants=frozenset(remove_tenant or ()))
     answer = what_if(fleet, classes, config, running, waiting, documents, change).to_json()
     if _emit(answer, output):
         return

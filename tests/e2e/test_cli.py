@@ -124,6 +124,22 @@ async def test_token_create_needs_an_existing_ledger_and_creates_none(tmp_path: 
     assert code == 0 and out.startswith("cb_"), err
 
 
+async def test_commands_that_do_one_thing_print_it_as_asked(tmp_path: Path) -> None:
+    """-o on the commands that print one line: the same as a document."""
+    data = str(tmp_path / "data")
+    code, out, err = await run("--data-dir", data, "migrate", "-o", "json")
+    assert code == 0 and json.loads(out)["atHead"] is True and ".db" in json.loads(out)["ledger"], err
+    code, out, err = await run("--data-dir", data, "token", "create", "--role", "viewer", "-o", "yaml")
+    created = yaml.safe_load(out)
+    assert code == 0 and created["token"].startswith("cb_") and created["role"] == "viewer", err
+    code, out, err = await run("--data-dir", data, "token", "revoke", "1", "-o", "json")
+    assert code == 0 and json.loads(out) == {"id": 1, "revoked": True}, err
+    code, out, err = await run("--data-dir", data, "token", "revoke", "1", "-o", "table")
+    assert code == 0 and "REVOKED" in out, err
+    code, out, err = await run("--data-dir", data, "token", "create", "--role", "viewer", "-o", "xml")
+    assert code == 2 and out == "" and _one_line(err)
+
+
 async def test_tokens_expire_are_listed_and_revoked(tmp_path: Path) -> None:
     data = str(tmp_path / "data")
     assert (await run("--data-dir", data, "migrate"))[0] == 0

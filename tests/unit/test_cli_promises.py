@@ -153,3 +153,15 @@ def test_explain_reads_as_sentences_and_tables() -> None:
     assert quotas == [["H100", 4, 2, 2, 0, "research (2)", "over nominal"]]
     assert capacity == [["gpu", 4, 10, 3, 2, 2, "7 in use"]]
     assert explanation_lines({**result, "explain": None})[-1] == "no structured explanation recorded"
+
+
+def test_whatif_checks_its_files_before_it_reads_the_bus(tmp_path: Path) -> None:
+    """A proposed Quotas file with a syntax error: the caret form, exit 1, and no NATS needed to say so; a
+    file that is not there: a usage error."""
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(f"kind: Quotas\nflavors:\n- name: H100\n  selector: '{A}.productName = \"H100\"'\n")
+    result = runner.invoke(app, ["--nats", "nats://127.0.0.1:1", "whatif", "--quotas", str(quotas)])
+    assert result.exit_code == 1 and "unexpected character '='" in result.output
+    assert result.output.splitlines()[-1] == "  " + " " * len(f"{A}.productName ") + "^"
+    result = runner.invoke(app, ["--nats", "nats://127.0.0.1:1", "whatif", "--quotas", str(tmp_path / "none")])
+    assert result.exit_code == 2
