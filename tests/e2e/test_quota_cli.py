@@ -121,12 +121,12 @@ async def test_quota_set_list_export_import_dry_run(running: Running, tmp_path: 
 async def test_explain_and_errors(running: Running) -> None:
     async with running.factory() as s, s.begin():  # type: ignore[attr-defined]
         s.add(Claim(namespace="vision", name="waits", state="Pending", spec={}, sequence=1,
-                    reason="quota H100 exhausted", explain={"blockingQuotas": [{"flavor": "H100"}]}))
+                    reason="quota H100 exhausted", explain={"quota": [{"flavor": "H100", "why": "exhausted"}]}))
     code, out, err = await running.cli("explain", "waits", "--tenant", "vision")
     assert code == 0, err
-    assert "Pending" in out and "quota H100 exhausted" in out and "blockingQuotas" in out
+    assert "Pending" in out and "quota H100 exhausted" in out and "BLOCKING QUOTA" in out and "exhausted" in out
     code, out, _ = await running.cli("explain", "waits", "--tenant", "vision", "--output", "json")
-    assert json.loads(out)["explain"] == {"blockingQuotas": [{"flavor": "H100"}]}
+    assert json.loads(out)["explain"] == {"quota": [{"flavor": "H100", "why": "exhausted"}]}
     code, _, err = await running.cli("explain", "ghost", "--tenant", "vision")
     assert code == 1 and "404" in err
     code, _, err = await running.cli("--token", "cb_wrong", "quota", "list", token=False)
