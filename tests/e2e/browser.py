@@ -46,6 +46,7 @@ class Browser:
         self._process, self._commands, self._replies = process, commands, replies
         self._next = 0
         self.session: str | None = None
+        self.errors: list[str] = []  # the page's uncaught exceptions and console errors, as they were heard
 
     @classmethod
     async def open(cls, binary: str, profile: Path, url: str) -> Browser:
@@ -75,6 +76,8 @@ class Browser:
         attached = await browser.send("Target.attachToTarget", targetId=page["targetId"], flatten=True)
         browser.session = attached["sessionId"]
         await browser.send("Page.enable")
+        await browser.send("Runtime.enable")
+        await browser.send("Emulation.setFocusEmulationEnabled", enabled=True)  # focus and keys as in a window
         await browser.send("Page.navigate", url=url)
         await browser.wait_for(f"location.origin === {json.dumps(url)}.slice(0, location.origin.length) && "
                                "document.readyState === 'complete'")
@@ -87,12 +90,34 @@ class Browser:
         if self.session is not None and not method.startswith(("Target.", "Browser.")):
             message["sessionId"] = self.session
         os.write(self._commands, json.dumps(message).encode() + b"\0")
-        while True:  # events and other replies are skipped: one command at a time
+        while True:  # events and other replies are skipped (errors noted): one command at a time
             reply = json.loads((await self._replies.readuntil(b"\0"))[:-1])
+            self._note(reply)
             if reply.get("id") == ident:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply.get("result", {})
+
+    def _note(self, event: dict[str, Any]) -> None:
+        params = event.get("params", {})
+        if event.get("method") == "Runtime.exceptionThrown":
+            details = params.get("exceptionDetails", {})
+            self.errors.append(str(details.get("exception", {}).get("description") or details.get("text")))
+        elif event.get("method") == "Runtime.consoleAPICalled" and params.get("type") == "error":
+            self.errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", [])))
+
+    async def resize(self, width: int, height: int) -> None:
+        """The viewport of a screen of this size: a laptop's, a wall screen's."""
+        await self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
+                        mobile=False)
+
+    async def press(self, key: str) -> None:
+        """A key pressed and released where the focus is, as a keyboard would: "Enter", "Space", "Tab"."""
+        codes = {"Enter": ("Enter", 13, "\r"), "Space": (" ", 32, " "), "Tab": ("Tab", 9, "")}
+        name, code, text = codes[key]
+        for kind in ("keyDown", "keyUp"):
+            await self.send("Input.dispatchKeyEvent", type=kind, key=name, code=key, windowsVirtualKeyCode=code,
+                            **({"text": text} if text and kind == "keyDown" else {}))
 
     async def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (a promise is awaited; asked again in the new
@@ -119,12 +144,12 @@ class Browser:
             check(); }})"""
         return await asyncio.wait_for(self.evaluate(script), timeout)
 
-    async def screenshot(self, path: Path, selector: str | None = None) -> None:
-        """The page, or the element `selector` matches, as a PNG."""
+    async def screenshot(self, path: Path, selector: str | None = None, *, viewport: bool = False) -> None:
+        """The page, the element `selector` matches, or (`viewport`) the first screen, as a PNG."""
         import base64
 
-        params: dict[str, Any] = {"format": "png", "captureBeyondViewport": True}
-        if selector is not None:
+        params: dict[str, Any] = {"format": "png", "captureBeyondViewport": not viewport}
+        if selector is not None and not viewport:
             box = await self.evaluate(f"""(() => {{ const r = document.querySelector({json.dumps(selector)})
                 .getBoundingClientRect(); return {{x: r.x + scrollX, y: r.y + scrollY, width: r.width,
                 height: r.height}}; }})()""")

@@ -1,6 +1,8 @@
 """The usage page in headless Chromium against a running admin API with tenants, quotas, allocated
 devices, pending claims and alerts in the ledger: the bars carry the right numbers, the pending queue its
-reasons. A screenshot is kept under test-artifacts/ (gitignored)."""
+reasons, the alerts fold by kind with the API's counts; the queue and the alerts sort (by mouse and by
+keyboard) and filter by tenant, flavor and kind, and the address keeps it all for a wall screen. Screenshots
+are kept under test-artifacts/ (gitignored; the ones in docs/ are these)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 from sqlalchemy import insert
@@ -62,6 +65,27 @@ def day_of_samples(now: float) -> list[dict[str, object]]:
     return rows
 
 
+BIG = "Insufficient nvidia.com/gpu: requested 2, free 0 of 8 on 1 node"
+A100 = "Insufficient nvidia.com/gpu: requested 4, free 3 of 4 on 1 node"
+QUOTA = "quota H100 of vision: nominal 4 + borrowing 4, used 6, requested 2 more"
+
+
+def spec(count: int) -> dict[str, object]:
+    return {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "count": count}}]}}}
+
+
+def explained(flavors: list[str], **parts: object) -> dict[str, object]:
+    """An explanation as the allocator writes it, with the parts the page's filters read."""
+    return {"state": "Pending", "unsatisfiable": False, "flavors": flavors, "quota": [], **parts}
+
+
+def alert(kind: str, severity: str, labels: dict[str, str], after: float, *, resolved: bool = False) -> Message:
+    key = ":".join([kind, "/".join(labels.values())])
+    return Message(Alert(kind, severity, key, f"{key} summary", {}, labels), 1_800_000_000.0,
+                   1_800_000_000.0 + after, 1, resolved)
+
+
 @dataclass
 class Page:
     url: str
@@ -92,18 +116,21 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
                                     node="node-01", request="gpu", flavor="H100", units=2.0) for i in range(6)])
         s.add(DeviceAllocation(driver="gpu.nvidia.com", pool="node-02", device="gpu-0", claim_id=small.id,
                                node="node-02", request="gpu", flavor="A100", units=1.0))
-        spec = {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "count": 2}}]}}}
         s.add_all([
-            Claim(namespace="speech", name="wait-big", state="Pending", spec=spec, sequence=1,
-                  reason="Insufficient nvidia.com/gpu: requested 2, free 0 of 8 on 1 node"),
-            Claim(namespace="vision", name="wait-quota", state="Pending", spec=spec, sequence=1,
-                  reason="quota H100 of vision: nominal 4 + borrowing 4, used 6, requested 2 more"),
+            Claim(namespace="speech", name="wait-big", state="Pending", spec=spec(2), sequence=1, reason=BIG,
+                  explain=explained(["A100", "H100"]), submitted_at=now - timedelta(minutes=5)),
+            Claim(namespace="vision", name="wait-quota", state="Pending", spec=spec(2), sequence=1, reason=QUOTA,
+                  explain=explained(["H100"], quota=[{"flavor": "H100"}]), submitted_at=now - timedelta(minutes=2)),
+            Claim(namespace="speech", name="wait-a100", state="Pending", spec=spec(4), sequence=1, reason=A100,
+                  explain=explained(["A100"]), submitted_at=now - timedelta(hours=2)),
         ])
-        await history.record(s, [Message(Alert("claim-pending-too-long", "warning",
-                                               "claim-pending-too-long:speech/wait-big", "speech/wait-big waits",
-                                               {}, {"tenant": "speech", "claim": "wait-big"}),
-                                         1_800_000_000.0, 1_800_000_010.0, 1, False)])
+        await history.record(s, [
+            alert("claim-pending-too-long", "warning", {"tenant": "speech", "claim": "wait-big"}, 10),
+            alert("claim-pending-too-long", "warning", {"tenant": "speech", "claim": "wait-a100"}, 20),
+            alert("claim-pending-too-long", "warning", {"tenant": "vision", "claim": "wait-quota"}, 30),
+            alert("quota-near-limit", "warning", {"tenant": "vision", "flavor": "H100"}, 40),
+            alert("device-unhealthy", "critical", {"node": "node-03", "device": "gpu-0"}, 50),
+            alert("node-lost", "critical", {"node": "node-09"}, 60, resolved=True)])
         await s.execute(insert(UsageSample), day_of_samples(time.time()))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -125,20 +152,20 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
 
 
 class Rows(HTMLParser):
-    """The usage rows' data attributes and the pending claims' reasons, from the dumped DOM."""
+    """The usage rows' data attributes, the waiting groups with their reasons and the tiles of the summary
+    strip, from the dumped DOM."""
 
     def __init__(self) -> None:
         super().__init__()
         self.usage: dict[tuple[str, str], dict[str, str]] = {}
-        self.pending: dict[str, str] = {}  # tenant -> the reason of its group (one group each here)
-        self.groups: dict[str, dict[str, str]] = {}
+        self.groups: list[dict[str, str]] = []  # each waiting group's attributes, its reason as "reason"
         self.waits: list[str] = []
         self.cells: dict[tuple[str, str], tuple[str, str]] = {}  # (node, device) -> (state, tenant)
-        self.alerts: list[str] = []
+        self.folds: list[tuple[str, str, str]] = []  # open alerts per kind: (kind, severity, open)
         self.generations: list[str] = []
         self.admitted: list[tuple[str, str]] = []
         self.charts: dict[str, str] = {}  # flavor -> stretches of samples drawn
-        self._claim: str | None = None
+        self.tiles: list[dict[str, str]] = []
         self._in_reason = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -147,30 +174,31 @@ class Rows(HTMLParser):
         if "usage-row" in classes:
             self.usage[(a["data-tenant"], a["data-flavor"])] = a
         elif "waiting-group" in classes:
-            self._claim = a["data-tenant"]
-            self.groups[a["data-tenant"]] = a
+            self.groups.append({**a, "reason": ""})
         elif "cell" in classes:
             self.cells[(a["data-node"], a["data-device"])] = (a["data-state"], a["data-tenant"])
         elif "admitted-waits" in classes:
             self.admitted.append((a["data-tenant"], a["data-flavor"]))
         elif "tenant-waits" in classes:
             self.waits.append(a["data-tenant"])
-        elif "reason" in classes and self._claim is not None:
+        elif "reason" in classes and self.groups:
             self._in_reason = True
-        elif "alert" in classes:
-            self.alerts.append(a["data-key"])
+        elif "alert-kind" in classes:
+            self.folds.append((a["data-kind"], a["data-severity"], a["data-open"]))
         elif "generation" in classes:
             self.generations.append(a["data-generation"])
         elif "chart" in classes:
             self.charts[a["data-flavor"]] = a["data-runs"]
+        elif "tile" in classes:
+            self.tiles.append(a)
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("td", "summary"):
             self._in_reason = False
 
     def handle_data(self, data: str) -> None:
-        if self._in_reason and self._claim is not None:
-            self.pending[self._claim] = self.pending.get(self._claim, "") + data
+        if self._in_reason:
+            self.groups[-1]["reason"] += data
 
 
 async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: Path) -> None:
@@ -186,16 +214,18 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     assert (speech_h100["data-used"], speech_h100["data-nominal"], speech_h100["data-borrowed"]) == ("0", "2", "0")
     speech_a100 = parsed.usage[("speech", "A100")]
     assert (speech_a100["data-used"], speech_a100["data-nominal"]) == ("1", "3")
-    assert "6 / 4 used, 2 borrowed (12 GPU units)" in dom
+    assert "6 of 4 nominal · 2 borrowed · 12 GPU units · 2 devices more asked" in dom
+    assert "1 of 3 nominal · 1 GPU unit · 6 devices more asked" in dom  # wait-big's 2 count as A100, the cheaper
     # The bar widths follow the numbers: the flavor's scale is its largest of used and nominal (6).
     assert re.search(r'class="in" style="width: 66\.66\d*%;?"', dom), "vision's 4 within nominal of 6"
     assert re.search(r'class="over" style="left: 66\.66\d*%; width: 33\.33\d*%;?"', dom), "2 borrowed"
 
-    assert parsed.pending == {  # the queue grouped by tenant and reason, with the devices asked
-        "speech": "Insufficient nvidia.com/gpu: requested 2, free 0 of 8 on 1 node",
-        "vision": "quota H100 of vision: nominal 4 + borrowing 4, used 6, requested 2 more"}
-    assert {t: (g["data-claims"], g["data-devices"]) for t, g in parsed.groups.items()} == {
-        "speech": ("1", "2"), "vision": ("1", "2")}
+    # the queue grouped by tenant and reason, the longest waiting first, with the devices asked, the kind
+    # of wait and the flavors its claims would take
+    assert [(g["data-tenant"], g["reason"], g["data-claims"], g["data-devices"], g["data-kind"], g["data-flavors"])
+            for g in parsed.groups] == [("speech", A100, "1", "4", "devices", "A100"),
+                                        ("speech", BIG, "1", "2", "devices", "A100 H100"),
+                                        ("vision", QUOTA, "1", "2", "quota", "H100")]
     assert parsed.waits == ["speech", "vision"]
     assert parsed.admitted == [("speech", "A100"), ("vision", "H100")]  # waited 1 and 9 minutes
     assert "Waited before admission, per tenant and flavor, over the last hour" in dom
@@ -209,10 +239,21 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     assert "88 °C; throttle reasons: SwThermalSlowdown, HwThermalSlowdown" in dom
     assert parsed.generations == ["A100", "H100", "Hopper H100"]
     assert dom.count('class="gpu-box"') == 1, "node-03's slices drawn inside gpu-1"
+    assert "Hopper H100: 1 node, 2 GPUs (3 MIG slices): 1 idle · 1 throttled" in dom
     # the fleet over time: a chart per flavor, the hour's samples drawn as one stretch (the gap is hours ago)
     assert parsed.charts == {"A100": "1", "H100": "1"}
-    assert "speech: 1 claims, 2 devices" in dom and "vision: 1 claims, 2 devices" in dom
-    assert parsed.alerts == ["claim-pending-too-long:speech/wait-big"]
+    # alerts folded by kind, the critical first, with how many are open of each
+    assert parsed.folds == [("device-unhealthy", "critical", "1"), ("claim-pending-too-long", "warning", "3"),
+                            ("quota-near-limit", "warning", "1")]
+    # the strip: GPUs in use of all per generation (a GPU cut into slices is one), the queue, the alerts
+    assert [(t["data-summary"], t.get("data-generation", ""), t.get("data-used", ""), t.get("data-total", ""),
+             t.get("data-value", "")) for t in parsed.tiles] == [
+        ("gpus", "A100", "1", "4", ""), ("gpus", "H100", "6", "8", ""), ("gpus", "Hopper H100", "0", "2", ""),
+        ("waiting", "", "", "", "3"), ("oldest", "", "", "", ""), ("critical", "", "", "", "1")]
+    assert float(parsed.tiles[4]["data-seconds"]) >= 7200, "wait-a100 waits two hours"
+    assert "2 h" in dom and "4 warnings open" in dom
+    for wrong in ("1 claims", "1 devices", "(no flavor)", "1 GPU units", ".0 "):
+        assert wrong not in dom, wrong
     assert "polling every 5s" in dom, "no bus in this API process: it polls"
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -261,3 +302,107 @@ async def test_each_panel_renders_and_is_photographed(page: Page, tmp_path: Path
             assert (ARTIFACTS / f"usage-page-{name}.png").stat().st_size > 3_000
     finally:
         await browser.close()
+
+
+ROWS = "[...document.querySelectorAll('tr.waiting-group')].map(r => r.dataset.tenant + ':' + r.dataset.devices)"
+FOLDS = "[...document.querySelectorAll('tr.alert-kind')].map(r => r.dataset.kind + ':' + r.dataset.open)"
+EXPANDED = "[...document.querySelectorAll('#alerts tr.alert')].map(r => r.dataset.key)"
+
+
+def header(table: str, key: str) -> str:
+    return f"document.querySelector('th[data-table={table}][data-sort={key}]')"
+
+
+async def choose(browser: Browser, select: str, value: str) -> None:
+    """A filter chosen as a person would: the select's value, then its change event."""
+    await browser.evaluate(f"(() => {{ const s = document.getElementById('{select}'); s.value = '{value}'; "
+                           "s.dispatchEvent(new Event('change')); })()")
+
+
+async def test_the_queue_and_alerts_sort_filter_and_fold_and_the_address_keeps_them(page: Page, tmp_path: Path
+                                                                                     ) -> None:
+    """Sorting by a header (mouse, then keyboard), filtering by tenant, flavor and kind, and opening an alert
+    kind change the rows as they should; the address holds all of it (never the token), so the same address
+    opened again, as a wall screen would be, shows the same."""
+    binary = chromium()
+    browser = await Browser.open(binary, tmp_path / "profile", f"{page.url}/?token={page.token}")
+    try:
+        assert await browser.wait_for(f"{ROWS}.length === 3 && document.querySelectorAll('tr.alert-kind').length "
+                                      "&& !document.getElementById('data').hidden")
+        assert await browser.evaluate(ROWS) == ["speech:4", "speech:2", "vision:2"], "the longest waiting first"
+        assert await browser.evaluate(f"{header('waiting', 'oldest')}.getAttribute('aria-sort')") == "descending"
+        await browser.evaluate(f"{header('waiting', 'tenant')}.querySelector('button').click()")
+        assert await browser.evaluate(ROWS) == ["speech:2", "speech:4", "vision:2"], "A to Z, ties as the API"
+        await browser.evaluate(f"{header('waiting', 'tenant')}.querySelector('button').click()")
+        assert await browser.evaluate(ROWS) == ["vision:2", "speech:2", "speech:4"], "again: Z to A"
+        # the keyboard: a header is a button to reach with Tab and press with Enter or Space
+        await browser.evaluate(f"{header('waiting', 'devices')}.querySelector('button').focus()")
+        await browser.press("Enter")
+        assert await browser.evaluate(ROWS) == ["speech:4", "speech:2", "vision:2"], "most devices first"
+        await browser.press("Space")
+        assert await browser.evaluate(ROWS) == ["speech:2", "vision:2", "speech:4"]
+        assert await browser.evaluate(f"{header('waiting', 'devices')}.getAttribute('aria-sort')") == "ascending"
+        assert await browser.evaluate("location.search") == "?sort-waiting=devices"
+
+        # alerts folded by kind, with the API's counts; a kind opens to its alerts
+        headers = {"Authorization": f"Bearer {page.token}"}
+        async with httpx.AsyncClient(base_url=page.url, headers=headers) as client:
+            counts = (await client.get("/v1/alerts/counts")).json()
+        per_kind: dict[str, int] = {}
+        for c in counts:
+            per_kind[c["kind"]] = per_kind.get(c["kind"], 0) + c["open"]
+        assert per_kind == {"claim-pending-too-long": 3, "device-unhealthy": 1, "quota-near-limit": 1}
+        assert await browser.evaluate(FOLDS) == [
+            f"{k}:{per_kind[k]}" for k in ("device-unhealthy", "claim-pending-too-long", "quota-near-limit")]
+        assert await browser.evaluate(EXPANDED) == []
+        await browser.evaluate("document.querySelector('tr.alert-kind[data-kind=claim-pending-too-long] button')"
+                               ".click()")
+        assert await browser.wait_for(f"{EXPANDED}.length === 3 && {EXPANDED}")
+        assert "claim-pending-too-long:speech/wait-a100" in await browser.evaluate(EXPANDED)
+        assert await browser.evaluate("document.querySelector('tr.alert-kind[data-kind=claim-pending-too-long] "
+                                      "button').getAttribute('aria-expanded')") == "true"
+        await browser.evaluate(f"{header('alerts', 'open')}.querySelector('button').click()")
+        assert (await browser.evaluate(FOLDS))[0] == "claim-pending-too-long:3", "most open first"
+        assert "node-lost:node-09" in await browser.evaluate(
+            "[...document.querySelectorAll('#resolved tr.alert')].map(r => r.dataset.key)"), "recently resolved"
+
+        # filters: a tenant, a flavor, a kind of wait, a kind of alert
+        await choose(browser, "filter-tenant", "speech")
+        assert await browser.evaluate(ROWS) == ["speech:2", "speech:4"]
+        assert await browser.evaluate(FOLDS) == ["claim-pending-too-long:2"], "speech's only: no fleet, no vision"
+        assert await browser.wait_for(f"{EXPANDED}.length === 2 && {EXPANDED}") == [
+            "claim-pending-too-long:speech/wait-a100", "claim-pending-too-long:speech/wait-big"]
+        assert await browser.evaluate("[...document.querySelectorAll('tr.tenant-waits')].map(r => r.dataset.tenant)"
+                                      ) == ["speech"]
+        await choose(browser, "filter-tenant", "")
+        await choose(browser, "filter-flavor", "H100")
+        assert await browser.evaluate(ROWS) == ["speech:2", "vision:2"], "the groups that would take an H100"
+        assert await browser.evaluate(FOLDS) == ["quota-near-limit:1"], "the alerts that name H100"
+        await choose(browser, "filter-flavor", "")
+        await choose(browser, "filter-why", "quota")
+        assert await browser.evaluate(ROWS) == ["vision:2"]
+        await choose(browser, "filter-alert", "device-unhealthy")
+        assert await browser.evaluate(FOLDS) == ["device-unhealthy:1"]
+        assert await browser.evaluate("document.getElementById('waiting-shown').textContent") == (
+            "1 claim in 1 group of 3 in 3")
+        await choose(browser, "filter-tenant", "speech")
+        address = await browser.evaluate("location.href")
+        assert "token" not in address
+        assert address.endswith("/?tenant=speech&why=quota&alert=device-unhealthy&sort-waiting=devices"
+                                "&sort-alerts=-open&expand=claim-pending-too-long")
+        assert await browser.evaluate(ROWS) == [] and await browser.evaluate(FOLDS) == []
+        assert browser.errors == []
+    finally:
+        await browser.close()
+
+    # the wall screen's bookmark: the same view, opened anew
+    view = "tenant=speech&sort-waiting=devices&expand=claim-pending-too-long"
+    wall = await Browser.open(binary, tmp_path / "wall", f"{page.url}/?token={page.token}&{view}")
+    try:
+        assert await wall.wait_for(f"{ROWS}.length === 2 && {EXPANDED}.length === 2")
+        assert await wall.evaluate(ROWS) == ["speech:2", "speech:4"]
+        assert await wall.evaluate("document.getElementById('filter-tenant').value") == "speech"
+        assert await wall.evaluate("location.search") == f"?{view}", "the token gone, the view kept"
+        assert wall.errors == []
+    finally:
+        await wall.close()

@@ -2,19 +2,29 @@
 - on `up`'s whole stack (embedded nats-server with bus credentials, SQLite, the lab fleet), a claim's
   allocation reaches the node map within 2 s of its status, over the page's live stream (no polling), and
   a tenant-scoped viewer sees another tenant's devices taken without learning whose or which claim;
+- on the same stack with claims allocated, waiting and one that no device matches (a critical alert), the
+  summary strip says what the API says (GPUs in use of all per generation from /v1/nodes, claims waiting
+  and the oldest wait from /v1/waiting, open critical alerts from /v1/alerts/counts) for the whole fleet's
+  viewer and for a tenant-scoped one (its own queue and alerts, the fleet's GPUs), follows a release live,
+  and no wrong plural or needless decimal is shown; the wall screen's and the laptop's first screens are
+  photographed (docs/usage-page-wall.png, docs/usage-page-laptop.png are these);
 - a generated fleet of 1,000 nodes x 8 GPUs with 10,000 waiting claims renders each panel, the node map
   within a second (every panel's time printed)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from sqlalchemy import insert
@@ -30,9 +40,10 @@ from shared.ledger.tokens import create_token
 from shared.settings import BrokerSettings
 from tests.builders import a_claim, fleet, node
 from tests.e2e.browser import Browser, chromium
-from tests.e2e.helpers import statuses
+from tests.e2e.helpers import alerts, statuses
 
 pytestmark = pytest.mark.e2e
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 LIVE = "document.getElementById('status').classList.contains('live') && document.querySelectorAll('.cell').length"
 
 
@@ -102,6 +113,135 @@ async def test_an_allocation_reaches_the_node_map_within_two_seconds_of_its_stat
             for page in (everyone, speech):
                 assert await page.wait_for(f"{cell(key)}.dataset.state === 'idle'", timeout=5)
             assert await everyone.evaluate("window.renderTimes.nodes") is not None
+        finally:
+            await nc.close()
+
+
+# The strip as the page shows it: per tile what it counts, and the text a person reads.
+STRIP = """[...document.querySelectorAll('#summary .tile')].map(t => [t.dataset.summary, t.dataset.generation || '',
+    t.dataset.used || '', t.dataset.total || '', t.dataset.mine || '', t.dataset.value || '',
+    t.dataset.submittedAt || '', t.dataset.warnings || ''])"""
+TILE_TEXT = "[...document.querySelectorAll('#summary .tile')].map(t => t.innerText.replace(/\\s+/g, ' ').trim())"
+# Words a person reads anywhere on the page, tooltips and the charts' labels included.
+READ = """[document.body.innerText, ...[...document.querySelectorAll('[title], [aria-label]')]
+    .map(e => (e.getAttribute('title') || '') + ' ' + (e.getAttribute('aria-label') || '')),
+    ...[...document.querySelectorAll('svg text')].map(t => t.textContent)].join('\\n')"""
+WRONG = re.compile(r"\b1 (claims|devices|GPUs|nodes|alerts|groups|kinds|warnings|GPU units|MIG slices)\b"
+                   r"|\(no flavor\)|\b\d+\.0\b")
+
+
+async def api_strip(client: httpx.AsyncClient, token: str) -> tuple[list[list[str]], dict[str, Any]]:
+    """The strip the page should show, worked out here from the API the page reads: per generation the GPUs
+    (a MIG slice counts towards its GPU, which is in use while any of its slices is), then the claims
+    waiting, the oldest wait and the open critical alerts."""
+    headers = {"Authorization": f"Bearer {token}"}
+    answers = await asyncio.gather(*(client.get(path, headers=headers) for path in (
+        "/v1/nodes", "/v1/waiting", "/v1/alerts/counts", "/v1/usage", "/v1/alerts?resolved=false&limit=1000")))
+    nodes, waiting, counts, usage, open_alerts = (r.raise_for_status().json() for r in answers)
+    generations: dict[str, dict[tuple[str, str], tuple[bool, bool]]] = {}
+    for n in nodes:
+        gpus = generations.setdefault(n["generation"], {})
+        for d in n["devices"]:
+            gpu = (d["pool"], d["parent"] if d["kind"] == "mig" and d["parent"] else d["name"])
+            used, mine = gpus.get(gpu, (False, False))
+            gpus[gpu] = (used or d["state"] == "allocated", mine or d["tenant"] is not None)
+    strip = [["gpus", generation, str(sum(u for u, _ in gpus.values())), str(len(gpus)),
+              str(sum(m for _, m in gpus.values())), "", "", ""] for generation, gpus in generations.items()]
+    claims = sum(t["waiting"] for t in waiting["tenants"])
+    assert claims == sum(p["claims"] for p in usage["pending"]), "the API agrees with itself"
+    strip.append(["waiting", "", "", "", "", str(claims), "", ""])
+    oldest = max(waiting["groups"], key=lambda g: g["oldestWaitSeconds"], default=None)
+    strip.append(["oldest", "", "", "", "", "", oldest["oldestSubmittedAt"] if oldest else "", ""])
+    critical = sum(c["open"] for c in counts if c["severity"] == "critical")
+    warnings = sum(c["open"] for c in counts if c["severity"] == "warning")
+    assert critical == sum(a["severity"] == "critical" for a in open_alerts), "counted as listed"
+    strip.append(["critical", "", "", "", "", str(critical), "", str(warnings)])
+    return strip, {"nodes": nodes, "waiting": waiting, "counts": counts}
+
+
+async def strip_says_what_the_api_says(page: Browser, client: httpx.AsyncClient, token: str
+                                       ) -> tuple[list[list[str]], dict[str, Any]]:
+    """The API's strip, once the page shows it (the page follows within its live stream's coalescing; a
+    notifier's alert may land meanwhile, so the API is asked again a few times)."""
+    for _ in range(5):
+        expected, answers = await api_strip(client, token)
+        with contextlib.suppress(TimeoutError):
+            shown = json.dumps(json.dumps(expected, separators=(",", ":")))
+            await page.wait_for(f"JSON.stringify({STRIP}) === {shown}", timeout=10)
+            return expected, answers
+    shown = await page.evaluate(STRIP)
+    assert shown == expected
+    return expected, answers
+
+
+async def test_the_summary_strip_says_what_the_api_says_on_the_lab_fleet(
+        tmp_path: Path, browsers: list[Browser]) -> None:
+    binary = chromium()
+    settings = BrokerSettings(data_dir=tmp_path / "data", api_port=0, pending_alert_after=3600)
+    async with running_stack(settings) as stack:
+        assert stack.allocator is not None and stack.api_url is not None
+        assert await stack.allocator.wait_for_inventory(20)
+        factory = sessions(stack.engine)
+        viewer, scoped = await create_token(factory, "viewer", None), await create_token(factory, "viewer", "speech")
+        nc = await connect(stack.admin_url, name="test")
+        try:
+            seen, raised = await statuses(nc), await alerts(nc)
+            claims = [a_claim(f"train-{i}", "vision").request("gpu", count=2) for i in range(3)] + [
+                a_claim(f"sweep-{i}", "vision").request("gpu", count=8) for i in range(3)] + [
+                a_claim("asr", "speech").request("gpu", count=1),
+                a_claim("gb300", "speech").request("gpu", count=1, selectors=(
+                    'device.attributes["gpu.nvidia.com"].productName == "GB300"',))]  # no such GPU: critical
+            for c in claims:
+                await publish_json(nc.jetstream(), subjects.submit(c.namespace), c.document(),
+                                   msg_id=f"strip:{c.namespace}/{c.name}")
+            await seen.wait_for(lambda: len(seen.latest()) == len(claims))
+            await raised.wait_for(lambda: any(a.get("kind") == "claim-unsatisfiable" for _, a in raised.messages))
+            states = [s["state"] for s in seen.latest().values()]
+            assert states.count("Allocated") >= 4 and states.count("Pending") >= 2, states
+
+            async with httpx.AsyncClient(base_url=stack.api_url) as client:
+                everyone = await Browser.open(binary, tmp_path / "everyone", f"{stack.api_url}/?token={viewer}")
+                browsers.append(everyone)
+                await everyone.resize(1920, 1080)
+                assert await everyone.wait_for(LIVE)
+                expected, answers = await strip_says_what_the_api_says(everyone, client, viewer)
+                gpus = {row[1]: (int(row[2]), int(row[3])) for row in expected if row[0] == "gpus"}
+                assert set(gpus) == {n["generation"] for n in answers["nodes"]} and sum(u for u, _ in gpus.values()) > 0
+                assert int(expected[-3][5]) >= 2 and int(expected[-1][5]) >= 1, "claims wait and an alert is critical"
+                texts = await everyone.evaluate(TILE_TEXT)
+                for generation, (used, total) in gpus.items():
+                    assert any(t.startswith(f"{generation} {used} / {total} GPUs in use") for t in texts), texts
+                assert any(t.startswith(f"waiting {expected[-3][5]} claims waiting") for t in texts), texts
+                assert any(t.startswith("alerts 1 critical alert open") for t in texts), texts
+                read = await everyone.evaluate(READ)
+                assert not WRONG.search(read), WRONG.search(read)
+                ARTIFACTS.mkdir(exist_ok=True)
+                await everyone.screenshot(ARTIFACTS / "usage-page-wall.png", viewport=True)
+                await everyone.resize(1280, 800)
+                assert await everyone.wait_for("document.querySelector('#panel-waiting').getBoundingClientRect().top"
+                                               " < 800"), "on a laptop the queue starts on the first screen"
+                await everyone.screenshot(ARTIFACTS / "usage-page-laptop.png", viewport=True)
+
+                # a tenant-scoped viewer: its own queue and alerts, the whole fleet's GPUs (and which are its own)
+                speech = await Browser.open(binary, tmp_path / "speech", f"{stack.api_url}/?token={scoped}")
+                browsers.append(speech)
+                assert await speech.wait_for(LIVE)
+                mine, _ = await strip_says_what_the_api_says(speech, client, scoped)
+                assert [r[:4] for r in mine if r[0] == "gpus"] == [r[:4] for r in expected if r[0] == "gpus"]
+                assert sum(int(r[4]) for r in mine if r[0] == "gpus") == 1, "speech's asr holds one GPU"
+                assert mine[-3][5] == "1" and mine[-1][5] == "1", "its gb300 waits, its alert is critical"
+                assert await speech.wait_for("document.getElementById('scope').textContent.startsWith('tenant speech')")
+                text = await speech.evaluate(READ)
+                assert "vision" not in text and "train" not in text and not WRONG.search(text)
+
+                # live: a release frees two GPUs; the strip follows without a reload
+                await publish_json(nc.jetstream(), subjects.release("vision"), {"name": "train-0"},
+                                   msg_id="strip:release")
+                await seen.wait_for(lambda: seen.latest()[("vision", "train-0")]["state"] == "Released")
+                after, _ = await strip_says_what_the_api_says(everyone, client, viewer)
+                assert after != expected
+                for page in (everyone, speech):
+                    assert page.errors == []
         finally:
             await nc.close()
 
@@ -177,8 +317,15 @@ async def test_a_thousand_nodes_and_ten_thousand_waiting_claims_render_within_a_
         assert await page.evaluate("document.querySelectorAll('tr.tenant-waits').length") == TENANTS
         assert await page.evaluate("document.querySelectorAll('.usage-row').length") == TENANTS
         assert await page.evaluate("document.querySelectorAll('#history .chart').length") == 1
+        late = sum(1 for i in range(WAITING) if 7 * i > 600)  # past the broker's pendingAlertAfter
+        gpus, waiting, oldest, critical = await page.evaluate(TILE_TEXT)
+        assert (gpus, waiting, critical) == (
+            "H100 4,800 / 8,000 GPUs in use 3,200 idle",
+            f"waiting 10,000 claims waiting 25,000 devices asked · {late:,} past their alert time",
+            "alerts 0 critical alerts open no warnings open")
+        assert re.fullmatch(r"oldest wait 19\.\d h team-099 · not explained", oldest), oldest
         assert times["nodes"] < 1000, f"the node map took {times['nodes']} ms to render"
-        assert all(times[panel] < 1000 for panel in ("usage", "waiting", "alerts", "history")), times
+        assert all(times[panel] < 1000 for panel in ("usage", "waiting", "alerts", "history", "summary")), times
     finally:
         server.should_exit = True
         await serving
