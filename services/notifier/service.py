@@ -95,7 +95,7 @@ class Notifier:
         self.claims = ClaimRules(pending_after)
         self._memory_stale = False  # a failed transaction's statuses were applied to book and claims
         self.fleet = InventoryRules(ttl)
-        self.flavors = FleetFlavors()
+        self.flavors = FleetFlavors(ttl)
         self.usage_interval = parse_duration(settings.usage_check_interval)
         self._usage_due = float("-inf")
         self.usage_checks = 0  # completed check_usage passes; tests wait on it
@@ -261,7 +261,7 @@ class Notifier:
         call it directly. A quota deleted from the ledger ends its alert: its pair is no longer listed."""
         self._usage_due = self.clock() + self.usage_interval
         async with self.sessions() as session:
-            figures = await read_figures(session, self.flavors)
+            figures = await read_figures(session, self.flavors, self.clock())
         await self._sample(figures)
         listed = {alert_key(QUOTA_NEAR_LIMIT, u.tenant, u.flavor) for u in figures.usages}
         gone = [Resolve(key, "its quota is no longer configured") for key in self.book.open_keys()
@@ -294,7 +294,8 @@ class Notifier:
                 return self.mig_advice.on_plan(0, [], self.clock())
             running, waiting, _ = await read_claims(session)
             config = await load_quota_config(session)
-        plan = await asyncio.to_thread(plan_mig, self.flavors.fleet(), merge_classes([]), config, running, waiting)
+        fleet = self.flavors.fleet(self.clock())
+        plan = await asyncio.to_thread(plan_mig, fleet, merge_classes([]), config, running, waiting)
         return self.mig_advice.on_plan(len(plan.gained), plan.to_json()["layouts"], self.clock())
 
     async def _usage_if_due(self) -> None:

@@ -24,6 +24,7 @@ from shared.alerts.rules import QuotaUsage
 from shared.contract import events
 from shared.dra.inventory import Fleet, FleetDevice, NodeInventory
 from shared.dra.matching import SelectorMemo
+from shared.fleet.freshness import Freshness, judge
 from shared.ledger.quota_store import load_quota_config
 from shared.ledger.schema import Claim, DeviceAllocation
 
@@ -47,7 +48,9 @@ class Figures:
 class FleetFlavors:
     """Devices per node and flavor, kept from inventory messages."""
 
-    def __init__(self) -> None:
+    def __init__(self, ttl: float = float("inf")) -> None:
+        self.ttl = ttl  # a node not heard of for this long counts for nothing (shared/fleet/freshness.py)
+        self._heard: dict[str, float] = {}  # node -> its last message's observedAtUnix, heartbeats included
         self._slices: dict[str, Any] = {}  # node -> the raw slices last parsed, to skip unchanged heartbeats
         self._devices: dict[str, tuple[FleetDevice, ...]] = {}
         self._nodes: dict[str, NodeInventory] = {}  # the whole inventory, for the MIG re-layout advice
@@ -60,9 +63,12 @@ class FleetFlavors:
         if not isinstance(node, str) or not node:
             return
         if payload.get("removed"):
-            for kept in (self._slices, self._devices, self._counts, self._nodes):
+            for kept in (self._slices, self._devices, self._counts, self._nodes, self._heard):
                 kept.pop(node, None)
             return
+        heard = payload.get("observedAtUnix")
+        if isinstance(heard, int | float):
+            self._heard[node] = float(heard)
         slices = payload.get("slices")
         if node in self._slices and self._slices[node] == slices:
             return
@@ -74,17 +80,24 @@ class FleetFlavors:
         self._slices[node], self._devices[node], self._nodes[node] = slices, inventory.devices, inventory
         self._counts.pop(node, None)
 
-    def fleet(self) -> Fleet:
-        return Fleet(dict(self._nodes))
+    def _fresh(self, node: str, now: float) -> bool:
+        """Whether the node counts: a stale one takes no claim, so its devices are not idle capacity."""
+        return judge(self._heard.get(node), now, self.ttl).freshness is not Freshness.STALE
 
-    def counts(self, flavors: tuple[Flavor, ...]) -> Counter[str]:
-        """Fleet devices per flavor; a changed flavor list reclassifies every node, once."""
+    def fleet(self, now: float) -> Fleet:
+        return Fleet({name: node for name, node in self._nodes.items() if self._fresh(name, now)})
+
+    def counts(self, flavors: tuple[Flavor, ...], now: float) -> Counter[str]:
+        """Fleet devices per flavor, on nodes heard of within the TTL; a changed flavor list reclassifies every
+        node, once."""
         if self._flavors is None or self._flavors[0] != flavors:
             self._flavors = (flavors, Flavors(flavors, self._memo))
             self._counts.clear()
         classify = self._flavors[1]
         total: Counter[str] = Counter()
         for node, devices in self._devices.items():
+            if not self._fresh(node, now):
+                continue
             counted = self._counts.get(node)
             if counted is None:
                 counted = self._counts[node] = Counter(
@@ -93,7 +106,7 @@ class FleetFlavors:
         return total
 
 
-async def read_figures(session: AsyncSession, fleet: FleetFlavors) -> Figures:
+async def read_figures(session: AsyncSession, fleet: FleetFlavors, now: float) -> Figures:
     config = await load_quota_config(session)
     used_rows = await session.execute(
         select(Claim.namespace, DeviceAllocation.flavor, func.count())
@@ -106,7 +119,7 @@ async def read_figures(session: AsyncSession, fleet: FleetFlavors) -> Figures:
     accepted = Claim.explain["flavors"].as_string()
     waiting = [(_flavor_list(text), int(n)) for text, n in await session.execute(
         select(accepted, func.count()).where(Claim.state == "Pending").group_by(accepted))]
-    return figures(config, used, waiting, fleet.counts(config.flavors))
+    return figures(config, used, waiting, fleet.counts(config.flavors, now))
 
 
 def _flavor_list(text: str | None) -> list[Any] | None:

@@ -67,7 +67,8 @@ class Harness:
             "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
                      "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}})
         assert isinstance(piece, dra.ResourceSlice)
-        payload = events.inventory_payload(node, [piece], labels={}, sequence=self.published, observed_at=T0)
+        payload = events.inventory_payload(node, [piece], labels={}, sequence=self.published,
+                                           observed_at=self.clock.now)
         await publish_json(self.nc.jetstream(), subjects.inventory(node), payload)
         self.published += 1
         await self.notifier.wait_handled(self.published)
@@ -172,6 +173,20 @@ async def test_idle_larger_flavor_fires_while_b200_idles_and_resolves(start: Sta
                                              ("idle-larger-flavor:H100", 1, True)])
 
 
+async def test_a_stale_nodes_devices_are_not_idle_capacity(start: Start) -> None:
+    """Devices on a node not heard of within the inventory TTL take no claim: idle-larger-flavor does not
+    point at them (shared/fleet/freshness.py, as the allocator and the API judge the node)."""
+    h = await start()
+    await h.inventory("b1", "B200", 4)
+    await h.inventory("h1", "H100", 2)
+    await h.claim("vision", "busy", "Allocated", devices=2, flavor="H100", node="h1")
+    await h.claim("vision", "wait", "Pending", explain={"flavors": ["H100"]})
+    h.clock.now = T0 + float(h.notifier.settings.inventory_ttl) + 1  # neither node heard of since T0
+    assert keys(await h.notifier.check_usage()) == []
+    h.clock.now = T0
+    assert keys(await h.notifier.check_usage()) == [("idle-larger-flavor:H100", False)]
+
+
 async def test_each_minute_s_usage_is_sampled_once_for_the_fleet_over_time(start: Start) -> None:
     h = await start()
     await h.inventory("h1", "H100", 4)
@@ -186,6 +201,7 @@ async def test_each_minute_s_usage_is_sampled_once_for_the_fleet_over_time(start
                       for r in await session.scalars(select(UsageSample).where(UsageSample.at == T0 + 60)))
     assert rows == [(T0 + 60, "", "H100", 0, 0, 4), (T0 + 60, "vision", "H100", 3, 1, 0)]
     h.clock.now = T0 + 120
+    await h.inventory("h1", "H100", 4)  # its heartbeat: heard of within the TTL, its devices still count
     await h.notifier.check_usage()
     async with h.factory() as session:
         later = {(r.tenant, r.used) for r in await session.scalars(select(UsageSample).where(
