@@ -304,6 +304,27 @@ async def test_each_panel_renders_and_is_photographed(page: Page, tmp_path: Path
         await browser.close()
 
 
+# Every piece of text shown, with its colour's contrast against what is behind it (WCAG 2's ratio); large
+# text is 24 px, or 18.66 px bold.
+CONTRAST = """(() => {
+  const rgb = c => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+                              return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const behind = e => { for (; e; e = e.parentElement) { const c = rgb(getComputedStyle(e).backgroundColor);
+                                                         if (c.length === 3 || c[3] > 0) return c.slice(0, 3); }
+                        return [255, 255, 255]; };
+  const out = [];
+  for (const e of document.querySelectorAll('body *')) {
+    const text = [...e.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent.trim()).join('');
+    if (!text || !e.getClientRects().length || e.closest('svg, [hidden], details:not([open]) > :not(summary)')) continue;
+    const style = getComputedStyle(e);
+    const [a, b] = [lum(rgb(style.color)), lum(behind(e))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const size = parseFloat(style.fontSize), bold = Number(style.fontWeight) >= 700;
+    out.push([text.slice(0, 40), Math.round(ratio * 10) / 10, size >= 24 || (bold && size >= 18.66) ? 3 : 4.5]);
+  }
+  return out;
+})()"""
 ROWS = "[...document.querySelectorAll('tr.waiting-group')].map(r => r.dataset.tenant + ':' + r.dataset.devices)"
 FOLDS = "[...document.querySelectorAll('tr.alert-kind')].map(r => r.dataset.kind + ':' + r.dataset.open)"
 EXPANDED = "[...document.querySelectorAll('#alerts tr.alert')].map(r => r.dataset.key)"
@@ -330,6 +351,8 @@ async def test_the_queue_and_alerts_sort_filter_and_fold_and_the_address_keeps_t
         assert await browser.wait_for(f"{ROWS}.length === 3 && document.querySelectorAll('tr.alert-kind').length "
                                       "&& !document.getElementById('data').hidden")
         assert await browser.evaluate(ROWS) == ["speech:4", "speech:2", "vision:2"], "the longest waiting first"
+        shown = await browser.evaluate(CONTRAST)
+        assert len(shown) > 100 and [s for s in shown if s[1] < s[2]] == [], "text readable against its background"
         assert await browser.evaluate(f"{header('waiting', 'oldest')}.getAttribute('aria-sort')") == "descending"
         await browser.evaluate(f"{header('waiting', 'tenant')}.querySelector('button').click()")
         assert await browser.evaluate(ROWS) == ["speech:2", "speech:4", "vision:2"], "A to Z, ties as the API"
