@@ -664,8 +664,9 @@ def _compile(expression: str) -> CompiledSelector | _Refusal:
     nesting = _bracket_nesting(expression)
     if nesting > MAX_NESTING:
         return _Refusal(_too_deep(f"{nesting} nested brackets, over the limit of {MAX_NESTING}"))
-    rewritten = rewrite(expression)
+    rewritten = expression
     try:
+        rewritten = rewrite(expression)  # raises ValueError on unbalanced brackets of a `.?` form
         ast = _ENV.compile(rewritten)
         cost = estimate_cost(ast)
         if cost > MAX_COST:
