@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+JS     := node_modules/.installed
 
 .PHONY: help install demo up test lint bench bench-core bench-quota bench-budget bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif chaos clean
 
@@ -17,21 +18,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install the broker with its dev tools
 
+$(JS): package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $(JS)
+
 demo: $(STAMP) ## run the embedded broker (own nats-server + SQLite), replay the lab workload, print a summary
 	$(BIN)/claimbroker demo
 
 up: $(STAMP) ## run the whole broker on the embedded default until Ctrl-C
 	$(BIN)/claimbroker up
 
-test: $(STAMP) ## start what the tests need (PostgreSQL) and run the whole suite
+test: $(STAMP) $(JS) ## start what the tests need (PostgreSQL, Chromium, Biome for the page's JS) and run the whole suite
 	@scripts/ensure-postgres.sh
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	$(BIN)/pytest -q
 
-lint: $(STAMP) ## ruff, mypy, and the import layers (lint-imports: the core imports no I/O, services not each other)
+lint: $(STAMP) $(JS) ## ruff, mypy, the import layers (lint-imports: the core imports no I/O, services not each other), Biome on the usage page
 	$(BIN)/ruff check shared services tests bench
 	$(BIN)/mypy shared services
 	$(BIN)/lint-imports
+	node_modules/.bin/biome lint --error-on-warnings
 
 bench: bench-core bench-quota bench-budget bench-queue bench-allocator bench-publish ## every benchmark (print JSON lines; not timed tests)
 
@@ -69,4 +75,4 @@ chaos: $(STAMP) ## one process per service on PostgreSQL, replicas killed, NATS 
 	$(BIN)/python bench/chaos.py
 
 clean: ## remove the venv and local data
-	rm -rf $(VENV) .claimbroker .pytest_cache
+	rm -rf $(VENV) .claimbroker .pytest_cache node_modules

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import re
 import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -33,7 +35,8 @@ from tests.builders import fleet, gpu, node
 from tests.e2e.browser import Browser, browse, chromium
 
 pytestmark = pytest.mark.e2e
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
 
 
 # node-03: a hot, throttled H100 and one cut into MIG slices (the map draws them inside their GPU)
@@ -264,6 +267,20 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     print(f"usage page screenshot: {shot}")
 
 
+def test_the_page_passes_its_linter() -> None:
+    """Biome (npm, pinned in package.json; `make test` and `make lint` install it) over the page's HTML, CSS
+    and JS, warnings included."""
+    biome = ROOT / "node_modules" / ".bin" / "biome"
+    if not biome.exists():
+        if os.environ.get("CI"):
+            pytest.fail("Biome is not installed (make test installs it with npm ci)")
+        pytest.skip("Biome is not installed; `make test` installs it")
+    linted = subprocess.run([str(biome), "lint", "--error-on-warnings"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    assert "Checked 4 files" in linted.stdout + linted.stderr, "biome.jsonc's files: the page's three and itself"
+
+
 async def test_usage_page_asks_for_a_token(page: Page, tmp_path: Path) -> None:
     binary = chromium()
     dom = await browse(binary, tmp_path / "profile", "--dump-dom", f"{page.url}/")
@@ -308,15 +325,16 @@ async def test_each_panel_renders_and_is_photographed(page: Page, tmp_path: Path
 # text is 24 px, or 18.66 px bold.
 CONTRAST = """(() => {
   const rgb = c => (c.match(/[\\d.]+/g) || []).map(Number);
-  const lum = ([r, g, b]) => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
-                              return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  const lum = ([r, g, b]) => 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
   const behind = e => { for (; e; e = e.parentElement) { const c = rgb(getComputedStyle(e).backgroundColor);
                                                          if (c.length === 3 || c[3] > 0) return c.slice(0, 3); }
                         return [255, 255, 255]; };
   const out = [];
   for (const e of document.querySelectorAll('body *')) {
     const text = [...e.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent.trim()).join('');
-    if (!text || !e.getClientRects().length || e.closest('svg, [hidden], details:not([open]) > :not(summary)')) continue;
+    const unseen = !e.getClientRects().length || e.closest('svg, [hidden], details:not([open]) > :not(summary)');
+    if (!text || unseen) continue;
     const style = getComputedStyle(e);
     const [a, b] = [lum(rgb(style.color)), lum(behind(e))];
     const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);

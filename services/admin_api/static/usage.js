@@ -414,7 +414,7 @@ function oldestNow(group) {  // the API's figure plus the time since it answered
 
 function tick() {  // the oldest wait goes on growing between fetches
   const oldest = document.querySelector('[data-summary="oldest"]');
-  if (!oldest || !oldest.dataset.seconds || !data.waiting) return;
+  if (!oldest?.dataset.seconds || !data.waiting) return;
   const [value, unit] = durationParts(Number(oldest.dataset.seconds) + (performance.now() - waitingAt) / 1000);
   oldest.querySelector(".num").firstChild.textContent = value;
   oldest.querySelector(".unit").textContent = unit;
@@ -865,7 +865,7 @@ async function loadAlertLists() { // the open alerts of each opened kind
   const lists = await Promise.all(kinds.map((kind) =>
     get(`/v1/alerts?kind=${encodeURIComponent(kind)}&resolved=false&limit=${ALERT_LIST_LIMIT}`)));
   alertLists.clear();
-  kinds.forEach((kind, i) => alertLists.set(kind, lists[i]));
+  for (const [i, kind] of kinds.entries()) alertLists.set(kind, lists[i]);
 }
 
 function toggleKind(kind) {
