@@ -122,6 +122,13 @@ def configure(verbose: bool, log_format: str = "text") -> None:
         asyncio_log.addFilter(_not_nats_tls_eof)
 
 
+def mask_last_resort() -> None:
+    """A process that configured no logging (an admin job's worker) writes through logging's last resort:
+    masked too."""
+    logging.lastResort = logging.lastResort or logging.StreamHandler(sys.stderr)
+    logging.lastResort.setFormatter(TextFormatter("%(name)s %(levelname)s %(message)s"))
+
+
 def configure_command_line() -> None:
     """A command's own logging, until a command that runs services configures theirs (`configure`):
     warnings and errors of the libraries it uses, one masked line each on stderr."""

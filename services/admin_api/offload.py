@@ -41,6 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admin_api.common import PROBLEM, Problem, phrase, problem
+from services.logs import mask_last_resort
 from shared.settings import BrokerSettings
 
 log = logging.getLogger("claimbroker.admin")
@@ -171,6 +172,7 @@ async def _answer(job: Job, reach: Reach, limits: Limits, args: tuple[Any, ...])
 def _work(answers: Connection, job: Job, reach: Reach, limits: Limits, args: tuple[Any, ...]) -> None:
     """A worker process: one job, its answer sent back, then it exits (the memory of a large job goes
     with it)."""
+    mask_last_resort()  # its log lines (it configures no handler) without a password
     threading.Thread(target=_exit_when_unread, args=(answers,), daemon=True).start()
     signal.alarm(math.ceil(limits.timeout) + 5)  # never past its deadline, even when nobody is left to stop it
     _second_to_the_broker(limits.memory)

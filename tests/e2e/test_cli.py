@@ -408,13 +408,15 @@ async def test_status_watch_prints_only_what_changed(nats_server: EmbeddedNats) 
     watch = await asyncio.create_subprocess_exec(*CLI, "--nats", nats_server.url, "status", "--watch",
                                                  "--tenant", "vision", "-o", "json",
                                                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    stdout = watch.stdout
     try:
-        assert watch.stdout is not None
+        assert stdout is not None
 
         async def printed() -> list[tuple[str, str]]:
+            assert stdout is not None
             text = ""
             while not text.rstrip().endswith("]"):  # one JSON list per print
-                text += (await asyncio.wait_for(watch.stdout.readline(), 30)).decode()
+                text += (await asyncio.wait_for(stdout.readline(), 30)).decode()
             return [(s["name"], s["state"]) for s in json.loads(text)]
 
         assert await printed() == [("first", "Pending")]

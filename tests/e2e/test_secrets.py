@@ -165,24 +165,31 @@ async def test_up_with_credentials_in_its_urls_shows_none(nats_with_auth: tuple[
     finally:
         if up.returncode is None:
             up.send_signal(signal.SIGTERM)
-        out, err = await asyncio.wait_for(up.communicate(), DEADLINE_S)
-    logged = banner + out.decode() + err.decode()
+        rest, logs = await asyncio.wait_for(up.communicate(), DEADLINE_S)
+    logged = banner + rest.decode() + logs.decode()
     assert "lost; reconnecting" in logged or "unreachable" in logged  # the outage was logged
     assert secret not in logged
 
 
-@pytest.mark.parametrize("log_format", ["text", "json", "command line"])
+@pytest.mark.parametrize("log_format", ["text", "json", "command line", "no handler (an admin job's worker)"])
 def test_a_log_line_with_an_exception_masks_every_credential(log_format: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """The last line of defence: whatever a message, an exception's text (SQLAlchemy's and nats-py's quote
     their URLs) or an extra field carries, the line written has no password, token or bearer."""
-    from services.logs import configure, configure_command_line
+    from services.logs import configure, configure_command_line, mask_last_resort
 
     secrets = [a_secret() for _ in range(5)]
     root = logging.getLogger()
     saved = root.handlers[:], root.level
+    saved_format = logging.lastResort.formatter if logging.lastResort is not None else None
     try:
-        configure_command_line() if log_format == "command line" else configure(True, log_format)
+        if log_format == "command line":
+            configure_command_line()
+        elif log_format.startswith("no handler"):
+            root.handlers[:] = []
+            mask_last_resort()
+        else:
+            configure(True, log_format)
         try:
             raise ConnectionError(f"could not connect to postgresql+asyncpg://ledger:{secrets[0]}@db:5432/ledger "
                                   f"(host=db password={secrets[1]})")
@@ -194,6 +201,8 @@ def test_a_log_line_with_an_exception_masks_every_credential(log_format: str,
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+        if logging.lastResort is not None:
+            logging.lastResort.setFormatter(saved_format)
     err = capsys.readouterr().err
     assert "ledger:***@db" in err and "admin.local:***@" in err and "password=***" in err and "Bearer ***" in err
     assert not [s for s in secrets if s in err], err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -133,7 +134,8 @@ def test_did_you_mean_looks_only_at_the_devices_the_class_accepts(tmp_path: Path
 def test_explain_reads_as_sentences_and_tables() -> None:
     from services.cli.admin import explanation_lines, explanation_tables
 
-    result = {"namespace": "vision", "name": "big", "state": "Pending", "reason": "Insufficient nvidia.com/gpu",
+    result: dict[str, Any] = {
+              "namespace": "vision", "name": "big", "state": "Pending", "reason": "Insufficient nvidia.com/gpu",
               "explain": {"state": "Pending", "reason": "Insufficient nvidia.com/gpu", "unsatisfiable": False,
                           "tenant": {"name": "vision", "unitsInUse": 2.0, "weight": 1, "share": 0.1},
                           "priority": 5, "flavors": ["H100", "H200"],
