@@ -20,6 +20,7 @@ import re
 import socket
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from sqlalchemy import insert
 
 from services.admin_api.app import create_app
 from services.natsio import connect, publish_json
-from services.stack import running_stack
+from services.stack import Stack, running_stack
 from shared.contract import subjects
 from shared.dra.inventory import Fleet
 from shared.ledger.engine import create_engine, migrate, sessions
@@ -51,6 +52,24 @@ def cell(key: str) -> str:
     return f"document.querySelector({json.dumps(f'[data-key={json.dumps(key)}]')})"
 
 
+@dataclass
+class Lab:
+    stack: Stack
+    viewer: str  # a viewer token of the whole fleet
+    scoped: str  # a viewer token of tenant speech
+
+
+@pytest.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
+    """`up`'s whole stack on the lab fleet, its inventory in, with two viewer tokens."""
+    settings = BrokerSettings(data_dir=tmp_path / "data", api_port=0, pending_alert_after=3600)
+    async with running_stack(settings) as stack:
+        assert stack.allocator is not None and stack.api_url is not None
+        assert await stack.allocator.wait_for_inventory(20)
+        factory = sessions(stack.engine)
+        yield Lab(stack, await create_token(factory, "viewer", None), await create_token(factory, "viewer", "speech"))
+
+
 @pytest.fixture
 async def browsers() -> AsyncIterator[list[Browser]]:
     opened: list[Browser] = []
@@ -60,61 +79,56 @@ async def browsers() -> AsyncIterator[list[Browser]]:
 
 
 async def test_an_allocation_reaches_the_node_map_within_two_seconds_of_its_status(
-        tmp_path: Path, browsers: list[Browser]) -> None:
+        lab: Lab, tmp_path: Path, browsers: list[Browser]) -> None:
     binary = chromium()
-    settings = BrokerSettings(data_dir=tmp_path / "data", api_port=0, pending_alert_after=3600)
-    async with running_stack(settings) as stack:
-        assert stack.allocator is not None and stack.api_url is not None
-        assert await stack.allocator.wait_for_inventory(20)
-        factory = sessions(stack.engine)
-        viewer, scoped = await create_token(factory, "viewer", None), await create_token(factory, "viewer", "speech")
-        everyone = await Browser.open(binary, tmp_path / "everyone", f"{stack.api_url}/?token={viewer}")
-        browsers.append(everyone)
-        speech = await Browser.open(binary, tmp_path / "speech", f"{stack.api_url}/?token={scoped}")
-        browsers.append(speech)
+    stack, viewer, scoped = lab.stack, lab.viewer, lab.scoped
+    everyone = await Browser.open(binary, tmp_path / "everyone", f"{stack.api_url}/?token={viewer}")
+    browsers.append(everyone)
+    speech = await Browser.open(binary, tmp_path / "speech", f"{stack.api_url}/?token={scoped}")
+    browsers.append(speech)
+    for page in (everyone, speech):
+        assert await page.wait_for(LIVE) > 0, "the node map is drawn and the live stream open"
+    # every panel drawn on the lab's fleet: its six nodes by generation, the MIG node's slices inside
+    # their GPUs, a chart per flavor from the notifier's first sample
+    assert set(await everyone.wait_for("window.renderTimes.history !== undefined && window.renderTimes")) >= {
+        "usage", "waiting", "alerts", "nodes", "history", "total"}
+    assert await everyone.evaluate("document.querySelectorAll('.node').length") == 6
+    assert await everyone.evaluate("document.querySelectorAll('.gpu-box .cell.mig').length") > 0
+    assert await everyone.evaluate("document.querySelectorAll('#history .chart').length") > 0
+
+    nc = await connect(stack.admin_url, name="test")
+    try:
+        seen = await statuses(nc)
+        claim = a_claim("train", "vision").request("gpu", count=1).document()
+        await publish_json(nc.jetstream(), subjects.submit("vision"), claim, msg_id="page:train")
+        await seen.wait_for(lambda: seen.latest().get(("vision", "train"), {}).get("state") == "Allocated")
+        heard = time.monotonic()
+        result = seen.latest()[("vision", "train")]["allocation"]["devices"]["results"][0]
+        key = f"{result['driver']}/{result['pool']}/{result['device']}"
+        await everyone.wait_for(f"{cell(key)}?.dataset.tenant === 'vision'", timeout=5)
+        latency = time.monotonic() - heard
+        print(f"allocation on the node map {latency * 1000:.0f} ms after the test heard its status")
+        assert latency < 2.0
+        assert (await everyone.evaluate(f"{cell(key)}.title")).endswith("allocated to vision (train)")
+        assert await everyone.wait_for("document.querySelector('.usage-row[data-tenant=vision]')"
+                                       "?.dataset.used === '1'"), "the usage panel followed, unpolled"
+
+        # another tenant's viewer: the device is taken, by someone it is not told about
+        await speech.wait_for(f"{cell(key)}?.dataset.state === 'allocated'", timeout=5)
+        assert await speech.evaluate(f"{cell(key)}.dataset.tenant") == ""
+        assert (await speech.evaluate(f"{cell(key)}.className")).endswith("allocated others")
+        assert await speech.wait_for("document.getElementById('history-tenant').selectedOptions[0].textContent"
+                                     " === 'speech'"), "its own history, not the whole fleet's"
+        text = await speech.evaluate("document.body.innerHTML")
+        assert "vision" not in text and "train" not in text
+
+        await publish_json(nc.jetstream(), subjects.release("vision"), {"name": "train"}, msg_id="page:release")
+        await seen.wait_for(lambda: seen.latest()[("vision", "train")]["state"] == "Released")
         for page in (everyone, speech):
-            assert await page.wait_for(LIVE) > 0, "the node map is drawn and the live stream open"
-        # every panel drawn on the lab's fleet: its six nodes by generation, the MIG node's slices inside
-        # their GPUs, a chart per flavor from the notifier's first sample
-        assert set(await everyone.wait_for("window.renderTimes.history !== undefined && window.renderTimes")) >= {
-            "usage", "waiting", "alerts", "nodes", "history", "total"}
-        assert await everyone.evaluate("document.querySelectorAll('.node').length") == 6
-        assert await everyone.evaluate("document.querySelectorAll('.gpu-box .cell.mig').length") > 0
-        assert await everyone.evaluate("document.querySelectorAll('#history .chart').length") > 0
-
-        nc = await connect(stack.admin_url, name="test")
-        try:
-            seen = await statuses(nc)
-            claim = a_claim("train", "vision").request("gpu", count=1).document()
-            await publish_json(nc.jetstream(), subjects.submit("vision"), claim, msg_id="page:train")
-            await seen.wait_for(lambda: seen.latest().get(("vision", "train"), {}).get("state") == "Allocated")
-            heard = time.monotonic()
-            result = seen.latest()[("vision", "train")]["allocation"]["devices"]["results"][0]
-            key = f"{result['driver']}/{result['pool']}/{result['device']}"
-            await everyone.wait_for(f"{cell(key)}?.dataset.tenant === 'vision'", timeout=5)
-            latency = time.monotonic() - heard
-            print(f"allocation on the node map {latency * 1000:.0f} ms after the test heard its status")
-            assert latency < 2.0
-            assert (await everyone.evaluate(f"{cell(key)}.title")).endswith("allocated to vision (train)")
-            assert await everyone.wait_for("document.querySelector('.usage-row[data-tenant=vision]')"
-                                           "?.dataset.used === '1'"), "the usage panel followed, unpolled"
-
-            # another tenant's viewer: the device is taken, by someone it is not told about
-            await speech.wait_for(f"{cell(key)}?.dataset.state === 'allocated'", timeout=5)
-            assert await speech.evaluate(f"{cell(key)}.dataset.tenant") == ""
-            assert (await speech.evaluate(f"{cell(key)}.className")).endswith("allocated others")
-            assert await speech.wait_for("document.getElementById('history-tenant').selectedOptions[0].textContent"
-                                         " === 'speech'"), "its own history, not the whole fleet's"
-            text = await speech.evaluate("document.body.innerHTML")
-            assert "vision" not in text and "train" not in text
-
-            await publish_json(nc.jetstream(), subjects.release("vision"), {"name": "train"}, msg_id="page:release")
-            await seen.wait_for(lambda: seen.latest()[("vision", "train")]["state"] == "Released")
-            for page in (everyone, speech):
-                assert await page.wait_for(f"{cell(key)}.dataset.state === 'idle'", timeout=5)
-            assert await everyone.evaluate("window.renderTimes.nodes") is not None
-        finally:
-            await nc.close()
+            assert await page.wait_for(f"{cell(key)}.dataset.state === 'idle'", timeout=5)
+        assert await everyone.evaluate("window.renderTimes.nodes") is not None
+    finally:
+        await nc.close()
 
 
 # The strip as the page shows it: per tile what it counts, and the text a person reads.
@@ -175,75 +189,70 @@ async def strip_says_what_the_api_says(page: Browser, client: httpx.AsyncClient,
 
 
 async def test_the_summary_strip_says_what_the_api_says_on_the_lab_fleet(
-        tmp_path: Path, browsers: list[Browser]) -> None:
+        lab: Lab, tmp_path: Path, browsers: list[Browser]) -> None:
     binary = chromium()
-    settings = BrokerSettings(data_dir=tmp_path / "data", api_port=0, pending_alert_after=3600)
-    async with running_stack(settings) as stack:
-        assert stack.allocator is not None and stack.api_url is not None
-        assert await stack.allocator.wait_for_inventory(20)
-        factory = sessions(stack.engine)
-        viewer, scoped = await create_token(factory, "viewer", None), await create_token(factory, "viewer", "speech")
-        nc = await connect(stack.admin_url, name="test")
-        try:
-            seen, raised = await statuses(nc), await alerts(nc)
-            claims = [a_claim(f"train-{i}", "vision").request("gpu", count=2) for i in range(3)] + [
-                a_claim(f"sweep-{i}", "vision").request("gpu", count=8) for i in range(3)] + [
-                a_claim("asr", "speech").request("gpu", count=1),
-                a_claim("gb300", "speech").request("gpu", count=1, selectors=(
-                    'device.attributes["gpu.nvidia.com"].productName == "GB300"',))]  # no such GPU: critical
-            for c in claims:
-                await publish_json(nc.jetstream(), subjects.submit(c.namespace), c.document(),
-                                   msg_id=f"strip:{c.namespace}/{c.name}")
-            await seen.wait_for(lambda: len(seen.latest()) == len(claims))
-            await raised.wait_for(lambda: any(a.get("kind") == "claim-unsatisfiable" for _, a in raised.messages))
-            states = [s["state"] for s in seen.latest().values()]
-            assert states.count("Allocated") >= 4 and states.count("Pending") >= 2, states
+    stack, viewer, scoped = lab.stack, lab.viewer, lab.scoped
+    nc = await connect(stack.admin_url, name="test")
+    try:
+        seen, raised = await statuses(nc), await alerts(nc)
+        claims = [a_claim(f"train-{i}", "vision").request("gpu", count=2) for i in range(3)] + [
+            a_claim(f"sweep-{i}", "vision").request("gpu", count=8) for i in range(3)] + [
+            a_claim("asr", "speech").request("gpu", count=1),
+            a_claim("gb300", "speech").request("gpu", count=1, selectors=(
+                'device.attributes["gpu.nvidia.com"].productName == "GB300"',))]  # no such GPU: critical
+        for c in claims:
+            await publish_json(nc.jetstream(), subjects.submit(c.namespace), c.document(),
+                               msg_id=f"strip:{c.namespace}/{c.name}")
+        await seen.wait_for(lambda: len(seen.latest()) == len(claims))
+        await raised.wait_for(lambda: any(a.get("kind") == "claim-unsatisfiable" for _, a in raised.messages))
+        states = [s["state"] for s in seen.latest().values()]
+        assert states.count("Allocated") >= 4 and states.count("Pending") >= 2, states
 
-            async with httpx.AsyncClient(base_url=stack.api_url) as client:
-                everyone = await Browser.open(binary, tmp_path / "everyone", f"{stack.api_url}/?token={viewer}")
-                browsers.append(everyone)
-                await everyone.resize(1920, 1080)
-                assert await everyone.wait_for(LIVE)
-                expected, answers = await strip_says_what_the_api_says(everyone, client, viewer)
-                gpus = {row[1]: (int(row[2]), int(row[3])) for row in expected if row[0] == "gpus"}
-                assert set(gpus) == {n["generation"] for n in answers["nodes"]} and sum(u for u, _ in gpus.values()) > 0
-                assert int(expected[-3][5]) >= 2 and int(expected[-1][5]) >= 1, "claims wait and an alert is critical"
-                texts = await everyone.evaluate(TILE_TEXT)
-                for generation, (used, total) in gpus.items():
-                    assert any(t.startswith(f"{generation} {used} / {total} GPUs in use") for t in texts), texts
-                assert any(t.startswith(f"waiting {expected[-3][5]} claims waiting") for t in texts), texts
-                assert any(t.startswith("alerts 1 critical alert open") for t in texts), texts
-                read = await everyone.evaluate(READ)
-                assert not WRONG.search(read), WRONG.search(read)
-                ARTIFACTS.mkdir(exist_ok=True)
-                await everyone.screenshot(ARTIFACTS / "usage-page-wall.png", viewport=True)
-                await everyone.resize(1280, 800)
-                assert await everyone.wait_for("document.querySelector('#panel-waiting').getBoundingClientRect().top"
-                                               " < 800"), "on a laptop the queue starts on the first screen"
-                await everyone.screenshot(ARTIFACTS / "usage-page-laptop.png", viewport=True)
+        async with httpx.AsyncClient(base_url=stack.api_url) as client:
+            everyone = await Browser.open(binary, tmp_path / "everyone", f"{stack.api_url}/?token={viewer}")
+            browsers.append(everyone)
+            await everyone.resize(1920, 1080)
+            assert await everyone.wait_for(LIVE)
+            expected, answers = await strip_says_what_the_api_says(everyone, client, viewer)
+            gpus = {row[1]: (int(row[2]), int(row[3])) for row in expected if row[0] == "gpus"}
+            assert set(gpus) == {n["generation"] for n in answers["nodes"]} and sum(u for u, _ in gpus.values()) > 0
+            assert int(expected[-3][5]) >= 2 and int(expected[-1][5]) >= 1, "claims wait and an alert is critical"
+            texts = await everyone.evaluate(TILE_TEXT)
+            for generation, (used, total) in gpus.items():
+                assert any(t.startswith(f"{generation} {used} / {total} GPUs in use") for t in texts), texts
+            assert any(t.startswith(f"waiting {expected[-3][5]} claims waiting") for t in texts), texts
+            assert any(t.startswith("alerts 1 critical alert open") for t in texts), texts
+            read = await everyone.evaluate(READ)
+            assert not WRONG.search(read), WRONG.search(read)
+            ARTIFACTS.mkdir(exist_ok=True)
+            await everyone.screenshot(ARTIFACTS / "usage-page-wall.png", viewport=True)
+            await everyone.resize(1280, 800)
+            assert await everyone.wait_for("document.querySelector('#panel-waiting').getBoundingClientRect().top"
+                                           " < 800"), "on a laptop the queue starts on the first screen"
+            await everyone.screenshot(ARTIFACTS / "usage-page-laptop.png", viewport=True)
 
-                # a tenant-scoped viewer: its own queue and alerts, the whole fleet's GPUs (and which are its own)
-                speech = await Browser.open(binary, tmp_path / "speech", f"{stack.api_url}/?token={scoped}")
-                browsers.append(speech)
-                assert await speech.wait_for(LIVE)
-                mine, _ = await strip_says_what_the_api_says(speech, client, scoped)
-                assert [r[:4] for r in mine if r[0] == "gpus"] == [r[:4] for r in expected if r[0] == "gpus"]
-                assert sum(int(r[4]) for r in mine if r[0] == "gpus") == 1, "speech's asr holds one GPU"
-                assert mine[-3][5] == "1" and mine[-1][5] == "1", "its gb300 waits, its alert is critical"
-                assert await speech.wait_for("document.getElementById('scope').textContent.startsWith('tenant speech')")
-                text = await speech.evaluate(READ)
-                assert "vision" not in text and "train" not in text and not WRONG.search(text)
+            # a tenant-scoped viewer: its own queue and alerts, the whole fleet's GPUs (and which are its own)
+            speech = await Browser.open(binary, tmp_path / "speech", f"{stack.api_url}/?token={scoped}")
+            browsers.append(speech)
+            assert await speech.wait_for(LIVE)
+            mine, _ = await strip_says_what_the_api_says(speech, client, scoped)
+            assert [r[:4] for r in mine if r[0] == "gpus"] == [r[:4] for r in expected if r[0] == "gpus"]
+            assert sum(int(r[4]) for r in mine if r[0] == "gpus") == 1, "speech's asr holds one GPU"
+            assert mine[-3][5] == "1" and mine[-1][5] == "1", "its gb300 waits, its alert is critical"
+            assert await speech.wait_for("document.getElementById('scope').textContent.startsWith('tenant speech')")
+            text = await speech.evaluate(READ)
+            assert "vision" not in text and "train" not in text and not WRONG.search(text)
 
-                # live: a release frees two GPUs; the strip follows without a reload
-                await publish_json(nc.jetstream(), subjects.release("vision"), {"name": "train-0"},
-                                   msg_id="strip:release")
-                await seen.wait_for(lambda: seen.latest()[("vision", "train-0")]["state"] == "Released")
-                after, _ = await strip_says_what_the_api_says(everyone, client, viewer)
-                assert after != expected
-                for page in (everyone, speech):
-                    assert page.errors == []
-        finally:
-            await nc.close()
+            # live: a release frees two GPUs; the strip follows without a reload
+            await publish_json(nc.jetstream(), subjects.release("vision"), {"name": "train-0"},
+                               msg_id="strip:release")
+            await seen.wait_for(lambda: seen.latest()[("vision", "train-0")]["state"] == "Released")
+            after, _ = await strip_says_what_the_api_says(everyone, client, viewer)
+            assert after != expected
+            for page in (everyone, speech):
+                assert page.errors == []
+    finally:
+        await nc.close()
 
 
 TENANTS, NODES, GPUS, WAITING = 100, 1000, 8, 10_000

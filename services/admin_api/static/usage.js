@@ -282,8 +282,7 @@ function filtersWired() {
     document.getElementById(id).addEventListener("change", (event) => {
       view[key] = event.target.value;
       writeView();
-      rerender();
-      if (key !== "why") loadAlertLists().then(() => timed("alerts", renderAlerts), failed);
+      rerender(); // the filters work on what the page holds: nothing is fetched again
     });
   }
   document.getElementById("filter-clear").addEventListener("click", () => {
