@@ -60,7 +60,7 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
     if fleet_of is None:
         raise HTTPException(503, "this API process has no view of the fleet (run it with the broker, or with NATS)")
     fleet = await fleet_of()
-    heard = _last_heard(request, fleet)
+    heard = last_heard_of(request, fleet)
     ttl = float(getattr(request.app.state, "inventory_ttl", 90.0))
     held = {(driver, pool, device): (tenant, name) for driver, pool, device, tenant, name in await s.execute(
         select(DeviceAllocation.driver, DeviceAllocation.pool, DeviceAllocation.device, Claim.namespace, Claim.name)
@@ -101,7 +101,7 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
     return out
 
 
-def _last_heard(request: Request, fleet: Fleet) -> Mapping[str, float]:
+def last_heard_of(request: Request, fleet: Fleet) -> Mapping[str, float]:
     """The app's record of when each node was last heard (the allocator's, in its process), else the fleet's
     own times: a fleet read from the bus is each node's last message, a heartbeat's time included."""
     last_heard = getattr(request.app.state, "last_heard", None)

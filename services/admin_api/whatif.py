@@ -9,7 +9,7 @@ proposal past the limits (nodes, devices added) is refused before the nodes are 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from pydantic import Field, ValidationError
 
 from services.admin_api.common import PROBLEMS, Caller, Input, Problem, admin, problem_doc
+from services.admin_api.nodes import last_heard_of
 from services.admin_api.offload import Answer, Limits, Reach, json_answer, ledger, validation_detail, workers
 from shared.admission.quota import QuotaFileError, parse_quotas
 from shared.admission.whatif import Change, what_if
@@ -26,6 +27,7 @@ from shared.dra import model as dra
 from shared.dra.cel import SelectorError, compile_selector
 from shared.dra.classes import merge_classes
 from shared.dra.inventory import Fleet
+from shared.fleet.freshness import stale_nodes
 from shared.fleet.sources import InventoryFileError, documents_from
 from shared.ledger.claims_read import claim_rows, claims_of
 from shared.ledger.quota_store import load_quota_config
@@ -64,7 +66,9 @@ async def post_whatif(request: Request, token: Caller) -> Response:
             raise Problem(503, "no view of the fleet", "this API process has no view of the fleet (run it with the "
                                                        "broker, or with NATS)")
         fleet = await fleet_of()  # the app's own (a test's, an embedding's): pickled to the job
-    return await pool.run(request, "what-if", what_if_job, await request.body(), fleet)
+    heard = last_heard_of(request, fleet) if fleet is not None else None  # else the bus's: its last messages
+    return await pool.run(request, "what-if", what_if_job, await request.body(), fleet,
+                          request.app.state.inventory_ttl, heard)
 
 
 def proposed_size(documents: Iterable[Any]) -> tuple[int, int]:
@@ -110,9 +114,11 @@ async def _bus_fleet(reach: Reach) -> Fleet:
                                                    "retry when NATS answers") from None
 
 
-async def what_if_job(reach: Reach, limits: Limits, body: bytes, fleet: Fleet | None) -> Answer:
+async def what_if_job(reach: Reach, limits: Limits, body: bytes, fleet: Fleet | None, ttl: float = float("inf"),
+                      heard: Mapping[str, float] | None = None) -> Answer:
     """In a worker: the proposal checked (422 naming the field, or the size and its limit), the fleet and
-    the ledger read, both states settled."""
+    the ledger read, both states settled, with the nodes the allocator places nothing on (not heard of
+    within `ttl`: `heard`, else each node's last message on the bus) left unused as it leaves them."""
     try:
         proposal = WhatIfIn.model_validate_json(body)
     except ValidationError as error:
@@ -146,4 +152,6 @@ async def what_if_job(reach: Reach, limits: Limits, body: bytes, fleet: Fleet | 
     change = Change(quotas=proposed, add_nodes=nodes, drain=frozenset(proposal.drain),
                     remove_tenants=frozenset(proposal.remove_tenants))
     classes = merge_classes(added.classes if added is not None else [])
-    return json_answer(what_if(fleet, classes, config, running, waiting, documents, change).to_json())
+    last = heard if heard is not None else {name: node.observed_at for name, node in fleet.nodes.items()}
+    unusable = stale_nodes(last, time.time(), ttl)
+    return json_answer(what_if(fleet, classes, config, running, waiting, documents, change, unusable).to_json())

@@ -15,6 +15,7 @@ from services.cli.bus import _nats_url, last_per_subject
 from services.cli.claims import _read_quotas
 from services.cli.common import Output, _emit, _settings, _table, _with_ledger, app, console, say_error
 from shared.contract import subjects
+from shared.fleet.freshness import stale_nodes
 
 
 async def _read_fleet(url: str) -> Any:
@@ -89,7 +90,9 @@ def whatif(
         added = (*added, *planned.nodes.values())
     change = Change(quotas=proposed, add_nodes=added, drain=frozenset(drain or ()),
                     remove_tenants=frozenset(remove_tenant or ()))
-    answer = what_if(fleet, classes, config, running, waiting, documents, change).to_json()
+    stale = stale_nodes({name: node.observed_at for name, node in fleet.nodes.items()}, time.time(),
+                        settings.inventory_ttl)  # each node's last message on the bus, heartbeats included
+    answer = what_if(fleet, classes, config, running, waiting, documents, change, stale).to_json()
     if _emit(answer, output):
         return
     console.print(f"admitted: {len(answer['admitted'])}, preempted: {len(answer['preempted'])}, "

@@ -40,7 +40,8 @@ class Settled:
 
 
 def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaConfig,
-           running: Iterable[Running], waiting: Iterable[Waiting]) -> Settled:
+           running: Iterable[Running], waiting: Iterable[Waiting], unusable: Mapping[str, str] | None = None
+           ) -> Settled:
     """Cycles until one changes nothing (at most MAX_CYCLES): admissions, preemptions, and the victims
     and the rest trying again, as the allocator would over its next cycles."""
     out = Settled({r.key: r for r in running}, {w.key: w for w in waiting})
@@ -48,7 +49,8 @@ def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaCo
     changing = going_on = 0
     while changing < MAX_CYCLES and going_on < MAX_BUDGET_CYCLES_PER_WAVE:
         cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(out.running.values()),
-                                   tuple(sorted(out.waiting.values(), key=lambda w: (w.arrival, w.key)))), kept)
+                                   tuple(sorted(out.waiting.values(), key=lambda w: (w.arrival, w.key))),
+                                   unusable_nodes=unusable or {}), kept)
         changed = bool(cycle.preemptions)
         for p in cycle.preemptions:
             victim = out.running.pop(p.victim)
@@ -127,13 +129,15 @@ class WhatIf:
 
 def what_if(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaConfig,
             running: Iterable[Running], waiting: Iterable[Waiting],
-            documents: Mapping[ClaimKey, dra.ResourceClaim], change: Change) -> WhatIf:
+            documents: Mapping[ClaimKey, dra.ResourceClaim], change: Change,
+            unusable: Mapping[str, str] | None = None) -> WhatIf:
     """Settle today's state, and today's state with `change`; `documents` are the running claims'
-    (a drained node's claims, and preemption victims, go back to the queue)."""
+    (a drained node's claims, and preemption victims, go back to the queue). `unusable`: nodes the
+    allocator places nothing on, and why (stale inventory), as it has them today."""
     now_running = [_Running(r.tenant, r.name, r.allocation, r.priority, r.preemptible, r.arrival,
                             r.allocated_order, r.allocated_at, documents.get(r.key)) for r in running]
     now_waiting = list(waiting)
-    before = settle(fleet, classes, quotas, now_running, now_waiting)
+    before = settle(fleet, classes, quotas, now_running, now_waiting, unusable)
 
     nodes = {name: inventory for name, inventory in fleet.nodes.items() if name not in change.drain}
     nodes.update({n.node: n for n in change.add_nodes})
@@ -153,7 +157,8 @@ def what_if(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaC
         else:
             kept_running.append(r)
     after = settle(after_fleet, classes, after_quotas, kept_running,
-                   [w for w in now_waiting if w.tenant not in change.remove_tenants] + requeued)
+                   [w for w in now_waiting if w.tenant not in change.remove_tenants] + requeued,
+                   {n: why for n, why in (unusable or {}).items() if n in after_fleet.nodes})
 
     drained = {k for k, _ in gone}
     admitted = sorted(k for k in after.running if k not in before.running)

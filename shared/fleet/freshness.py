@@ -15,6 +15,7 @@ heard. A node with no time (0 or None: a what-if's proposed node, a test's fleet
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -57,3 +58,13 @@ def stale_reason(last_heard: float, ttl: float) -> str:
 def iso(unix: float) -> str:
     """A last-heard time as people and the API read it: '2026-12-06T10:00:00Z' (whole seconds)."""
     return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stale_nodes(last_heard: Mapping[str, float | None], now: float, ttl: float) -> dict[str, str]:
+    """The nodes the allocator places nothing on now, each with why (what-if, and any view of the fleet)."""
+    out = {}
+    for node, heard in last_heard.items():
+        verdict = judge(heard, now, ttl)
+        if verdict.freshness is Freshness.STALE:
+            out[node] = verdict.reason
+    return out

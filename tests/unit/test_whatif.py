@@ -90,3 +90,20 @@ def test_the_same_inputs_give_the_same_answer() -> None:
     claims = [waiting(f"c{i}", t, i, count=1 + i % 2) for i, t in enumerate(["x", "y", "x", "y", "z", "x"])]
     change = Change(drain=frozenset({"a"}))
     assert ask(f, QuotaConfig(), claims, change).to_json() == ask(f, QuotaConfig(), claims, change).to_json()
+
+
+def test_a_node_the_allocator_leaves_unused_stays_unused_in_what_if() -> None:
+    """A stale node takes no claim today: what-if does not admit claims there, before or after a change."""
+    from shared.fleet.freshness import stale_nodes
+
+    f = fleet(*node("fresh", "H100", 2), *node("quiet", "H100", 2))
+    claims = [waiting(f"c{i}", "t", i) for i in range(4)]
+    unusable = stale_nodes({"fresh": 1_000.0, "quiet": 100.0}, now=1_050.0, ttl=90.0)
+    assert list(unusable) == ["quiet"] and "stale inventory" in unusable["quiet"]
+    documents = {w.key: w.claim for w in claims}
+    assert what_if(f, BUILTIN_CLASSES, QuotaConfig(), [], claims, documents, Change()).pending["t"] == (0, 0)
+    answer = what_if(f, BUILTIN_CLASSES, QuotaConfig(), [], claims, documents, Change(), unusable)
+    assert answer.pending["t"] == (2, 2)  # two fit on the fresh node, before and after
+    drained = what_if(f, BUILTIN_CLASSES, QuotaConfig(), [], claims, documents, Change(drain=frozenset({"quiet"})),
+                      unusable)
+    assert drained.pending["t"] == (2, 2)
