@@ -14,8 +14,8 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from shared.contract import subjects
 from shared.contract.events import read_inventory
 from shared.dra.inventory import NodeInventory
 from shared.dra.matching import SelectorMemo
+from shared.fleet.freshness import stale_nodes
 
 MAX_REDRAWS_PER_SECOND = 4
 QUEUE_HEAD = 10  # pending claims listed with their reasons
@@ -79,6 +80,7 @@ class Snapshot:
     enforced: bool = False
     at: float = 0.0
     problems: Sequence[str] = field(default_factory=tuple)  # what could not be read this time
+    stale: Sequence[str] = field(default_factory=tuple)  # nodes not heard of within the TTL: not counted
 
 
 def render(snapshot: Snapshot) -> RenderableType:
@@ -106,16 +108,23 @@ def render(snapshot: Snapshot) -> RenderableType:
     header = Text(f"claimbroker top  {stamp}" + ("" if snapshot.enforced else "  (no quota set: the fleet is open)"),
                   style="bold")
     parts: list[RenderableType] = [header, fleet, tenants, summary, queue]
+    if snapshot.stale:
+        more = len(snapshot.stale) - 8
+        shown = ", ".join(snapshot.stale[:8]) + (f" and {more} more" if more > 0 else "")
+        parts.append(Text(f"not counted: {len(snapshot.stale)} node(s) with stale inventory, where nothing is "
+                          f"placed ({shown})", style="yellow"))
     parts += [Text(problem, style="red") for problem in snapshot.problems]
     return Group(*parts)
 
 
-def count_devices(inventories: Iterable[NodeInventory], flavors: Flavors) -> Counter[str]:
-    """Devices per flavor name (NO_FLAVOR for those no flavor accepts). A driver that publishes a GPU and
-    its MIG partitions both (with shared counters) has both counted, each under its own flavor."""
+def count_devices(inventories: Iterable[NodeInventory], flavors: Flavors, skip: Container[str] = ()
+                  ) -> Counter[str]:
+    """Devices per flavor name (NO_FLAVOR for those no flavor accepts), but for the nodes in `skip`. A driver
+    that publishes a GPU and its MIG partitions both (with shared counters) has both counted, each under its
+    own flavor."""
     counts: Counter[str] = Counter()
     for inventory in inventories:
-        if inventory.removed:
+        if inventory.removed or inventory.node in skip:
             continue
         for device in inventory.devices:
             counts[flavors.name_of(device) or NO_FLAVOR] += 1
@@ -172,7 +181,8 @@ class Gatherer:
     is set whenever a status or inventory message arrives."""
 
     def __init__(self, api: str, headers: Mapping[str, str], nats_url: str | None,
-                 tls_ca: Path | None = None) -> None:
+                 tls_ca: Path | None = None, ttl: float = float("inf")) -> None:
+        self.ttl = ttl  # the inventory TTL: nodes not heard of for longer are not counted
         self.client = httpx.AsyncClient(base_url=api.rstrip("/"), headers=dict(headers), timeout=10,
                                         verify=str(tls_ca) if tls_ca is not None else True)
         self.nats_url, self.tls_ca = nats_url, tls_ca
@@ -261,8 +271,11 @@ class Gatherer:
         claim_flavors = {(c["namespace"], c["name"]): f for c, f in zip(pending, found, strict=False)}
         live = {k: v for k, v in self._explained.items() if (k[0], k[1]) in claim_flavors}
         self._explained = live  # forget claims that left the queue
-        devices = count_devices(list(self.inventories.values()), Flavors(config, SelectorMemo()))
-        return snapshot_of(usage, pending, claim_flavors, devices, [f.name for f in config], time.time(), problems)
+        now = time.time()  # a node's last message on the bus is its last heartbeat: stale ones take nothing
+        stale = stale_nodes({n: i.observed_at for n, i in self.inventories.items() if not i.removed}, now, self.ttl)
+        devices = count_devices(list(self.inventories.values()), Flavors(config, SelectorMemo()), stale)
+        frame = snapshot_of(usage, pending, claim_flavors, devices, [f.name for f in config], now, problems)
+        return replace(frame, stale=tuple(sorted(stale)))
 
 
 class Unavailable(Exception):
@@ -271,12 +284,12 @@ class Unavailable(Exception):
 
 async def run(api: str, headers: Mapping[str, str], nats_url: str | None, *, console: Console,
               once: bool = False, interval: float = 5.0, tls_ca: Path | None = None,
-              emit: Callable[[Snapshot], None] | None = None) -> None:
+              emit: Callable[[Snapshot], None] | None = None, ttl: float = float("inf")) -> None:
     """One frame with `once` (given to `emit` when set: `-o json`), else a live view until cancelled
     (Ctrl-C). `tls_ca`: the CA to trust for the admin API and NATS."""
     from rich.live import Live
 
-    gatherer = Gatherer(api, headers, nats_url, tls_ca)
+    gatherer = Gatherer(api, headers, nats_url, tls_ca, ttl)
     try:
         await gatherer.start(load_timeout=5.0)
         if once:

@@ -262,6 +262,7 @@ def _frame_json(frame: Any) -> dict[str, Any]:
         "tenants": [{"tenant": t.tenant, "flavor": t.flavor, "used": t.used, "nominal": t.nominal,
                      "borrowed": t.borrowed, "pending": t.pending} for t in frame.tenants],
         "pending": {"claims": frame.pending_claims, "devices": frame.pending_devices},
+        "staleNodes": list(frame.stale),  # not counted: nothing is placed on them
         "queue": [{"tenant": w.tenant, "name": w.name, "flavors": list(w.flavors), "reason": w.reason}
                   for w in frame.queue],
     }
@@ -290,7 +291,7 @@ def top(
         try:
             settings = _settings()
             asyncio.run(view.run(url, headers, _nats_url(settings), console=console, once=once,
-                                 interval=interval, tls_ca=settings.tls_ca,
+                                 interval=interval, tls_ca=settings.tls_ca, ttl=settings.inventory_ttl,
                                  emit=None if output == "table" else lambda frame: _show_frame(frame, output)))
         except view.Unavailable as error:
             raise Unreachable(str(error)) from None

@@ -109,6 +109,13 @@ async def test_top_once_against_a_running_stack(nats_server: EmbeddedNats, tmp_p
             live = await gatherer.snapshot()
             numbers = [(f.name, f.total, f.used, f.pending) for f in live.flavors]
             assert numbers == [("A100", 2, 0, 0), ("H100", 4, 3, 2)]
+            assert live.stale == ()
+            # a node not heard of within the TTL takes nothing: its devices are not counted, and it is named
+            gatherer.ttl = -1.0
+            quiet = await gatherer.snapshot()
+            assert [(f.name, f.total) for f in quiet.flavors if f.total] == []
+            assert set(quiet.stale) == set(gatherer.inventories)
+            assert "not counted: " in render_text(quiet)
         finally:
             await gatherer.close()
         await nc.close()
@@ -139,3 +146,11 @@ async def test_top_once_with_nothing_to_read_fails_in_one_line(tmp_path: Path) -
     line = err.decode().strip()
     assert len(line.splitlines()) == 1 and api in line and nats in line and "Traceback" not in line
     assert asyncio.get_running_loop().time() - started < 15
+
+
+def render_text(snapshot: Snapshot) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render(snapshot))
+    return console.export_text()
