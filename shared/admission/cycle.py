@@ -91,6 +91,8 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     for waiting, decision, blocks in final.values():
         decision, detail = cycle.settle(waiting, decision, blocks, alike)
+        if not cycle.answer_due(waiting, decision):
+            continue  # its work was cut short only a few cycles in a row: it is answered once it is done
         cycle.answered_with(waiting, decision)
         if decision.allocation is not None:
             for d in cycle._devices(decision.allocation):

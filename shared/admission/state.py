@@ -34,7 +34,7 @@ from shared.admission.model import (
 )
 from shared.admission.quota_book import QuotaBook
 from shared.dra.allocation import FleetState
-from shared.dra.budget import CLAIM_BUDGET, FLOOR_BUDGET, BudgetExceeded, Meter
+from shared.dra.budget import CLAIM_BUDGET, CUT_PATIENCE, FLOOR_BUDGET, BudgetExceeded, Meter
 from shared.dra.inventory import FleetDevice
 from shared.dra.plan import Plan
 from shared.dra.results import Allocation, Decision, DeviceFilter, DeviceKey, Rejected, State
@@ -107,6 +107,7 @@ class AdmissionState:
         self.expensive: set[int] = set()
         self.unprepared: dict[ClaimKey, Waiting] = {}  # claims whose plan or indexes are not built yet
         self.cut_answered: set[ClaimKey] = set()  # claims whose answer says their search was cut short
+        self.cut_streak: dict[ClaimKey, int] = {}  # per claim: cycles in a row its work was cut short
         self.deferred = 0  # attempts cut short or put off in this cycle: work that goes on in the next
         self._paying: tuple[ClaimKey, Meter] | None = None
 
@@ -340,6 +341,7 @@ class AdmissionState:
         self.invalid.discard(waiting.key)
         self.unprepared.pop(waiting.key, None)
         self.cut_answered.discard(waiting.key)
+        self.cut_streak.pop(waiting.key, None)
         gid = self.group_of.pop(waiting.key, None)
         group = self.groups.get(gid) if gid is not None else None
         if gid is None or group is None:
@@ -655,6 +657,17 @@ class AdmissionState:
                                                     f"possible from {when} UTC, when their minRuntime ends")
             return decision, explain_pending(self, waiting, decision, blocks, alike)
         return decision, None
+
+    def answer_due(self, waiting: Waiting, decision: Decision) -> bool:
+        """Whether to give this answer now. A decision its budget cut short is given only once the claim's
+        work has been cut short CUT_PATIENCE cycles in a row: an ordinary claim whose selectors are new is
+        done within a few cycles and never says its search exceeded a budget; an expensive one says so soon.
+        Any other answer is due at once."""
+        if not decision.cut:
+            self.cut_streak.pop(waiting.key, None)
+            return True
+        streak = self.cut_streak[waiting.key] = self.cut_streak.get(waiting.key, 0) + 1
+        return streak >= CUT_PATIENCE
 
     def answered_with(self, waiting: Waiting, decision: Decision) -> None:
         """Note whether the answer given says the claim's search was cut short (a verdict replaces it)."""

@@ -21,6 +21,10 @@ CLAIM_BUDGET = 1_500
 TENANT_BUDGET = 2_000  # per tenant and cycle; a quarter as much again is its floor pool (see FLOOR_BUDGET)
 # What a caller that decides once and cannot go on later (tests, one-off tools) gives a decision: about 3 s.
 ONE_SHOT_BUDGET = 1_000_000
+# Cycles in a row a claim's work may be cut short before its answer says so: an ordinary claim whose selectors
+# are new is done within a few (a cycle runs every CLAIMBROKER_PLACEMENT_CONTINUE_AFTER, 0.1 s, while such
+# work is left) and gets its verdict; an expensive one says it waits for its search within about a second.
+CUT_PATIENCE = 10
 # What every attempt may spend even once its tenant's share for the cycle is gone: enough for a claim that
 # only needs what is cached (a single request placed from an index), not for new CEL work or a search.
 FLOOR_BUDGET = 100
@@ -99,5 +103,5 @@ class Unmetered(Meter):
         return 1 << 62
 
 
-__all__ = ["CLAIM_BUDGET", "COMPILE", "EVALUATION", "FLOOR_BUDGET", "ONE_SHOT_BUDGET", "PIECE_LIMIT", "STEP",
-           "TENANT_BUDGET", "BudgetExceeded", "Meter", "PieceTooLarge", "Unmetered"]
+__all__ = ["CLAIM_BUDGET", "COMPILE", "CUT_PATIENCE", "EVALUATION", "FLOOR_BUDGET", "ONE_SHOT_BUDGET", "PIECE_LIMIT",
+           "STEP", "TENANT_BUDGET", "BudgetExceeded", "Meter", "PieceTooLarge", "Unmetered"]

@@ -230,9 +230,27 @@ def test_a_tenants_expensive_claims_wait_their_turn_and_cost_another_tenant_noth
     f = a_fleet(nodes=6, per_node=4)
     claims = [waiting(bomb(f"b{i}"), arrival=i) for i in range(bombs)]
     calm = waiting(a_claim("calm", "calm").request(), arrival=1_000)
-    first = cycle_until(f, [*claims, calm], 1)[0]
-    assert first[("calm", "calm")].state is State.ALLOCATED
-    assert all(first[c.key].cut for c in claims)  # each told why, none decided yet
+    cycles = cycle_until(f, [*claims, calm], budget.CUT_PATIENCE)
+    assert cycles[0][("calm", "calm")].state is State.ALLOCATED  # in the first cycle, whatever waits beside
+    early = [cycle[c.key] for cycle in cycles[:-1] for c in claims if c.key in cycle]
+    assert not any(d.cut for d in early)  # no word of a budget while the work goes on: a verdict, or nothing
+    last: dict[tuple[str, str], Decision] = {}
+    for cycle in cycles:
+        last.update(cycle)
+    assert all(c.key in last for c in claims)  # within CUT_PATIENCE cycles each has its answer
+    if bombs > 1:
+        assert any(last[c.key].cut for c in claims)  # those still searched say why they wait
+
+
+def test_an_ordinary_claim_with_new_selectors_never_says_its_search_was_cut() -> None:
+    f = a_fleet(nodes=6, per_node=4)
+    claims = [waiting(a_claim(f"c{i}").request(selectors=(f'{ATTR}.productName != "other-{i}"',)), arrival=i)
+              for i in range(12)]  # twelve new selectors: more than a tenant's budget compiles in one cycle
+    cycles = cycle_until(f, claims, budget.CUT_PATIENCE)
+    answers = [d for cycle in cycles for d in cycle.values()]
+    assert answers and not any(d.cut for d in answers)
+    assert {key for cycle in cycles for key, d in cycle.items() if d.state is State.ALLOCATED} == {
+        c.key for c in claims}
 
 
 def test_expensive_claims_are_answered_in_full_over_the_next_cycles() -> None:
