@@ -1,9 +1,12 @@
-"""The decision core as the allocator runs it, over the built-in fleet, for hostile claims: one cycle with a
-hostile claim and a normal one next to it, on a fleet where six claims of another tenant already run."""
+"""The decision core as the allocator runs it, over the built-in fleet, for hostile claims: a hostile claim
+and a normal one queued together, decided in the cycles the allocator runs for them (a claim whose placement
+work its budget cut short is answered in a later cycle), on a fleet where six claims of another tenant
+already run."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from shared.admission.cycle import run_cycle
@@ -67,23 +70,52 @@ def reason_problems(decisions: Iterable[ClaimDecision]) -> list[str]:
     return problems
 
 
+MAX_CYCLES = 64  # more than the budget's patience (CUT_PATIENCE) with room: a claim still unanswered is a defect
+
+
+def settle(running: tuple[Running, ...], queue: tuple[Waiting, ...], memo: KeptState) -> list[ClaimDecision]:
+    """Cycles as the allocator runs them until nothing is left to go on with: allocated claims run, rejected
+    ones leave the queue, pending ones stay answered, and a cycle whose budget cut work short is followed by
+    another. Every decision made, in order (a claim's last one counts)."""
+    running_now, waiting = list(running), {w.key: w for w in queue}
+    decisions: list[ClaimDecision] = []
+    for _ in range(MAX_CYCLES):
+        cycle = run_cycle(Snapshot(FLEET, DEVICE_CLASSES, QUOTAS, tuple(running_now), tuple(waiting.values())), memo)
+        decisions += cycle.decisions
+        for d in cycle.decisions:
+            queued = waiting.get((d.tenant, d.name))
+            if queued is None:
+                continue
+            if d.decision.allocation is not None:
+                running_now.append(Running(queued.tenant, queued.name, d.decision.allocation, queued.priority,
+                                           queued.preemptible, queued.arrival, len(running_now) + 1))
+                del waiting[queued.key]
+            elif d.decision.state is State.REJECTED:
+                del waiting[queued.key]
+            else:
+                waiting[queued.key] = replace(queued, answered=True)
+        if not cycle.deferred:
+            break
+    return decisions
+
+
 def decide_with_companion(claim: dra.ResourceClaim, memo: KeptState,
                           running: tuple[Running, ...]) -> dict[str, Any]:
-    """One cycle: the claim, then a normal one-GPU claim of tenant t1. What happened, as plain data:
+    """The claim, then a normal one-GPU claim of tenant t1, settled. What happened, as plain data:
     the claim's outcome (allocated, pending, rejected, internal-error, missing), its reason, the
     companion's state and reason, and problems (reasons missing, other claims with internal errors)."""
     hostile = waiting(claim, 1001)
     companion = waiting(read_submission(normal_claim(COMPANION), TENANT), 1002)
-    cycle = run_cycle(Snapshot(FLEET, DEVICE_CLASSES, QUOTAS, running, (hostile, companion)), memo)
-    decided = {(d.tenant, d.name): d for d in cycle.decisions}
-    problems = reason_problems(cycle.decisions)
+    decisions = settle(running, (hostile, companion), memo)
+    decided = {(d.tenant, d.name): d for d in decisions}
+    problems = reason_problems(decisions)
     mine, theirs = decided.get(hostile.key), decided.get(companion.key)
     if mine is None:
         problems.append("the hostile claim got no decision")
         outcome = "missing"
     else:
         outcome = "internal-error" if internal_error(mine) else mine.decision.state.value.lower()
-    problems += [f"{d.tenant}/{d.name}: {d.decision.reason}" for d in cycle.decisions
+    problems += [f"{d.tenant}/{d.name}: {d.decision.reason}" for d in decisions
                  if internal_error(d) and (d.tenant, d.name) != hostile.key]
     return {"outcome": outcome, "reason": (mine.decision.reason or "")[:500] if mine else None,
             "companion": theirs.decision.state.value if theirs else None,

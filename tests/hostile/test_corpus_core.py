@@ -3,7 +3,7 @@
 For every submit case: no exception escapes but InvalidClaim from read_submission; a claim it reads is
 decided in a cycle with a normal one-GPU claim of the same tenant, which must still be Allocated (poison
 isolation); Rejected and Pending decisions carry a reason; the case's expectation holds. Then all hostile
-claims share ONE cycle with 20 valid claims, which must all be decided (batch-mates). Every case, release
+claims are queued together with 20 valid claims, which must all be decided (batch-mates). Every case, release
 messages and bad subjects included, also goes through the allocator's `read_message`, which must never
 raise. Each case runs in a forked child (tests/hostile/isolate.py): a crash or a hang is reported against
 the case and the run goes on. `pytest -s` prints the outcome counts; SUMMARY holds them.
@@ -17,21 +17,17 @@ from typing import Any
 import pytest
 
 from services.allocator.batch import ClaimMessage, read_message
-from shared.admission.cycle import run_cycle
 from shared.admission.kept import KeptState
-from shared.admission.model import Snapshot
 from shared.dra import model as dra
 from shared.dra.claims import InvalidClaim, read_submission
 from tests.hostile import corpus
 from tests.hostile.core import (
-    DEVICE_CLASSES,
-    FLEET,
     MAX_REASON,
-    QUOTAS,
     busy_fleet,
     decide_with_companion,
     internal_error,
     reason_problems,
+    settle,
     waiting,
 )
 from tests.hostile.corpus import CLASSES, Case, normal_claim
@@ -99,7 +95,7 @@ def test_submission_is_decided_and_isolated(case: Case) -> None:
 
 
 def decide_batch() -> dict[str, Any]:
-    """In the child: every hostile claim that reads, and 20 valid claims between them, in one cycle."""
+    """In the child: every hostile claim that reads, and 20 valid claims between them, queued together."""
     claims: dict[tuple[str, str], dra.ResourceClaim] = {}
     for case in SUBMITS:
         try:
@@ -118,22 +114,22 @@ def decide_batch() -> dict[str, Any]:
         queue.append(claim)
     queue += left
     waitings = tuple(waiting(c, 2000 + i) for i, c in enumerate(queue))
-    cycle = run_cycle(Snapshot(FLEET, DEVICE_CLASSES, QUOTAS, RUNNING, waitings), MEMO)
-    decided = {(d.tenant, d.name): d.decision for d in cycle.decisions}
-    internal = [f"{d.tenant}/{d.name}" for d in cycle.decisions if internal_error(d)]
+    decisions = settle(RUNNING, waitings, MEMO)
+    decided = {(d.tenant, d.name): d.decision for d in decisions}
+    internal = [f"{d.tenant}/{d.name}" for d in decisions if internal_error(d)]
     mate_states = {}
     for mate in mates:
         decision = decided.get((mate.metadata.namespace or "", mate.metadata.name))
         mate_states[mate.metadata.name] = (decision.state.value, decision.reason) if decision else None
     return {"hostile": len(hostile), "queued": len(waitings), "mates": mate_states,
-            "problems": reason_problems(cycle.decisions) + [f"internal errors: {internal}"] * bool(internal)}
+            "problems": reason_problems(decisions) + [f"internal errors: {internal}"] * bool(internal)}
 
 
 def test_hostile_claims_do_not_hold_back_their_batch_mates() -> None:
     answer = run_isolated(decide_batch, timeout=BATCH_TIMEOUT_S)
     if isinstance(answer, Crash):
         SUMMARY["crashes"]["<batch of all hostile claims>"] = str(answer)
-        pytest.fail(f"one cycle with every hostile claim and 20 valid ones: {answer}", pytrace=False)
+        pytest.fail(f"every hostile claim queued with and 20 valid ones: {answer}", pytrace=False)
     assert answer["queued"] == answer["hostile"] + 20
     undecided = {name: state for name, state in answer["mates"].items()
                  if state is None or state[0] not in ("Allocated", "Pending") or not (state[0] == "Allocated"
