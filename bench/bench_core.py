@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import random
 import statistics
@@ -107,6 +108,7 @@ def run(nodes: int, claims: int) -> dict[str, Any]:
     state = FleetState(fleet, BUILTIN_CLASSES, (), memo=memo)
     latencies = []
     allocated = 0
+    decided = []
     started = time.perf_counter()
     for claim in batch:
         t0 = time.perf_counter()
@@ -115,13 +117,17 @@ def run(nodes: int, claims: int) -> dict[str, Any]:
             state.take(decision.allocation)
             allocated += 1
         latencies.append(time.perf_counter() - t0)
+        decided.append((decision.state.value, decision.allocation.node, decision.allocation.keys)
+                       if decision.allocation is not None else (decision.state.value,))
     elapsed = time.perf_counter() - started
+    # what was decided (claim order, state, node, devices): a refactor must leave it equal
+    digest = hashlib.sha256(repr(decided).encode()).hexdigest()[:16]
     latencies.sort()
     return {"nodes": nodes, "devices": len(fleet.devices), "claims": claims, "allocated": allocated,
             "claims_per_s": round(claims / elapsed, 1),
             "p50_ms": round(statistics.median(latencies) * 1000, 3),
             "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 3),
-            "cel_evaluations": memo.evaluations}
+            "cel_evaluations": memo.evaluations, "decisions": digest}
 
 
 def main() -> None:
