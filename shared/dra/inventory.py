@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from shared.dra import model as dra
-from shared.dra.cel import SemVer, device_activation
+from shared.dra.cel_library import SemVer, device_activation
 from shared.dra.quantity import Quantity, exact, parse_quantity
 
 AttributeValue = int | bool | str | SemVer

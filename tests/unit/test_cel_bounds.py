@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shared.dra import cel
+from shared.dra import cel_cost, cel_library, cel_runtime
 from shared.dra.cel import EvaluationBudget, SelectorError, SemVer, compile_selector, device_activation, evaluate
 from shared.dra.cel_rewrite import rewrite
 from shared.dra.quantity import Quantity
@@ -125,7 +125,7 @@ def test_an_unexpected_exception_from_a_function_is_a_selector_error(monkeypatch
     def broken(_: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(cel.FUNCTIONS, "quantity", broken)
+    monkeypatch.setitem(cel_library.FUNCTIONS, "quantity", broken)
     result = outcome('quantity("1") == quantity("2") && "fresh-text-1" != ""')
     assert isinstance(result, SelectorError) and "RuntimeError: boom" in str(result)
 
@@ -256,7 +256,7 @@ def test_the_deepest_accepted_expressions_run_with_stack_to_spare(shape: str) ->
     assert "nested too deeply" not in str(result)  # a bool, or a runtime error of the text itself
 
 
-def _outcome_of(selector: cel.CompiledSelector) -> bool | SelectorError:
+def _outcome_of(selector: cel_runtime.CompiledSelector) -> bool | SelectorError:
     try:
         return evaluate(selector, DEVICE, EvaluationBudget())
     except SelectorError as error:
@@ -285,9 +285,9 @@ def test_brackets_inside_strings_do_not_count() -> None:
 
 
 def test_estimate_cost_refuses_a_deep_tree_instead_of_recursing() -> None:
-    ast = cel._ENV.compile("!" * 5_000 + "true")
+    ast = cel_runtime.ENVIRONMENT.compile("!" * 5_000 + "true")
     with pytest.raises(SelectorError, match="nested too deeply"):
-        cel.estimate_cost(ast)
+        cel_cost.estimate_cost(ast)
 
 
 # -- static cost --------------------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_the_length_limit_is_kubernetes() -> None:
 # -- run-time limits -----------------------------------------------------------------------------------
 
 def test_an_evaluation_stops_at_its_step_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cel, "EVALUATION_TIME_LIMIT_S", 10.0)  # the step limit alone, whatever the load
+    monkeypatch.setattr(cel_runtime, "EVALUATION_TIME_LIMIT_S", 10.0)  # the step limit alone, whatever the load
     slow = f"{numbers(120)}.all(a, {numbers(120)}.all(b, a + b >= 0))"  # under the cost limit, 2-4 s in Python
     started = cpu()
     result = outcome(slow)
@@ -329,21 +329,21 @@ def test_an_evaluation_stops_at_its_step_limit(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_an_evaluation_stops_at_its_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cel, "EVALUATION_TIME_LIMIT_S", 0.005)
+    monkeypatch.setattr(cel_runtime, "EVALUATION_TIME_LIMIT_S", 0.005)
     result = outcome(f"{numbers(90)}.all(a, {numbers(90)}.all(b, a + b >= 1))")
     assert isinstance(result, SelectorError) and "stopped after 0.005s" in str(result)
 
 
-def _slow_selector(tag: str) -> cel.CompiledSelector:
+def _slow_selector(tag: str) -> cel_runtime.CompiledSelector:
     """About 3,600 steps on every device: under the per-evaluation limit, 30 times a normal selector."""
     return compile_selector(f'"{tag}" != "" && {numbers(150)}.all(x, x >= 0)')
 
 
 def test_a_selector_slow_on_every_device_exhausts_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """A selector just under the per-device limit on a fleet: refused after a bounded total, not per device."""
-    monkeypatch.setattr(cel, "EVALUATION_TIME_LIMIT_S", 10.0)  # steps alone, whatever the load
+    monkeypatch.setattr(cel_runtime, "EVALUATION_TIME_LIMIT_S", 10.0)  # steps alone, whatever the load
     selector = _slow_selector("budget")
-    assert selector.budget.limit == cel.SELECTOR_BUDGET_STEPS
+    assert selector.budget.limit == cel_runtime.SELECTOR_BUDGET_STEPS
     selector.budget.limit = 20_000  # a quarter of the default: the same mechanism, a quicker test
     fleet = [device_activation("gpu.nvidia.com", {"gpu.nvidia.com": {"index": i}}, {}) for i in range(40)]
     results: list[bool | str] = []
@@ -369,7 +369,7 @@ def test_the_budget_stops_an_evaluation_midway() -> None:
     budget = EvaluationBudget(limit=1_000)
     with pytest.raises(SelectorError, match="budget exceeded"):
         evaluate(_slow_selector("midway"), DEVICE, budget)
-    assert budget.spent <= budget.limit + cel._CHECK_TIME_EVERY
+    assert budget.spent <= budget.limit + cel_runtime.CHECK_TIME_EVERY
 
 
 def test_a_normal_selector_never_draws_on_its_budget() -> None:
@@ -381,8 +381,8 @@ def test_a_normal_selector_never_draws_on_its_budget() -> None:
 
 async def test_limits_hold_in_the_event_loop_and_in_worker_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """The allocator evaluates in the main thread's event loop; other callers may use threads."""
-    monkeypatch.setattr(cel, "MAX_STEPS_PER_EVALUATION", 10**9)
-    monkeypatch.setattr(cel, "EVALUATION_TIME_LIMIT_S", 0.02)
+    monkeypatch.setattr(cel_runtime, "MAX_STEPS_PER_EVALUATION", 10**9)
+    monkeypatch.setattr(cel_runtime, "EVALUATION_TIME_LIMIT_S", 0.02)
     slow = compile_selector(f"{numbers(150)}.all(a, {numbers(150)}.all(b, a + b >= 2))")
 
     def attempt() -> str:
@@ -408,8 +408,8 @@ def test_a_garbage_collection_during_an_evaluation_does_not_count(monkeypatch: p
         return value
 
     pauses: list[float] = []
-    monkeypatch.setitem(cel.FUNCTIONS, "collect", collecting)
-    monkeypatch.setattr(cel, "EVALUATION_TIME_LIMIT_S", 0.03)
+    monkeypatch.setitem(cel_library.FUNCTIONS, "collect", collecting)
+    monkeypatch.setattr(cel_runtime, "EVALUATION_TIME_LIMIT_S", 0.03)
     # some 150 steps after the collection, so the limit is checked after it
     assert outcome(f"collect(true) && {numbers(6)}.all(x, x >= 0) && 'gc-pause' != ''") is True
     assert pauses and pauses[0] > 0.03 and heap
@@ -436,7 +436,7 @@ def test_a_spent_budget_refills_after_its_window() -> None:
         evaluate(_slow_selector("refill"), DEVICE, budget)
     with pytest.raises(SelectorError, match="budget exceeded"):
         evaluate(_slow_selector("refill"), DEVICE, budget)  # within the window: still spent
-    budget.refill(budget.since + cel.SELECTOR_BUDGET_WINDOW_S - 1)
+    budget.refill(budget.since + cel_runtime.SELECTOR_BUDGET_WINDOW_S - 1)
     assert budget.spent >= budget.limit
-    budget.refill(budget.since + cel.SELECTOR_BUDGET_WINDOW_S)
+    budget.refill(budget.since + cel_runtime.SELECTOR_BUDGET_WINDOW_S)
     assert (budget.spent, budget.evaluations) == (0, 0)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.dra import cel
+from shared.dra import cel_runtime
 from shared.dra.allocation import FleetState, decide, settle
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import THROTTLED, UNHEALTHY, Fleet, NodeInventory
@@ -100,7 +100,7 @@ def test_expensive_expressions_are_refused(expression: str, message: str) -> Non
 
 
 def test_a_runaway_evaluation_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cel, "EVALUATION_TIME_LIMIT_S", 0.01)
+    monkeypatch.setattr(cel_runtime, "EVALUATION_TIME_LIMIT_S", 0.01)
     items = ",".join(map(str, range(120)))
     slow = f"[{items}].all(a, [{items}].all(b, a + b >= 0))"  # under the cost limit, still slow in Python
     decision = decide(a_claim().request(selectors=(slow,)).build(), fleet(gpu("n", 0)), BUILTIN_CLASSES, ())
