@@ -41,7 +41,7 @@ def allocator_router(on_inventory: OnInventory = _ignore) -> NatsRouter:
     router = NatsRouter()
     _inventory_subscriber(router, "allocator", on_inventory)
     router.publisher(f"{_P}.claims.status.{{tenant}}.{{claim}}", stream=_stream(subjects.STATUS_STREAM),
-                     schema=messages.ClaimStatus, title="claims.status",
+                     schema=messages.ClaimStatusSchema, title="claims.status",
                      description="The allocator's decision on a claim: Pending, Allocated, Rejected, Preempted "
                                  "or Released, with the reason and, when Allocated, the devices. {claim} is "
                                  "the claim's name with each '.' written '_' (train.v2: train_v2); the payload "

@@ -7,8 +7,9 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
+from shared.contract.messages import Allocation, ClaimState, ClaimStatus
 from shared.dra import model as dra
 from shared.dra.inventory import FleetDevice, NodeInventory, counters_from_slices, devices_from_slices
 from shared.fleet import telemetry
@@ -30,14 +31,16 @@ def claim_status(
     observed_at: float | None = None,
     by: str | None = None,
     unsatisfiable: bool = False,
-) -> dict[str, Any]:
+) -> ClaimStatus:
     """The contract's status object; `by` names the preemptor of a Preempted claim and `unsatisfiable`
-    marks a Pending claim no device of today's fleet could ever satisfy (both only when they apply)."""
-    status: dict[str, Any] = {
+    marks a Pending claim no device of today's fleet could ever satisfy (both only when they apply).
+    `state` is a `shared.dra.results.State` value and `allocation` an `Allocation.to_json()`, as the
+    allocator's ledger rows hold them: taken as they are, not validated (one status per decision)."""
+    status: ClaimStatus = {
         "namespace": namespace,
         "name": name,
-        "state": state,
-        "allocation": dict(allocation) if allocation else None,
+        "state": cast(ClaimState, state),
+        "allocation": cast(Allocation, dict(allocation)) if allocation else None,
         "reason": reason,
         "observedAt": now_iso(observed_at),
         "sequence": sequence,

@@ -1,18 +1,38 @@
-"""The payloads of the contract's NATS subjects as pydantic models: what tenants, alert subscribers and the
-services exchange (docs/contract.md, "NATS subjects"). They are the AsyncAPI document's schemas
-(`claimbroker asyncapi`), and tests check that every payload the services build validates against them,
-so the document cannot drift from what goes over the bus.
+"""The payloads of the contract's NATS subjects: what tenants, alert subscribers and the services exchange
+(docs/contract.md, "NATS subjects"). They are the AsyncAPI document's schemas (`claimbroker asyncapi`), and
+tests check that every payload the services build validates against them, so the document cannot drift from
+what goes over the bus.
 
 Field names are the wire's (camelCase, as Kubernetes writes them). Models accept fields they do not name
-(`extra="allow"`) where the wire may carry more: a ResourceClaim is Kubernetes' own object, which the
-allocator validates in full itself (a malformed one gets a Rejected status with the reason, not a refusal
-here)."""
+(`extra="allow"`) where the wire may carry more. A submitted claim is the allocator's own `ResourceClaim`
+model (shared.dra.model), which it validates in full itself: a malformed one gets a Rejected status with the
+reason, not a refusal here.
+
+A claim status is a TypedDict, not a model: the allocator builds one per decision (thousands a second), and
+a plain dict is what the outbox stores and orjson writes; readers validate it with `read_status`."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, Required
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    JsonValue,
+    RootModel,
+    TypeAdapter,
+    ValidationError,
+    with_config,
+)
+from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
+
+from shared.dra import model
+
+if TYPE_CHECKING:
+    from pydantic.json_schema import JsonSchemaValue
+    from pydantic_core import CoreSchema
 
 ClaimState = Literal["Pending", "Allocated", "Rejected", "Preempted", "Released"]
 Severity = Literal["critical", "warning", "info"]
@@ -22,23 +42,11 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
-class ObjectMeta(_Wire):
-    name: str = Field(description="the claim's name: a DNS subdomain, also a token of the status subject")
-    namespace: str | None = Field(None, description="the tenant; empty means the subject's tenant")
-    annotations: dict[str, str] = Field(default_factory=dict, description=(
-        "broker settings: claimbroker.io/priority (integer), claimbroker.io/preemptible (\"false\" protects "
-        "a running claim)"))
-
-
-class ResourceClaim(_Wire):
-    """A Kubernetes resource.k8s.io/v1 ResourceClaim, accepted verbatim (spec.devices: requests with
-    exactly or firstAvailable, constraints, config)."""
-
-    apiVersion: Literal["resource.k8s.io/v1"] = "resource.k8s.io/v1"
-    kind: Literal["ResourceClaim"] = "ResourceClaim"
-    metadata: ObjectMeta
-    spec: dict[str, Any] = Field(description="ResourceClaimSpec: devices.requests, devices.constraints, "
-                                             "devices.config, as Kubernetes defines them")
+class ResourceClaim(model.ResourceClaim):
+    """A Kubernetes resource.k8s.io/v1 ResourceClaim, as kubectl would create it: metadata.name is required
+    (it is a token of the claim's status subject), metadata.namespace is the tenant or empty. Broker settings
+    ride in metadata.annotations: claimbroker.io/priority (an integer), claimbroker.io/preemptible ("false"
+    protects a running claim)."""
 
 
 class Release(_Wire):
@@ -47,39 +55,81 @@ class Release(_Wire):
     name: str = Field(description="the claim's name, in the subject's tenant")
 
 
-class DeviceResult(_Wire):
-    request: str = Field(description="the request's name; parent/sub for a firstAvailable subrequest")
+@with_config(ConfigDict(extra="allow", strict=True))
+class DeviceResult(TypedDict):
+    request: Annotated[str, Field(description="the request's name; parent/sub for a firstAvailable subrequest")]
     driver: str
     pool: str
     device: str
-    adminAccess: bool | None = None
+    adminAccess: NotRequired[bool]
 
 
-class AllocatedDevices(_Wire):
+@with_config(ConfigDict(extra="allow", strict=True))
+class AllocatedDevices(TypedDict):
     results: list[DeviceResult]
-    config: list[dict[str, Any]] = Field(default_factory=list)
+    config: NotRequired[list[dict[str, Any]]]
 
 
-class Allocation(_Wire):
+@with_config(ConfigDict(extra="allow", strict=True))
+class Allocation(TypedDict):
     """Mirrors ResourceClaim.status.allocation, plus nodeName."""
 
     nodeName: str
     devices: AllocatedDevices
-    nodeSelector: dict[str, Any] | None = None
+    nodeSelector: NotRequired[dict[str, Any] | None]
 
 
-class ClaimStatus(_Wire):
-    """A claim's state after each decision; the last one per claim is its current state."""
+_PUBLISHED: list[JsonValue] = ["namespace", "name", "state", "allocation", "reason", "observedAt", "sequence"]
 
-    namespace: str = Field(description="the tenant")
-    name: str
-    state: ClaimState
-    allocation: Allocation | None = None
-    reason: str | None = Field(None, description="why it waits, was rejected or preempted, with the numbers")
-    observedAt: str = Field(description="RFC 3339 time of the decision")
-    sequence: int = Field(description="per claim, increasing: a consumer keeps the highest it has seen")
-    by: str | None = Field(None, description="tenant/name of the claim that preempted it (Preempted only)")
-    unsatisfiable: bool | None = Field(None, description="no device of today's fleet could ever satisfy it")
+
+@with_config(ConfigDict(extra="allow", strict=True, json_schema_extra={"required": _PUBLISHED}))
+class ClaimStatus(TypedDict, total=False):
+    """A claim's state after each decision; the last one per claim is its current state. The broker always
+    writes the required fields, `by` and `unsatisfiable` only when they apply; a reader needs only
+    namespace, name and state (`read_status`)."""
+
+    namespace: Required[Annotated[str, Field(description="the tenant")]]
+    name: Required[str]
+    state: Required[ClaimState]
+    allocation: Allocation | None
+    reason: Annotated[str | None, Field(description="why it waits, was rejected or preempted, with the numbers")]
+    observedAt: Annotated[str, Field(description="RFC 3339 time of the decision")]
+    sequence: Annotated[int, Field(description="per claim, increasing: a consumer keeps the highest it has seen")]
+    by: Annotated[str, Field(description="tenant/name of the claim that preempted it (Preempted only)")]
+    unsatisfiable: Annotated[bool, Field(description="no device of today's fleet could ever satisfy it (Pending "
+                                                     "only)")]
+
+
+_CLAIM_STATUS = TypeAdapter(ClaimStatus)
+
+
+class ClaimStatusSchema(RootModel[ClaimStatus]):
+    """ClaimStatus as FastStream's AsyncAPI generator takes a payload: a pydantic model (given a TypedDict
+    that nests others, it names the wrong schema). Its JSON schema is ClaimStatus's own, under that name."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return handler.resolve_ref_schema(handler(core_schema))
+
+
+class UnreadableStatus(ValueError):
+    """A message on a status subject that is not a claim status; the message names the first bad field."""
+
+
+def read_status(data: bytes | str) -> ClaimStatus:
+    """A status message's JSON as a `ClaimStatus`, its fields in the order declared, then any it does not
+    name (a newer broker's). Strict: a value of another JSON type is refused, not converted (a sequence
+    "3" is no sequence). Raises UnreadableStatus."""
+    try:
+        return _CLAIM_STATUS.validate_json(data)
+    except ValidationError as error:
+        raise UnreadableStatus(_first_problem(error)) from None
+
+
+def _first_problem(error: ValidationError) -> str:
+    problem = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in problem["loc"])
+    return f"{where}: {problem['msg']}" if where else problem["msg"]
 
 
 class Alert(_Wire):
