@@ -10,7 +10,7 @@ import signal
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 import yaml
@@ -31,6 +31,7 @@ from services.cli.common import (
     say_error,
 )
 from services.runtime import tune_gc
+from shared.contract.messages import ClaimStatus
 from shared.settings import BrokerSettings
 
 
@@ -347,7 +348,7 @@ def demo(
         raise typer.Exit(1)
 
 
-async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[dict[str, Any]], int]:
+async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[ClaimStatus], int]:
     from services.stack import running_stack
 
     workloads = resources.files("shared.workloads")
@@ -361,7 +362,7 @@ async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[dict[str
             raise RuntimeError("no inventory arrived")
         await _publish_claims(stack.admin_url, documents, None)
         deadline = time.monotonic() + timeout
-        statuses: list[dict[str, Any]] = []
+        statuses: list[ClaimStatus] = []
         while time.monotonic() < deadline:
             statuses = await read_statuses(stack.admin_url, "lab")
             if len(statuses) >= len(documents):

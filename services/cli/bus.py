@@ -12,7 +12,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from rich.table import Table
 
 from services.cli.common import Refused, Unreachable, _settings, err
 from shared.contract import subjects
+from shared.contract.messages import ClaimStatus, UnreadableStatus, read_status
 from shared.settings import BrokerSettings
 
 NATS_TIMEOUT_S = 5.0  # a command gives up on NATS after this long, never hangs
@@ -251,7 +252,7 @@ class _Progress:
 Key = tuple[str, str]  # (tenant, claim)
 
 
-async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[dict[str, Any]]:
+async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[ClaimStatus]:
     """The newest status of every matching claim (a tenant credential's own tenant's by default)."""
     tenant = _reader_tenant(url, tenant)
     nc = await _connect(url)
@@ -289,21 +290,19 @@ def _wanted(tenant: str, name: str) -> str:
     return bus_auth.status_filter(tenant, subjects.name_token(name))
 
 
-async def _statuses_on(nc: Any, url: str, tenant: str, name: str) -> list[dict[str, Any]]:
+async def _statuses_on(nc: Any, url: str, tenant: str, name: str) -> list[ClaimStatus]:
     latest = await _last_on(nc, url, subjects.STATUS_STREAM, _wanted(tenant, name))
     found = (_status_of(message.data) for message in latest.values())
     return sorted((s for s in found if s is not None), key=lambda s: (s["namespace"], s["name"]))
 
 
-def _status_of(data: bytes) -> dict[str, Any] | None:
+def _status_of(data: bytes) -> ClaimStatus | None:
     """A claim status, or None for what is none (a tenant's own stream holds whatever the tenant had the
     server put there: it reads only its own)."""
     try:
-        status = json.loads(data)
-    except ValueError:
+        return read_status(data)
+    except UnreadableStatus:
         return None
-    readable = isinstance(status, dict) and all(isinstance(status.get(k), str) for k in ("namespace", "name", "state"))
-    return status if readable and isinstance(status.get("sequence", 0), int) else None
 
 
 async def last_per_subject(url: str, stream: str, wanted: str) -> dict[str, bytes]:
@@ -340,7 +339,7 @@ class StatusFeed:
     (by its per-claim `sequence`) changes nothing."""
 
     def __init__(self) -> None:
-        self.latest: dict[Key, dict[str, Any]] = {}
+        self.latest: dict[Key, ClaimStatus] = {}
         self.changed = asyncio.Event()
 
     async def open(self, nc: Any, wanted: list[str]) -> None:
@@ -352,7 +351,7 @@ class StatusFeed:
             await nc.subscribe(subject, cb=on_status)
         await nc.flush(timeout=NATS_TIMEOUT_S)  # the server has them before anything is read or sent
 
-    def offer(self, status: dict[str, Any]) -> None:
+    def offer(self, status: ClaimStatus) -> None:
         key = (status["namespace"], status["name"])
         held = self.latest.get(key)
         if held is None or (status.get("sequence", 0) >= held.get("sequence", 0) and status != held):
@@ -368,7 +367,7 @@ class StatusFeed:
             raise Unreachable("the connection to NATS was lost")
 
 
-async def watch_statuses(url: str, tenant: str, name: str) -> AsyncIterator[list[dict[str, Any]]]:
+async def watch_statuses(url: str, tenant: str, name: str) -> AsyncIterator[list[ClaimStatus]]:
     """Every matching claim's newest status now, then again at each change (an async generator of lists)."""
     tenant = _reader_tenant(url, tenant)
     nc = await _connect(url)
@@ -391,7 +390,7 @@ WATCH_COALESCE_S = 0.2
 
 
 async def submit_and_wait(url: str, claims: list[dict[str, Any]], priority: int | None, wait: float,
-                          progress: _Progress | None = None) -> tuple[list[Key], list[dict[str, Any]]]:
+                          progress: _Progress | None = None) -> tuple[list[Key], list[ClaimStatus]]:
     """Publish `claims` and wait up to `wait` seconds for each one's answer: the claims sent, and the
     statuses that answered them, in the order sent. The subscription comes first, then the statuses
     before this submission (to tell an answer from an old status), then the publish."""
@@ -402,12 +401,12 @@ async def submit_and_wait(url: str, claims: list[dict[str, Any]], priority: int 
     try:
         feed = StatusFeed()
         await feed.open(nc, [_wanted(tenant, "*") for tenant in tenants])
-        before: dict[Key, dict[str, Any]] = {}
+        before: dict[Key, ClaimStatus] = {}
         for tenant in tenants:
             before.update({(s["namespace"], s["name"]): s for s in await _statuses_on(nc, url, tenant, "*")})
         sent = await _publish_on(nc, url, claims, priority, progress)
         deadline = time.monotonic() + wait
-        found: dict[Key, dict[str, Any]] = {}
+        found: dict[Key, ClaimStatus] = {}
         while True:
             feed.changed.clear()  # before looking: a status arriving after the look wakes the wait below
             for key in sent:
@@ -422,7 +421,7 @@ async def submit_and_wait(url: str, claims: list[dict[str, Any]], priority: int 
         await nc.close()
 
 
-def _answers(status: dict[str, Any], before: dict[str, Any] | None) -> bool:
+def _answers(status: ClaimStatus, before: ClaimStatus | None) -> bool:
     """Whether `status` answers this submission: a newer status than the claim had, or, for a claim that
     still waits or runs (the broker keeps it and ignores the copy), the one it has."""
     return (before is None or status.get("sequence", 0) > before.get("sequence", 0)
@@ -440,7 +439,7 @@ def _own_tenant_only(url: str, tenant: str) -> None:
         raise typer.Exit(1)
 
 
-def _status_table(statuses: list[dict[str, Any]]) -> Table:
+def _status_table(statuses: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(show_lines=False)
     for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "REASON"):
         table.add_column(column, overflow="fold")

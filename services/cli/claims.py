@@ -38,6 +38,7 @@ from services.cli.common import (
     say_error,
 )
 from shared.contract import subjects
+from shared.contract.messages import ClaimStatus
 from shared.dra.claims import INT32_MAX, INT32_MIN
 
 
@@ -109,7 +110,7 @@ def status(
     """Print claim states. With NAME: exit 1 when no such claim has a status, or when it is Rejected."""
     url = _nats_url(_settings())
 
-    def show(statuses: list[dict[str, Any]]) -> None:
+    def show(statuses: list[ClaimStatus]) -> None:
         if not _emit(statuses, output):
             console.print(_status_table(statuses))
 
@@ -128,7 +129,7 @@ def status(
         return
 
     async def follow() -> None:
-        shown: list[dict[str, Any]] | None = None
+        shown: list[ClaimStatus] | None = None
         async for statuses in watch_statuses(url, tenant or "*", name or "*"):
             if statuses != shown:  # a status sent again unchanged is no news
                 show(statuses)
