@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.dra import model as dra
+from shared.dra import v1 as dra
 from shared.dra.budget import (
     CLAIM_BUDGET,
     ONE_SHOT_BUDGET,

@@ -30,7 +30,7 @@ from shared.dra.cel_errors import Refusal, SelectorError, syntax_error, too_deep
 from shared.dra.cel_library import FUNCTIONS, SemVer, device_activation
 from shared.dra.cel_rewrite import rewrite
 from shared.dra.cel_runtime import ENVIRONMENT, CompiledSelector, EvaluationBudget, evaluate
-from shared.dra.model import MAX_CEL_LENGTH
+from shared.dra.v1 import MAX_CEL_LENGTH
 
 __all__ = ["CompiledSelector", "EvaluationBudget", "SelectorError", "SelectorText", "SemVer",
            "compile_selector", "device_activation", "evaluate", "is_compiled", "selector_text"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from shared.dra import model as dra
+from shared.dra import v1 as dra
 
 
 def _nvidia_class(name: str, device_type: str, extended_resource: str | None = None) -> dra.DeviceClass:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from shared.dra import model as dra
+from shared.dra import v1 as dra
 from shared.dra.budget import STEP
 from shared.dra.inventory import IDENTITY_ATTRIBUTES, UNHEALTHY, Fleet, FleetDevice
 from shared.dra.matching import Selector, SelectorMemo

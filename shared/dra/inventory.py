@@ -13,7 +13,7 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
-from shared.dra import model as dra
+from shared.dra import v1 as dra
 from shared.dra.cel_library import SemVer, device_activation
 from shared.dra.quantity import Quantity, exact, parse_quantity
 

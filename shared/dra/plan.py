@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from shared.dra import model as dra
+from shared.dra import v1 as dra
 from shared.dra.budget import Meter
 from shared.dra.cel import SelectorError, SelectorText, compile_selector, selector_text
 from shared.dra.results import Rejected

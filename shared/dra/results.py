@@ -11,7 +11,7 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
-from shared.dra import model as dra
+from shared.dra import v1 as dra
 from shared.dra.inventory import FleetDevice
 
 DeviceKey = tuple[str, str, str]

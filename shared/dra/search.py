@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared.dra import model as dra
+from shared.dra import v1 as dra
 from shared.dra.budget import Meter
 from shared.dra.inventory import CounterKey, FleetDevice
 from shared.dra.plan import Alternative
