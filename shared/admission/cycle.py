@@ -33,6 +33,7 @@ import itertools
 from dataclasses import replace
 
 from shared.admission.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault_decision
+from shared.admission.holdings import allocated_devices
 from shared.admission.kept import KeptState
 from shared.admission.model import MAX_PREEMPTION_ATTEMPTS, ClaimDecision, ClaimKey, CycleResult, Snapshot
 from shared.admission.passes import admission_pass, preemptors
@@ -73,10 +74,11 @@ def run_cycle(snapshot: Snapshot, kept: KeptState | None = None) -> CycleResult:
 def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
     cycle = state_for(snapshot, kept)
     decided, order = admission_pass(cycle)
-    for key in sorted(cycle.invalid):  # claims Rejected as written, or that their tenant may not send
-        waiting = cycle.waiting[key]
+    queue = cycle.queue
+    for key in sorted(queue.invalid):  # claims Rejected as written, or that their tenant may not send
+        waiting = queue.waiting[key]
         decided.append((waiting, cycle._decide(waiting, None, explain=False), []))
-    for waiting in cycle.unprepared.values():  # their selectors cost more than their tenant had left
+    for waiting in queue.unprepared.values():  # their selectors cost more than their tenant had left
         if not waiting.answered:
             decided.append((waiting, Decision(State.PENDING, reason=cycle.state.cut_reason(None), cut=True), []))
     for waiting in itertools.islice(preemptors(cycle, order), MAX_PREEMPTION_ATTEMPTS):
@@ -87,7 +89,7 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
 
     final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer
     results = []
-    alike = Alike(sum(sum(c.values()) for c in cycle._priorities.values()))  # preemptible claims running
+    alike = Alike(cycle.holdings.preemptible())  # preemptible claims running
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
     for waiting, decision, blocks in final.values():
         decision, detail = cycle.settle(waiting, decision, blocks, alike)
@@ -95,7 +97,7 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
             continue  # its work was cut short only a few cycles in a row: it is answered once it is done
         cycle.answered_with(waiting, decision)
         if decision.allocation is not None:
-            for d in cycle._devices(decision.allocation):
+            for d in allocated_devices(cycle.fleet, decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))
         results.append(ClaimDecision(waiting.tenant, waiting.name, decision, detail))
-    return CycleResult(tuple(results), tuple(cycle.preemptions), flavors, cycle.deferred)
+    return CycleResult(tuple(results), tuple(cycle.preemptions), flavors, cycle.budget.deferred)

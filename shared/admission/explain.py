@@ -122,7 +122,7 @@ def explain_pending(cycle: AdmissionState, waiting: Waiting, decision: Decision,
                     alike: Alike) -> dict[str, Any]:
     """Why the claim waits, as structured data, from the cycle that decided; what it shares with other
     claims' explanations comes from (and goes to) `alike`."""
-    gid = cycle.group_of.get(waiting.key)  # its group is of its tenant and plan
+    gid = cycle.queue.group_of.get(waiting.key)  # its group is of its tenant and plan
     same = (waiting.tenant, waiting.priority, gid, decision.reason)
     found = alike.given.get(same)
     if found is not None:
@@ -158,7 +158,7 @@ def _spec_parts(cycle: AdmissionState, waiting: Waiting, decision: Decision, blo
     capacity = _capacity(cycle, waiting)
     head = {"state": decision.state.value, "reason": decision.reason, "unsatisfiable": decision.unsatisfiable}
     tail = {
-        "flavors": sorted(cycle.claim_flavors(waiting)),  # what its requests accept: the demand it adds
+        "flavors": sorted(cycle.room.claim_facts(waiting).flavors),  # what its requests accept: the demand it adds
         "quota": [b.to_json() for b in blocks],
         "capacity": capacity,
         "preemption": preemption,

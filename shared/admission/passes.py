@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from shared.admission.groups import Heads
+from shared.admission.groups import GroupId, Heads, WaitingGroups
 from shared.admission.holdings import NO_FLAVORS, OutOfRoom
 from shared.admission.model import UNANSWERED, Block, Waiting, queue_entry
 from shared.admission.preemption import prefilter
@@ -30,16 +30,18 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
     spec is open the pass stops, and the tenants left only come in order. So a cycle costs
     O(admitted + trials) plus at most a set lookup per group, whatever the depth of the queue. Returns
     what was decided and the order tenants came in (the claims admitted are `cycle.admitted_now`)."""
-    heads = {t: Heads(q) for t, q in cycle.tenant_heads.items() if q}
+    waiting_groups = cycle.queue
+    waiting_of, tenant_heads = waiting_groups.waiting, waiting_groups.tenant_heads
+    heads = {t: Heads(q) for t, q in tenant_heads.items() if q}
     position: dict[tuple[str, int], int] = {}  # per group: claims admitted from it so far
     book = cycle.book
-    tenants = [(book.share(t), q[0][0][0], q[0][0][1], t) for t, q in cycle.tenant_heads.items() if q]
+    tenants = [(book.share(t), q[0][0][0], q[0][0][1], t) for t, q in tenant_heads.items() if q]
     heapq.heapify(tenants)
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
     first_seen: dict[str, int] = {}
     admitted = cycle.admitted_now  # so far in this cycle (the kept groups change only in begin())
     no_room = cycle.no_room = set()
-    groups = cycle.groups
+    groups = waiting_groups.groups
     quota_dead: set[tuple[str, int]] = set()  # groups their tenant's quota keeps out for the rest of the pass
     # per tenant and flavors a spec accepts: one more than the devices its quota and the idle devices were
     # found to leave over them; as both only shrink in a pass, any spec of as many devices or more over
@@ -50,8 +52,8 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
     no_room_in: dict[str, frozenset[str]] = {}
     quota_full: Callable[[tuple[str, int]], bool] | None = None
     if cycle.snapshot.quotas.enforced:
-        quota_short, idle_of = cycle.quota_short, cycle.book.idle
-        unused, unsized = book.unused, cycle.unsized
+        quota_short, idle_of = cycle.room.quota_short, cycle.book.idle
+        unused, unsized = book.unused, waiting_groups.unsized
 
         def quota_full(gid: tuple[str, int]) -> bool:
             facts = groups[gid].facts
@@ -93,13 +95,13 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
             rest = group.entries[position.get(gid, 0) + 1:]
         elif group.fresh or (verdict and group.cut):
             names = group.fresh | group.cut if verdict else group.fresh
-            rest = sorted(queue_entry(cycle.waiting[(tenant, n)]) for n in names
+            rest = sorted(queue_entry(waiting_of[(tenant, n)]) for n in names
                           if n != head.name and (tenant, n) not in admitted)
         else:
             return
-        decided.extend((cycle.waiting[(tenant, e[2])], decision, blocks) for e in rest)
+        decided.extend((waiting_of[(tenant, e[2])], decision, blocks) for e in rest)
 
-    open_specs = set(cycle.specs)  # plan ids of the specs some node may still have room for
+    open_specs = set(waiting_groups.specs)  # plan ids of the specs some node may still have room for
     cycle.shrinking = {}  # failed placements (see AdmissionState.shrinking)
     try:
         while tenants:
@@ -113,7 +115,7 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
             try:
                 if not queue.skip(no_room, quota_dead, quota_full):  # a head that may fit: tried
                     entry, gid = queue.pop()
-                    waiting = cycle.waiting[(tenant, entry[2])]
+                    waiting = waiting_of[(tenant, entry[2])]
                     decision, blocks = cycle.try_admit(waiting, room_known=True)
                     if decision.allocation is not None:
                         decided.append((waiting, decision, blocks))
@@ -131,22 +133,22 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
                 continue  # its quota has room for none of its groups: it is not ranked again
             if (top := queue.first()) is not None:
                 heapq.heappush(tenants, (book.share(tenant), top[0][0], top[0][1], tenant))
-        for tenant, head, gid in dropped_unanswered(cycle, position, tried):  # quota, a closed spec or out of room
-            refuse(tenant, gid, cycle.waiting[(tenant, head[2])], UNANSWERED, [])
+        for tenant, head, gid in dropped_unanswered(waiting_groups, position, tried):  # quota, a closed spec, no room
+            refuse(tenant, gid, waiting_of[(tenant, head[2])], UNANSWERED, [])
     finally:
         cycle.shrinking, cycle.no_room = None, set()
     return decided, first_seen
 
 
-def dropped_unanswered(cycle: AdmissionState, position: Mapping[tuple[str, int], int],
-                        tried: Collection[tuple[str, int]]) -> list[tuple[str, tuple[int, int, str], tuple[str, int]]]:
+def dropped_unanswered(queue: WaitingGroups, position: Mapping[GroupId, int],
+                       tried: Collection[GroupId]) -> list[tuple[str, tuple[int, int, str], GroupId]]:
     """The groups the pass dropped without a trial that hold claims with no answer yet, with their heads,
     in tenant order, then head order (the rest of the dropped groups keep their answers)."""
     pending = []
-    for gid in list(cycle.fresh_groups):
-        group = cycle.groups.get(gid)
+    for gid in list(queue.fresh_groups):
+        group = queue.groups.get(gid)
         if group is None or not group.fresh:
-            cycle.fresh_groups.discard(gid)
+            queue.fresh_groups.discard(gid)
         elif gid not in tried and (at := position.get(gid, 0)) < len(group.entries):
             pending.append((gid[0], group.entries[at], gid))
     return sorted(pending)
@@ -157,11 +159,12 @@ def preemptors(cycle: AdmissionState, order: Mapping[str, int]) -> Iterable[Wait
     admission pass took them, each tenant's claims by priority, then arrival. Per tenant the walk stops
     at the first claim that can preempt nothing, when no claim after it could either."""
     may_preempt, by_share, lowest = prefilter(cycle)
-    queued = [t for t, heads in cycle.tenant_heads.items() if heads]
+    groups, tenant_heads, waiting_of = cycle.queue.groups, cycle.queue.tenant_heads, cycle.queue.waiting
+    queued = [t for t, heads in tenant_heads.items() if heads]
     for tenant in sorted(queued, key=lambda t: (order.get(t, len(order)), t)):
-        entries = heapq.merge(*(cycle.groups[gid].entries for _, gid in cycle.tenant_heads[tenant]))
+        entries = heapq.merge(*(groups[gid].entries for _, gid in tenant_heads[tenant]))
         for entry in entries:
-            waiting = cycle.waiting[(tenant, entry[2])]
+            waiting = waiting_of[(tenant, entry[2])]
             if waiting.key in cycle.admitted_now:
                 continue
             if may_preempt(waiting):

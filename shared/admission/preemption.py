@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.admission.claim_guard import per_claim
 from shared.admission.flavors import flavor_deltas
-from shared.admission.holdings import NO_VICTIMS, VictimTenants
+from shared.admission.holdings import NO_VICTIMS, allocated_devices
 from shared.admission.model import (
     MAX_PREEMPTION_NODES,
     Preemption,
@@ -39,7 +39,7 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
     book, quotas = state.book, state.snapshot.quotas
     now = state.snapshot.now
     enforced = quotas.enforced
-    flavors, sized = state._facts(preemptor)[:2]
+    flavors, sized = state.room.claim_facts(preemptor)[:2]
     least = sized or 0
     values = [f.value for f in quotas.flavors if f.name in flavors]
     # the preemptor's share after the move is at least this; a victim tenant's must stay at or above it
@@ -47,7 +47,8 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
     cohort = book.cohort_of(preemptor.tenant)
     headroom: bool | None = None
     own_only = _stuck_on_quota(state, preemptor)  # a claim its quota keeps out preempts within its tenant
-    view = _victim_tenants(state)
+    view = state.victim_tenants()
+    by_flavor = state.holdings.by_flavor
     on_hosts: dict[str, list[tuple[Running, str]]] = {}
     units_on: dict[str, float] = defaultdict(float)
     # preempted or admitted in this cycle, or displaced the preemptor once (no back and forth)
@@ -90,9 +91,9 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
         if wanted is None:
             pool = claims
         elif len(wanted) == 1:
-            pool = state.by_flavor[tenant].get(next(iter(wanted)), NO_VICTIMS)
+            pool = by_flavor[tenant].get(next(iter(wanted)), NO_VICTIMS)
         else:  # the tenant's claims per flavor, merged in flavor order (a claim of two flavors once)
-            pools = state.by_flavor[tenant]
+            pools = by_flavor[tenant]
             pool = {}
             for flavor in sorted(wanted, key=str):
                 if found_pool := pools.get(flavor):
@@ -144,14 +145,6 @@ def _note_wait(state: AdmissionState, preemptor: Waiting, tenant: str, rule: str
         state.preemptible_from[preemptor.key] = (free_at, tenant, rule)
 
 
-def _victim_tenants(state: AdmissionState) -> VictimTenants:
-    """The tenants that run claims as preemption sees them: the same for every attempt until one
-    succeeds (a failed search restores what it tried), so worked out once per success."""
-    if state._victim_view is None:
-        state._victim_view = VictimTenants(state.book, state.victims)
-    return state._victim_view
-
-
 def _stuck_on_quota(state: AdmissionState, waiting: Waiting) -> bool:
     """Its quota keeps the claim out whatever other tenants' claims are evicted: only its own tenant's
     claims could give quota back. Either its borrowingLimits stop it, or what it may take now is too
@@ -160,13 +153,13 @@ def _stuck_on_quota(state: AdmissionState, waiting: Waiting) -> bool:
     book, tenant = state.book, waiting.tenant
     if not state.snapshot.quotas.enforced:
         return False
-    facts = state._facts(waiting)
+    facts = state.room.claim_facts(waiting)
     flavors, least = facts[0], facts[1] or 0
     if not flavors or least <= 0:
         return False
     if sum(book.room(tenant, f, lent_only=False) for f in flavors) < least:
         return True  # its borrowingLimits stop it, whatever is lent
-    if state.quota_short(tenant, facts) is None or any(book.over[f] > 0 for f in flavors):
+    if state.room.quota_short(tenant, facts) is None or any(book.over[f] > 0 for f in flavors):
         return False
     members = book.members[book.cohort_of(tenant)]
     return not any(m != tenant and book.borrowing(m, f) > 0 for m in members for f in flavors)
@@ -184,9 +177,9 @@ def prefilter(state: AdmissionState) -> tuple[Callable[[Waiting], bool], Callabl
     enforced = state.snapshot.quotas.enforced
     fresh: dict[str, Counter[int]] = defaultdict(Counter)  # admitted in this cycle: not candidates
     for key in state.admitted_now:
-        if (admitted := state.running[key]).preemptible:
+        if (admitted := state.holdings.running[key]).preemptible:
             fresh[admitted.tenant][admitted.priority] += 1
-    for tenant, counts in state._priorities.items():  # preemptible claims that ran before this cycle
+    for tenant, counts in state.holdings.priorities.items():  # preemptible claims that ran before this cycle
         live = [p for p, n in counts.items() if n - fresh[tenant][p] > 0]
         if not live:
             continue
@@ -222,14 +215,15 @@ def prefilter(state: AdmissionState) -> tuple[Callable[[Waiting], bool], Callabl
         return by_fair_share(tenant) or by_reclaim(tenant)
 
     stuck: dict[Any, bool] = {}  # per group: its tenant's quota and its spec decide it alike
+    group_of, claim_facts = state.queue.group_of, state.room.claim_facts
 
     def test(waiting: Waiting) -> bool:
         """A claim its quota keeps out may only preempt lower-priority claims of its own tenant."""
         if lowest.get(waiting.tenant, waiting.priority) < waiting.priority:
             return True
-        if not (by_fair_share(waiting.tenant) or by_reclaim(waiting.tenant, state._facts(waiting).flavors)):
+        if not (by_fair_share(waiting.tenant) or by_reclaim(waiting.tenant, claim_facts(waiting).flavors)):
             return False
-        gid = state.group_of.get(waiting.key)
+        gid = group_of.get(waiting.key)
         found = stuck.get(gid)
         if found is None:
             found = stuck[gid] = _stuck_on_quota(state, waiting)
@@ -241,15 +235,16 @@ def prefilter(state: AdmissionState) -> tuple[Callable[[Waiting], bool], Callabl
 @per_claim
 def try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
     """The smallest set of victims that lets the claim in, if any; the search is paid for by the claim's
-    tenant (AdmissionState.paying): a claim whose placements are expensive finds no victims once its
+    tenant (PlacementBudget.paying): a claim whose placements are expensive finds no victims once its
     tenant's budget for the cycle is spent."""
-    if state.put_off(waiting) is not None:
+    budget = state.budget
+    if budget.put_off(waiting) is not None:
         return None
-    with state.paying(waiting):
+    with budget.paying(waiting):
         try:
             return _try_preempt(state, waiting)
         except BudgetExceeded:
-            state.deferred += 1
+            budget.deferred += 1
             return None
 
 
@@ -306,7 +301,7 @@ def _accepted_on(state: AdmissionState, index: Any, node: str) -> frozenset[Devi
 
 
 def _units(state: AdmissionState, r: Running) -> float:
-    return state._holding(r).units
+    return state.holdings.holding(r).units
 
 
 def _victim_order(state: AdmissionState, r: Running) -> tuple[float, int, int]:
@@ -314,12 +309,12 @@ def _victim_order(state: AdmissionState, r: Running) -> tuple[float, int, int]:
 
 
 def _evict(state: AdmissionState, victim: Running) -> None:
-    state._drop(victim)
+    state.holdings.drop(victim)
     state.preempted.add(victim.key)
 
 
 def _restore(state: AdmissionState, victim: Running) -> None:
-    state._hold(victim)
+    state.holdings.hold(victim)
     state.preempted.discard(victim.key)
 
 
@@ -328,7 +323,7 @@ def _fits_with(state: AdmissionState, waiting: Waiting, victims: Sequence[tuple[
     decision, blocks = state.try_admit(waiting)
     if decision.allocation is None or blocks:
         return None
-    devices = state._devices(decision.allocation)
+    devices = allocated_devices(state.fleet, decision.allocation)
     deltas = flavor_deltas(devices, state.flavors)
     units = sum(state.flavors.units_of(d) for d in devices)
     weight = state.book.weight(waiting.tenant)
@@ -354,16 +349,17 @@ def _victims_on(state: AdmissionState, waiting: Waiting, candidates: list[tuple[
     taken: list[tuple[Running, str]] = []
     in_book_only: list[Running] = []
     allocation = None
-    facts = state._facts(waiting)
+    facts = state.room.claim_facts(waiting)
+    quota_short, count = state.room.quota_short, state.holdings.count
     try:
         for candidate in candidates:
-            state._count(candidate[0], -1)
+            count(candidate[0], -1)
             in_book_only.append(candidate[0])
             taken.append(candidate)
-            if state.quota_short(waiting.tenant, facts, idle=True) is not None:
+            if quota_short(waiting.tenant, facts, idle=True) is not None:
                 continue
             for victim in in_book_only:
-                state._count(victim, 1)
+                count(victim, 1)
                 _evict(state, victim)
             in_book_only.clear()
             allocation = _fits_with(state, waiting, taken)
@@ -383,7 +379,7 @@ def _victims_on(state: AdmissionState, waiting: Waiting, candidates: list[tuple[
     finally:
         for victim, _ in taken:
             if victim in in_book_only:
-                state._count(victim, 1)
+                count(victim, 1)
             else:
                 _restore(state, victim)
 

@@ -317,20 +317,22 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
         state.begin(snapshot)  # the kept state, brought back to the snapshot (the cycle moved it on)
         assert {k: n for k, n in state.book.used.items() if n} == {k: n for k, n in fresh.book.used.items() if n}
         assert state.state.in_use == fresh.state.in_use
-        assert {t: dict(c) for t, c in state.victims.items() if c} == {t: dict(c) for t, c in
-                                                                         fresh.victims.items() if c}
-        assert ({(t, f): dict(c) for t, pools in state.by_flavor.items() for f, c in pools.items() if c}
-                == {(t, f): dict(c) for t, pools in fresh.by_flavor.items() for f, c in pools.items() if c})
-        assert {t: +c for t, c in state._priorities.items() if +c} == {t: +c for t, c in
-                                                                        fresh._priorities.items() if +c}
+        held_now, held_afresh = state.holdings, fresh.holdings
+        assert {t: dict(c) for t, c in held_now.victims.items() if c} == {t: dict(c) for t, c in
+                                                                        held_afresh.victims.items() if c}
+        assert ({(t, f): dict(c) for t, pools in held_now.by_flavor.items() for f, c in pools.items() if c}
+                == {(t, f): dict(c) for t, pools in held_afresh.by_flavor.items() for f, c in pools.items() if c})
+        assert {t: +c for t, c in held_now.priorities.items() if +c} == {t: +c for t, c in
+                                                                      held_afresh.priorities.items() if +c}
         assert {t: n for t, n in state.book.borrowed_count.items() if n} == {
             t: n for t, n in fresh.book.borrowed_count.items() if n}
-        groups = {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in state.groups.values()}
-        assert ({t: [e for e, _ in q] for t, q in state.tenant_heads.items() if q}
-                == {t: [e for e, _ in q] for t, q in fresh.tenant_heads.items() if q}
-                == {t: sorted(g.entries[0] for g in fresh.groups.values() if g.tenant == t)
-                    for t in {g.tenant for g in fresh.groups.values()}})
-        assert groups == {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in fresh.groups.values()}
+        queue, queue_afresh = state.queue, fresh.queue
+        groups = {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in queue.groups.values()}
+        assert ({t: [e for e, _ in q] for t, q in queue.tenant_heads.items() if q}
+                == {t: [e for e, _ in q] for t, q in queue_afresh.tenant_heads.items() if q}
+                == {t: sorted(g.entries[0] for g in queue_afresh.groups.values() if g.tenant == t)
+                    for t in {g.tenant for g in queue_afresh.groups.values()}})
+        assert groups == {(g.tenant, tuple(g.entries), frozenset(g.fresh)) for g in queue_afresh.groups.values()}
         shell.settle(result)
         held = Counter(k for r in shell.running.values() for k in r.allocation.keys)
         assert not [k for k, n in held.items() if n > 1], "a device was allocated twice"
@@ -484,7 +486,7 @@ def test_a_placement_needs_room_and_idle_devices_of_one_flavor_set(u_holds: int,
     run_cycle(Snapshot(f, BUILTIN_CLASSES, config, running, ()), memo)
     cycle = memo.admission
     assert cycle is not None
-    facts = cycle.plan_facts(cycle.state.plan(claim.claim))
+    facts = cycle.room.plan_facts(cycle.state.plan(claim.claim))
     assert facts.flavors == {"H100", "B200"}
-    assert (cycle.quota_short("t", facts, idle=True) is None) is may
+    assert (cycle.room.quota_short("t", facts, idle=True) is None) is may
     assert cycle.book.idle("H100") == 4 - u_holds and cycle.book.idle("B200") == 4
