@@ -22,12 +22,12 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.natsio import DirectGetError, connect, last_messages
 from shared.contract import bus_auth, subjects
 from shared.ledger.bus_credentials import active_users, credential_tenants, hash_password, new_password, revision
 from shared.ledger.engine import sessions
+from shared.ledger.handles import AsyncEngine
 from shared.settings import BrokerSettings
 
 log = logging.getLogger("claimbroker.bus-auth")

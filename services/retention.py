@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from shared.ledger.handles import AsyncSession
 
 Prune = Callable[[AsyncSession, datetime, int], Awaitable[int]]  # (session, before, at most) -> rows gone
 

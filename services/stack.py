@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from services.allocator import app as allocator_app
 from services.allocator.service import Allocator
 from services.bus_authority import BusAuthority, Identity, Provisioner, admin_password, tenant_limits
@@ -25,6 +23,7 @@ from shared.contract import bus_auth
 from shared.dra.inventory import Fleet
 from shared.ledger.bus_credentials import new_password
 from shared.ledger.engine import create_engine, migrate
+from shared.ledger.handles import AsyncEngine, LedgerError, masked_url
 from shared.settings import BrokerSettings
 
 log = logging.getLogger("claimbroker")
@@ -109,13 +108,10 @@ class LedgerUnreachable(StartRefused):
 
 async def _migrate_or_refuse(db_url: str) -> None:
     """The ledger migrated; unreachable, it is one line with the password hidden (exit 3 in `up`)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import DBAPIError
-
     try:
         await migrate(db_url)
-    except (OSError, DBAPIError) as error:
-        shown = make_url(db_url).render_as_string(hide_password=True)
+    except (OSError, LedgerError) as error:
+        shown = masked_url(db_url)
         why = " ".join(str(getattr(error, "orig", None) or error).split()) or type(error).__name__
         raise LedgerUnreachable(f"cannot reach the ledger at {shown}: {why}") from None
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import Field
-from sqlalchemy import func, select
 
 from services.admin_api.common import PROBLEMS, Caller, Model, Session, Stamp
-from shared.ledger.schema import AlertRecord
+from shared.ledger.alerts import open_counts
 
 router = APIRouter(responses=PROBLEMS)
 
@@ -27,14 +26,7 @@ class AlertCount(Model):
 async def count_open_alerts(s: Session, token: Caller) -> list[AlertCount]:
     """Open alerts per kind, severity, tenant and flavor. A scoped viewer counts its tenant's only, as
     /v1/alerts lists them."""
-    flavor = AlertRecord.labels["flavor"].as_string()
-    query = (select(AlertRecord.kind, AlertRecord.severity, AlertRecord.tenant, flavor, func.count(),
-                    func.max(AlertRecord.last_seen))
-             .where(AlertRecord.resolved.is_(False))
-             .group_by(AlertRecord.kind, AlertRecord.severity, AlertRecord.tenant, flavor))
-    if token.tenant is not None:
-        query = query.where(AlertRecord.tenant == token.tenant)
-    rows = [AlertCount(kind=kind, severity=severity, tenant=tenant, flavor=flavor_name, open=n, last_seen=last)
-            for kind, severity, tenant, flavor_name, n, last in await s.execute(query)]
+    rows = [AlertCount(kind=c.kind, severity=c.severity, tenant=c.tenant, flavor=c.flavor, open=c.open,
+                       last_seen=c.last_seen) for c in await open_counts(s, token.tenant)]
     rows.sort(key=lambda r: (r.kind, r.severity, r.tenant or "", r.flavor or ""))
     return rows

@@ -14,8 +14,6 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.admin_api import (
@@ -37,6 +35,7 @@ from services.admin_api.offload import AdminWorkers, BodyLimit, Limits, Reach, v
 from services.admin_api.page import USAGE_PAGE
 from shared.dra.inventory import Fleet
 from shared.ledger.engine import sessions
+from shared.ledger.handles import AsyncEngine, ping
 
 
 def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitable[None]] | None = None,
@@ -120,7 +119,7 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     @app.get("/readyz", responses={503: {"description": "the ledger does not answer"}})
     async def readyz(s: Session) -> JSONResponse:
         try:
-            await s.execute(text("SELECT 1"))
+            await ping(s)
         except Exception as error:  # any failure means not ready
             return problem(503, "ledger unavailable", type(error).__name__)
         return JSONResponse({"status": "ready"})

@@ -7,11 +7,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import Field
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.admin_api.common import PROBLEMS, Caller, Model, Name, Principal, Session, Stamp, admin, visible
-from shared.ledger.schema import AlertRecord, AuditEntry, Claim, ClaimEvent, DeadLetter
+from shared.ledger import alerts, audit, dead_letters
+from shared.ledger.claim_listing import ClaimFilter, claim_events, claim_named, claim_page
+from shared.ledger.handles import AsyncSession
+from shared.ledger.schema import Claim
 
 router = APIRouter(responses=PROBLEMS)
 Limit = Annotated[int, Query(ge=1, le=1000)]
@@ -91,26 +92,13 @@ async def list_claims(s: Session, token: Caller, namespace: str | None = None, s
                       cursor: Cursor = None,
                       ) -> ClaimPage:
     """Oldest first (by id), one page at a time."""
-    query = select(Claim).order_by(Claim.id).limit(limit + 1)
-    if token.tenant is not None:
-        query = query.where(Claim.namespace == token.tenant)
-    if namespace:
-        query = query.where(Claim.namespace == namespace)
-    if state:
-        query = query.where(Claim.state == state)
-    if node:
-        query = query.where(Claim.node == node)
-    if cursor is not None:
-        query = query.where(Claim.id > cursor)
-    rows = list(await s.scalars(query))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return ClaimPage(items=[ClaimOut.model_validate(c) for c in rows], next=rows[-1].id if more else None)
+    rows, following = await claim_page(s, ClaimFilter(token.tenant, namespace, state, node), limit, cursor)
+    return ClaimPage(items=[ClaimOut.model_validate(c) for c in rows], next=following)
 
 
 async def _claim(s: AsyncSession, token: Principal, namespace: str, name: str) -> Claim:
     visible(token, namespace)
-    row = await s.scalar(select(Claim).where(Claim.namespace == namespace, Claim.name == name))
+    row = await claim_named(s, namespace, name)
     if row is None:
         raise HTTPException(404, f"claim {namespace}/{name} not found")
     return row
@@ -119,8 +107,7 @@ async def _claim(s: AsyncSession, token: Principal, namespace: str, name: str) -
 @router.get("/v1/claims/{namespace}/{name}", response_model=ClaimDetail, tags=["claims"])
 async def get_claim(namespace: Name, name: Name, s: Session, token: Caller) -> ClaimDetail:
     row = await _claim(s, token, namespace, name)
-    events = await s.scalars(select(ClaimEvent).where(ClaimEvent.claim_id == row.id)
-                             .order_by(ClaimEvent.sequence, ClaimEvent.id))
+    events = await claim_events(s, row.id)
     return ClaimDetail.model_validate({**ClaimOut.model_validate(row).model_dump(),
                                        "history": [EventOut.model_validate(e) for e in events]})
 
@@ -138,14 +125,8 @@ async def list_alerts(s: Session, token: Caller, kind: str | None = None, resolv
                       limit: Limit = 100) -> list[AlertOut]:
     """Newest first. A scoped viewer sees its tenant's alerts only, not fleet-wide ones (nodes,
     devices), which name no tenant."""
-    query = select(AlertRecord).order_by(AlertRecord.last_seen.desc(), AlertRecord.id.desc()).limit(limit)
-    if token.tenant is not None:
-        query = query.where(AlertRecord.tenant == token.tenant)
-    if kind:
-        query = query.where(AlertRecord.kind == kind)
-    if resolved is not None:
-        query = query.where(AlertRecord.resolved == resolved)
-    return [AlertOut.model_validate(a) for a in await s.scalars(query)]
+    rows = await alerts.latest_alerts(s, limit, tenant=token.tenant, kind=kind, resolved=resolved)
+    return [AlertOut.model_validate(a) for a in rows]
 
 
 class DeadLetterOut(Model):
@@ -166,13 +147,10 @@ class DeadLetterOut(Model):
 async def list_dead_letters(s: Session, token: Caller, limit: Limit = 100) -> list[DeadLetterOut]:
     """Newest first; admins only, since a message may be any tenant's."""
     admin(token)
-    head = func.substr(DeadLetter.payload, 1, 8000).label("head")  # a payload may be a megabyte: read its head
-    rows = await s.execute(select(DeadLetter.id, DeadLetter.consumer, DeadLetter.message_id, DeadLetter.subject,
-                                  DeadLetter.payload_size, head, DeadLetter.error, DeadLetter.deliveries,
-                                  DeadLetter.created_at).order_by(DeadLetter.id.desc()).limit(limit))
     return [DeadLetterOut(id=r.id, consumer=r.consumer, message_id=r.message_id, subject=r.subject,
-                          payload_size=r.payload_size, payload_preview=bytes(r.head).decode("utf-8", "replace")[:2000],
-                          error=r.error, deliveries=r.deliveries, created_at=r.created_at) for r in rows]
+                          payload_size=r.payload_size, payload_preview=r.payload_head.decode("utf-8", "replace")[:2000],
+                          error=r.error, deliveries=r.deliveries, created_at=r.created_at)
+            for r in await dead_letters.latest_dead_letters(s, limit)]
 
 
 @router.get("/v1/audit", response_model=list[AuditOut], tags=["audit"])
@@ -181,8 +159,4 @@ async def list_audit(s: Session, token: Caller, limit: Limit = 100,
                      ) -> list[AuditOut]:
     """Newest first; admins only, since it shows every tenant's settings."""
     admin(token)
-    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
-    if entity:
-        escaped = entity.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        query = query.where(AuditEntry.entity.like(f"{escaped}%", escape="\\"))
-    return [AuditOut.model_validate(e) for e in await s.scalars(query)]
+    return [AuditOut.model_validate(e) for e in await audit.latest_entries(s, limit, entity)]

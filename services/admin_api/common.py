@@ -16,10 +16,10 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 from pydantic.alias_generators import to_camel
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.dra import model as dra
-from shared.ledger.schema import AuditEntry
+from shared.ledger import audit as audit_log
+from shared.ledger.handles import AsyncSession
 from shared.ledger.tokens import lookup_token
 
 PROBLEM = "application/problem+json"
@@ -178,4 +178,4 @@ def visible(token: Principal, tenant: str) -> None:
 
 def audit(s: AsyncSession, token: Principal, action: str, entity: str,
           before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
-    s.add(AuditEntry(actor=token.actor, action=action, entity=entity, before=before, after=after))
+    audit_log.record(s, token.actor, action, entity, before, after)

@@ -28,8 +28,7 @@ from nats.aio.msg import Msg
 
 from services.admin_api.common import PROBLEMS, Caller, Principal
 from shared.contract import subjects
-from shared.ledger.schema import ApiToken
-from shared.ledger.tokens import usable
+from shared.ledger.tokens import still_usable
 
 log = logging.getLogger("claimbroker.admin_api")
 router = APIRouter(responses=PROBLEMS)
@@ -199,5 +198,4 @@ async def _stream(request: Request, feed: LiveFeed, listener: Listener, token: P
 
 async def _still_usable(request: Request, token: Principal) -> bool:
     async with request.app.state.sessions() as s:
-        row = await s.get(ApiToken, token.id)
-        return row is not None and usable(row)
+        return await still_usable(s, token.id)

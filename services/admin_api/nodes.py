@@ -16,12 +16,11 @@ from collections.abc import Mapping
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import Field
-from sqlalchemy import select
 
 from services.admin_api.common import PROBLEMS, Caller, Model, Session
 from shared.dra.inventory import THROTTLED, UNHEALTHY, Fleet, FleetDevice
 from shared.fleet.freshness import iso, judge
-from shared.ledger.schema import Claim, DeviceAllocation
+from shared.ledger.holdings import device_holders
 
 router = APIRouter(responses=PROBLEMS)
 
@@ -62,9 +61,7 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
     fleet = await fleet_of()
     heard = last_heard_of(request, fleet)
     ttl = float(getattr(request.app.state, "inventory_ttl", 90.0))
-    held = {(driver, pool, device): (tenant, name) for driver, pool, device, tenant, name in await s.execute(
-        select(DeviceAllocation.driver, DeviceAllocation.pool, DeviceAllocation.device, Claim.namespace, Claim.name)
-        .join(Claim, Claim.id == DeviceAllocation.claim_id))}
+    held = await device_holders(s)
     now = time.time()
     out = []
     for name, node in fleet.nodes.items():

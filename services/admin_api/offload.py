@@ -37,11 +37,11 @@ from typing import Any
 import orjson
 from fastapi import HTTPException, Request
 from fastapi.responses import Response
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admin_api.common import PROBLEM, Problem, phrase, problem
 from services.logs import mask_last_resort
+from shared.ledger.handles import SessionFactory
 from shared.settings import BrokerSettings
 
 log = logging.getLogger("claimbroker.admin")
@@ -124,7 +124,7 @@ Job = Callable[..., Awaitable[Answer]]
 
 
 @contextlib.asynccontextmanager
-async def ledger(reach: Reach) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+async def ledger(reach: Reach) -> AsyncIterator[SessionFactory]:
     """The job's own engine on the broker's ledger, for the job's life."""
     from shared.ledger.engine import create_engine, sessions
 

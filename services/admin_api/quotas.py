@@ -15,16 +15,16 @@ import yaml
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import Field
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.admin_api.common import INT32_MAX, PROBLEMS, Caller, Model, Problem, Session, admin, problem_doc
 from services.admin_api.offload import Answer, Limits, Reach, ledger, workers
 from shared.admission.quota import QuotaConfig, QuotaFileError, parse_quotas
 from shared.dra import model as dra
 from shared.dra.cel import SelectorError, compile_selector
+from shared.ledger.handles import AsyncSession
+from shared.ledger.holdings import devices_by_claim_and_flavor, use_by_tenant_and_flavor
+from shared.ledger.pending import pending_documents
 from shared.ledger.quota_store import apply_quota_config, load_quota_config, quota_changes, read_quota_rows
-from shared.ledger.schema import Claim, DeviceAllocation
 
 router = APIRouter(tags=["quotas"], responses=PROBLEMS)
 YAML = "application/yaml"
@@ -120,14 +120,6 @@ def requested_devices(document: Any) -> int:
     return total
 
 
-async def _usage(s: AsyncSession) -> dict[tuple[str, str | None], tuple[int, float]]:
-    units = func.coalesce(func.sum(DeviceAllocation.units), 0)
-    query = (select(Claim.namespace, DeviceAllocation.flavor, func.count(), units)
-             .join(Claim, Claim.id == DeviceAllocation.claim_id)
-             .group_by(Claim.namespace, DeviceAllocation.flavor))
-    return {(ns, flavor): (int(n), float(units)) for ns, flavor, n, units in await s.execute(query)}
-
-
 def _visible(rows: Iterable[Any], tenant: str | None) -> list[Any]:
     return [r for r in rows if tenant is None or r.tenant == tenant]
 
@@ -137,12 +129,11 @@ async def usage(s: Session, token: Caller) -> UsageOut:
     """Per tenant and flavor. `lent`, per cohort and flavor: a tenant's unused nominal quota (at most its
     lendingLimit) that the others' borrowing uses, min(unused, borrowed by the others)."""
     config = await load_quota_config(s)
-    used = await _usage(s)
+    used = await use_by_tenant_and_flavor(s)
     pending: dict[str, list[float]] = {}
     values = {f.name: f.value for f in config.flavors}
     wanted: dict[tuple[str, str | None], list[float]] = {}
-    for ns, spec, explain in await s.execute(
-            select(Claim.namespace, Claim.spec, Claim.explain).where(Claim.state == "Pending")):
+    for ns, spec, explain in await pending_documents(s):
         devices = requested_devices(spec)
         accepted = [f for f in (explain or {}).get("flavors") or [] if f in values]
         flavor = min(accepted, key=lambda f: (values[f], f)) if accepted else None
@@ -283,15 +274,9 @@ def parse_import(body: bytes, limits: Limits) -> QuotaConfig:
 async def exceeding(s: AsyncSession, config: QuotaConfig) -> list[ExceedingOut]:
     """Tenants holding more devices of a flavor than nominal + borrowingLimit (an unset borrowingLimit
     has no cap), with the claims that hold them."""
-    query = (select(Claim.namespace, Claim.name, DeviceAllocation.flavor, func.count())
-             .join(Claim, Claim.id == DeviceAllocation.claim_id)
-             .where(DeviceAllocation.flavor.is_not(None))
-             .group_by(Claim.namespace, Claim.name, DeviceAllocation.flavor)
-             .order_by(Claim.namespace, DeviceAllocation.flavor, Claim.name))
     holders: dict[tuple[str, str], list[HolderOut]] = {}
-    for ns, name, flavor, n in await s.execute(query):
-        assert flavor is not None
-        holders.setdefault((ns, flavor), []).append(HolderOut(namespace=ns, name=name, devices=int(n)))
+    for ns, name, flavor, n in await devices_by_claim_and_flavor(s):
+        holders.setdefault((ns, flavor), []).append(HolderOut(namespace=ns, name=name, devices=n))
     out = []
     for (tenant, flavor), claims in holders.items():
         limit = config.tenant(tenant).limit(flavor)

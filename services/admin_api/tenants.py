@@ -8,8 +8,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, HTTPException
 from pydantic import Field
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.admin_api.common import (
     INT32_MAX,
@@ -30,9 +28,11 @@ from services.admin_api.common import (
 )
 from shared.admission.quota import BUILTIN_FLAVORS
 from shared.dra.cel import SelectorError, compile_selector
+from shared.ledger import flavors, quotas, tenants
+from shared.ledger.handles import AsyncSession
 from shared.ledger.quota_store import cohort_json, flavor_json, load_quota_config, quota_json, tenant_json
-from shared.ledger.schema import Cohort, Quota, Tenant
-from shared.ledger.schema import Flavor as FlavorRow
+from shared.ledger.schema import Tenant
+from shared.ledger.tenants import TenantSettings
 
 router = APIRouter(responses=PROBLEMS)
 MAX_SECONDS = 10 * 365 * 86400.0  # ten years
@@ -112,7 +112,7 @@ def tenant_out(row: Tenant) -> TenantOut:
 
 
 async def _tenant_or_404(s: AsyncSession, name: str) -> Tenant:
-    row = await s.get(Tenant, name)
+    row = await tenants.tenant(s, name)
     if row is None:
         raise HTTPException(404, f"tenant {name!r} not found")
     return row
@@ -123,10 +123,7 @@ async def _tenant_or_404(s: AsyncSession, name: str) -> Tenant:
 
 @router.get("/v1/tenants", response_model=list[TenantOut], tags=["tenants"])
 async def list_tenants(s: Session, token: Caller) -> list[TenantOut]:
-    query = select(Tenant).order_by(Tenant.name)
-    if token.tenant is not None:
-        query = query.where(Tenant.name == token.tenant)
-    return [tenant_out(t) for t in await s.scalars(query)]
+    return [tenant_out(t) for t in await tenants.tenants(s, token.tenant)]
 
 
 @router.get("/v1/tenants/{name}", response_model=TenantOut, tags=["tenants"])
@@ -140,21 +137,10 @@ async def put_tenant(name: LabelName, body: TenantIn, s: Session, token: Caller)
     """Create or replace. The name is the tenant's namespace, so a DNS label. A cohort named for the first
     time is created here, in the same write (and audit row) as the tenant, so no separate step is needed."""
     admin(token)
+    settings = TenantSettings(body.cohort, body.weight, body.pending_alert_after, body.admin_access, body.max_pending,
+                              body.min_runtime, body.max_preemptions_per_minute)
     async with s.begin():
-        if body.cohort is not None and await s.get(Cohort, body.cohort) is None:
-            s.add(Cohort(name=body.cohort))
-            await s.flush()
-        row = await s.get(Tenant, name)
-        before = tenant_json(row) if row is not None else None
-        if row is None:
-            row = Tenant(name=name)
-            s.add(row)
-        row.cohort, row.weight = body.cohort, body.weight
-        row.pending_alert_after_s = body.pending_alert_after
-        row.admin_access = body.admin_access
-        row.max_pending = body.max_pending
-        row.min_runtime_s = body.min_runtime
-        row.max_preemptions_per_minute = body.max_preemptions_per_minute
+        before, row = await tenants.put_tenant(s, name, settings)
         after = tenant_out(row)
         audit(s, token, "put", f"tenant/{name}", before, dump(after))
     return after
@@ -166,29 +152,23 @@ async def delete_tenant(name: Name, s: Session, token: Caller) -> None:
     admin(token)
     async with s.begin():
         row = await _tenant_or_404(s, name)
-        for quota in await s.scalars(select(Quota).where(Quota.tenant == name).order_by(Quota.flavor)):
-            audit(s, token, "delete", f"quota/{name}/{quota.flavor}", quota_json(quota), None)
-            await s.delete(quota)
-        audit(s, token, "delete", f"tenant/{name}", tenant_json(row), None)
-        await s.delete(row)
+        before = tenant_json(row)
+        for quota in await tenants.delete_tenant(s, row):
+            audit(s, token, "delete", f"quota/{name}/{quota['flavor']}", quota, None)
+        audit(s, token, "delete", f"tenant/{name}", before, None)
 
 
 # --- cohorts ------------------------------------------------------------------------------------------
-
-
-async def _members(s: AsyncSession, cohort: str) -> list[str]:
-    """The tenants of a cohort, by name."""
-    return list(await s.scalars(select(Tenant.name).where(Tenant.cohort == cohort).order_by(Tenant.name)))
 
 
 @router.get("/v1/cohorts", response_model=list[CohortOut], tags=["cohorts"])
 async def list_cohorts(s: Session, token: Caller) -> list[CohortOut]:
     """A scoped viewer sees its own tenant's cohort only, with only its own tenant in it."""
     members: dict[str, list[str]] = {}
-    for tenant, cohort in await s.execute(select(Tenant.name, Tenant.cohort).order_by(Tenant.name)):
+    for tenant, cohort in await tenants.tenant_cohorts(s):
         if cohort is not None and (token.tenant is None or tenant == token.tenant):
             members.setdefault(cohort, []).append(tenant)
-    names = list(await s.scalars(select(Cohort.name).order_by(Cohort.name)))
+    names = await tenants.cohort_names(s)
     if token.tenant is not None:
         names = [n for n in names if n in members]
     return [CohortOut(name=n, tenants=members.get(n, [])) for n in names]
@@ -199,11 +179,10 @@ async def put_cohort(name: LabelName, s: Session, token: Caller,
                      body: Annotated[CohortIn | None, Body()] = None) -> CohortOut:
     admin(token)
     async with s.begin():
-        if await s.get(Cohort, name) is None:
-            s.add(Cohort(name=name))
+        if await tenants.add_cohort(s, name):
             audit(s, token, "put", f"cohort/{name}", None, cohort_json(name))
-        tenants = await _members(s, name)
-    return CohortOut(name=name, tenants=tenants)
+        members = await tenants.members(s, name)
+    return CohortOut(name=name, tenants=members)
 
 
 @router.delete("/v1/cohorts/{name}", status_code=204, tags=["cohorts"],
@@ -211,15 +190,14 @@ async def put_cohort(name: LabelName, s: Session, token: Caller,
 async def delete_cohort(name: Name, s: Session, token: Caller) -> None:
     admin(token)
     async with s.begin():
-        row = await s.get(Cohort, name)
-        if row is None:
+        if not await tenants.cohort_exists(s, name):
             raise HTTPException(404, f"cohort {name!r} not found")
-        users = await _members(s, name)
+        users = await tenants.members(s, name)
         if users:
             raise Problem(409, "cohort in use", f"cohort {name!r} still has tenants: {', '.join(users)}; "
                                                 "move them to another cohort first")
         audit(s, token, "delete", f"cohort/{name}", cohort_json(name), None)
-        await s.delete(row)
+        await tenants.delete_cohort(s, name)
 
 
 # --- flavors ------------------------------------------------------------------------------------------
@@ -228,7 +206,7 @@ async def delete_cohort(name: Name, s: Session, token: Caller) -> None:
 @router.get("/v1/flavors", response_model=list[FlavorOut], tags=["flavors"])
 async def list_flavors(s: Session, token: Caller) -> list[FlavorOut]:
     """In effective order: a device counts against the first flavor whose selector accepts it."""
-    rows = {f.name: f for f in await s.scalars(select(FlavorRow))}
+    rows = await flavors.flavor_rows(s)
     config = await load_quota_config(s)
     return [FlavorOut(name=f.name, selector=f.selector, value=f.value, built_in=f.name not in rows,
                       position=rows[f.name].position if f.name in rows else None) for f in config.flavors]
@@ -245,15 +223,7 @@ async def put_flavor(name: Name, body: FlavorIn, s: Session, token: Caller) -> F
     except SelectorError as error:
         raise Problem(422, "invalid selector", f"selector: {error}") from None
     async with s.begin():
-        row = await s.get(FlavorRow, name)
-        before = flavor_json(row) if row is not None else None
-        if row is None:
-            last = await s.scalar(select(func.max(FlavorRow.position)))
-            row = FlavorRow(name=name, position=(last + 1) if last is not None else 0)
-            s.add(row)
-        row.selector, row.value = body.selector, body.value
-        if body.position is not None:
-            row.position = body.position
+        before, row = await flavors.put_flavor(s, name, body.selector, body.value, body.position)
         audit(s, token, "put", f"flavor/{name}", before, flavor_json(row))
         out = FlavorOut(name=name, selector=row.selector, value=row.value, built_in=False, position=row.position)
     return out
@@ -265,19 +235,19 @@ async def delete_flavor(name: Name, s: Session, token: Caller) -> None:
     """Deleting a redefined built-in restores the built-in. A custom flavor that quotas use stays."""
     admin(token)
     async with s.begin():
-        row = await s.get(FlavorRow, name)
+        row = await flavors.flavor_row(s, name)
         if row is None:
             if name in BUILTIN:
                 raise Problem(409, "built-in flavor", f"flavor {name!r} is built in and cannot be deleted; "
                                                       "PUT it to redefine it")
             raise HTTPException(404, f"flavor {name!r} not found")
         if name not in BUILTIN:
-            users = list(await s.scalars(select(Quota.tenant).where(Quota.flavor == name).order_by(Quota.tenant)))
+            users = await quotas.tenants_using(s, name)
             if users:
                 raise Problem(409, "flavor in use", f"flavor {name!r} is used by the quotas of "
                                                     f"{', '.join(users)}; delete those first")
         audit(s, token, "delete", f"flavor/{name}", flavor_json(row), None)
-        await s.delete(row)
+        await flavors.delete_flavor(s, row)
 
 
 # --- quotas -------------------------------------------------------------------------------------------
@@ -285,18 +255,14 @@ async def delete_flavor(name: Name, s: Session, token: Caller) -> None:
 
 @router.get("/v1/quotas", response_model=list[QuotaOut], tags=["quotas"])
 async def list_all_quotas(s: Session, token: Caller) -> list[QuotaOut]:
-    query = select(Quota).order_by(Quota.tenant, Quota.flavor)
-    if token.tenant is not None:
-        query = query.where(Quota.tenant == token.tenant)
-    return [QuotaOut.model_validate(q) for q in await s.scalars(query)]
+    return [QuotaOut.model_validate(q) for q in await quotas.quotas(s, token.tenant)]
 
 
 @router.get("/v1/tenants/{name}/quotas", response_model=list[QuotaOut], tags=["quotas"])
 async def list_quotas(name: Name, s: Session, token: Caller) -> list[QuotaOut]:
     visible(token, name)
     await _tenant_or_404(s, name)
-    rows = await s.scalars(select(Quota).where(Quota.tenant == name).order_by(Quota.flavor))
-    return [QuotaOut.model_validate(q) for q in rows]
+    return [QuotaOut.model_validate(q) for q in await quotas.quotas(s, name)]
 
 
 @router.put("/v1/tenants/{name}/quotas/{flavor}", response_model=QuotaOut, tags=["quotas"])
@@ -311,13 +277,8 @@ async def put_quota(name: Name, flavor: Name, body: QuotaIn, s: Session, token: 
         if config.flavor(flavor) is None:
             known = ", ".join(f.name for f in config.flavors)
             raise Problem(422, "unknown flavor", f"flavor {flavor!r} is not defined; known flavors: {known}")
-        row = await s.get(Quota, (name, flavor))
-        before = quota_json(row) if row is not None else None
-        if row is None:
-            row = Quota(tenant=name, flavor=flavor)
-            s.add(row)
-        row.nominal, row.borrowing_limit = body.nominal, body.borrowing_limit
-        row.lending_limit = body.lending_limit
+        before, row = await quotas.put_quota(s, name, flavor, body.nominal, body.borrowing_limit,
+                                             body.lending_limit)
         after = QuotaOut.model_validate(row)
         audit(s, token, "put", f"quota/{name}/{flavor}", before, dump(after))
     return after
@@ -327,8 +288,8 @@ async def put_quota(name: Name, flavor: Name, body: QuotaIn, s: Session, token: 
 async def delete_quota(name: Name, flavor: Name, s: Session, token: Caller) -> None:
     admin(token)
     async with s.begin():
-        row = await s.get(Quota, (name, flavor))
+        row = await quotas.quota(s, name, flavor)
         if row is None:
             raise HTTPException(404, f"quota {name}/{flavor} not found")
         audit(s, token, "delete", f"quota/{name}/{flavor}", quota_json(row), None)
-        await s.delete(row)
+        await quotas.delete_quota(s, row)

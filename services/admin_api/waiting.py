@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import Field
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.admin_api.common import PROBLEMS, Caller, Model, Principal, Session, Stamp
-from shared.ledger.schema import Claim, Tenant
+from shared.ledger import pending
+from shared.ledger.handles import AsyncSession
+from shared.ledger.tenants import pending_alert_after
 from shared.ledger.usage_history import WINDOWS
 
 router = APIRouter(responses=PROBLEMS)
@@ -85,13 +85,8 @@ def _asked(spec: Any) -> int:
 
 async def _admitted(s: AsyncSession, token: Principal, window: str, now: datetime) -> list[AdmittedWaits]:
     since = now - timedelta(seconds=WINDOWS[window][0])
-    query = (select(Claim.namespace, Claim.flavor, Claim.submitted_at, Claim.allocated_at)
-             .where(Claim.allocated_at >= since))
-    if token.tenant is not None:
-        query = query.where(Claim.namespace == token.tenant)
     waits: dict[tuple[str, str | None], list[float]] = {}
-    for tenant, flavor, submitted, allocated in await s.execute(query):
-        assert allocated is not None  # the query's condition
+    for tenant, flavor, submitted, allocated in await pending.admitted_since(s, since, token.tenant):
         waited = (_aware(allocated) - _aware(submitted)).total_seconds()
         waits.setdefault((tenant, flavor), []).append(max(0.0, waited))
     out = []
@@ -123,14 +118,7 @@ async def _kinds(s: AsyncSession, first: dict[tuple[str, str], tuple[int, str | 
     """Each group's kind, from one of its claims: the claims of a group share their reason, so they share
     the decision that gave it (reading every claim's explanation would cost the 10,000-claim queue a third
     more time)."""
-    explain = Claim.explain
-    ids = [claim_id for claim_id, _ in first.values()]
-    parts: dict[int, tuple[Any, Any, Any]] = {}
-    for start in range(0, len(ids), 1000):  # within every driver's limit on bound parameters
-        query = (select(Claim.id, explain["quota"], explain["unsatisfiable"], explain["budgetExceeded"])
-                 .where(Claim.id.in_(ids[start:start + 1000])))
-        parts.update({claim_id: (quota, unsatisfiable, budget)
-                      for claim_id, quota, unsatisfiable, budget in await s.execute(query)})
+    parts = await pending.explain_parts(s, [claim_id for claim_id, _ in first.values()])
     return {group: _kind(reason, *parts.get(claim_id, (None, None, None)))
             for group, (claim_id, reason) in first.items()}
 
@@ -150,17 +138,13 @@ async def get_waiting(request: Request, s: Session, token: Caller,
     flavors they would take), per tenant the waits' p50, p90 and maximum and how many wait past its
     pendingAlertAfter, and per tenant and flavor how long the claims allocated within the window had
     waited. A tenant-scoped viewer sees its tenant only."""
-    query = (select(Claim.id, Claim.namespace, Claim.reason, Claim.spec, Claim.submitted_at, Claim.explain["flavors"])
-             .where(Claim.state == "Pending"))
-    if token.tenant is not None:
-        query = query.where(Claim.namespace == token.tenant)
     now = datetime.now(UTC)
     default_after = float(getattr(request.app.state, "pending_alert_after", 600.0))
-    after = {name: seconds for name, seconds in await s.execute(select(Tenant.name, Tenant.pending_alert_after_s))}
+    after = await pending_alert_after(s)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     first: dict[tuple[str, str], tuple[int, str | None]] = {}  # a claim of each group: what its kind is read from
     waits: dict[str, list[float]] = {}
-    for claim_id, tenant, reason, spec, submitted, flavors in await s.execute(query):
+    for claim_id, tenant, reason, spec, submitted, flavors in await pending.pending_claims(s, token.tenant):
         submitted = _aware(submitted)
         waited = max(0.0, (now - submitted).total_seconds())
         waits.setdefault(tenant, []).append(waited)

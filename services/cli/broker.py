@@ -103,17 +103,15 @@ async def _answers(url: str) -> None:
 
 def _shown(url: str) -> str:
     """A NATS or ledger URL as the banner prints it: without its password."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     from services.logs import mask_secrets
     from shared.contract import bus_auth
+    from shared.ledger.handles import BadLedgerUrl, masked_url
 
     if url.startswith(("nats://", "tls://", "ws://", "wss://")):
         return bus_auth.redact(url)
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+        return masked_url(url)
+    except BadLedgerUrl:
         return mask_secrets(url)
 
 
@@ -309,17 +307,15 @@ def serve(
 @app.command()
 def migrate(db: Annotated[str | None, typer.Option()] = None, output: MaybeOutput = None) -> None:
     """Bring the ledger schema to the newest revision."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import DBAPIError
-
     from shared.ledger.engine import migrate as run_migrations
+    from shared.ledger.handles import LedgerError, masked_url
 
     settings = _settings(db=db)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    shown = make_url(settings.database_url()).render_as_string(hide_password=True)
+    shown = masked_url(settings.database_url())
     try:
         asyncio.run(run_migrations(settings.database_url()))
-    except (OSError, DBAPIError) as error:
+    except (OSError, LedgerError) as error:
         raise Unreachable(f"cannot reach the ledger at {shown}: {_why(error)}") from None
     _said(f"ledger at head: {shown}", {"ledger": shown, "atHead": True}, output)
 

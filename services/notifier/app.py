@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from services import channels
 from services.frame import ServiceApp
 from services.notifier.service import Notifier
+from shared.ledger.handles import AsyncEngine
 from shared.settings import BrokerSettings
 
 

@@ -8,15 +8,11 @@ and classified into flavors only when they or the flavor list change, so a pass 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from sqlalchemy import String, cast, func, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.admission.flavors import Flavors
 from shared.admission.quota import Flavor, QuotaConfig
@@ -25,8 +21,10 @@ from shared.contract import events
 from shared.dra.inventory import Fleet, FleetDevice, NodeInventory
 from shared.dra.matching import SelectorMemo
 from shared.fleet.freshness import Freshness, judge
+from shared.ledger.handles import AsyncSession
+from shared.ledger.holdings import devices_by_tenant_and_flavor
+from shared.ledger.pending import accepted_flavor_counts, any_pending_mentioning
 from shared.ledger.quota_store import load_quota_config
-from shared.ledger.schema import Claim, DeviceAllocation
 
 log = logging.getLogger("claimbroker.notifier")
 MIG_CLASS = "mig.nvidia.com"
@@ -108,26 +106,9 @@ class FleetFlavors:
 
 async def read_figures(session: AsyncSession, fleet: FleetFlavors, now: float) -> Figures:
     config = await load_quota_config(session)
-    used_rows = await session.execute(
-        select(Claim.namespace, DeviceAllocation.flavor, func.count())
-        .join(Claim, Claim.id == DeviceAllocation.claim_id)
-        .where(DeviceAllocation.flavor.is_not(None))
-        .group_by(Claim.namespace, DeviceAllocation.flavor))
-    used: dict[tuple[str, str], int] = {(tenant, str(flavor)): int(n) for tenant, flavor, n in used_rows}
-    # Only the flavor lists, counted in SQL: reading every waiting claim's whole explain took seconds of
-    # JSON decoding at 7,500 waiting claims, inside the event loop the allocator shares under `up`.
-    accepted = Claim.explain["flavors"].as_string()
-    waiting = [(_flavor_list(text), int(n)) for text, n in await session.execute(
-        select(accepted, func.count()).where(Claim.state == "Pending").group_by(accepted))]
+    used = await devices_by_tenant_and_flavor(session)
+    waiting = await accepted_flavor_counts(session)
     return figures(config, used, waiting, fleet.counts(config.flavors, now))
-
-
-def _flavor_list(text: str | None) -> list[Any] | None:
-    try:
-        value = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return value if isinstance(value, list) else None
 
 
 def figures(config: QuotaConfig, used: Mapping[tuple[str, str], int],
@@ -152,6 +133,4 @@ def figures(config: QuotaConfig, used: Mapping[tuple[str, str], int],
 
 async def waiting_for_mig(session: AsyncSession) -> bool:
     """Whether a waiting claim names the MIG device class (the re-layout advice is for them)."""
-    found = await session.scalar(select(Claim.id).where(Claim.state == "Pending",
-                                                        cast(Claim.spec, String).contains(MIG_CLASS)).limit(1))
-    return found is not None
+    return await any_pending_mentioning(session, MIG_CLASS)

@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 import stamina
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services import metrics
 from services.logs import url_origin
-from services.notifier import history
 from shared.alerts.book import Message, severity_rank
+from shared.ledger.dead_letters import keep_webhook_delivery
+from shared.ledger.handles import SessionFactory
 from shared.settings import Webhook
 
 log = logging.getLogger("claimbroker.notifier.webhooks")
@@ -57,7 +57,7 @@ class WebhookDispatcher:
     def __init__(
         self,
         sinks: Sequence[Webhook],
-        sessions: async_sessionmaker[AsyncSession],
+        sessions: SessionFactory,
         *,
         attempts: int = 5,
         base_delay: float = 0.5,
@@ -136,6 +136,6 @@ class WebhookDispatcher:
                     delivery.key)
         metrics.WEBHOOK_FAILURES.labels(httpx.URL(sink.url).host).inc()  # the host: a Slack URL's path is its secret
         async with self.sessions() as session, session.begin():
-            history.dead_letter(session, url=sink.url, alert_key=delivery.key, payload=body,
-                                attempts=self.attempts, last_error=error)
+            keep_webhook_delivery(session, url=sink.url, alert_key=delivery.key, payload=body,
+                                  attempts=self.attempts, last_error=error)
         self.dead_letters += 1

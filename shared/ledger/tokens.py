@@ -89,6 +89,13 @@ async def lookup_token(session: AsyncSession, token: str) -> ApiToken | None:
     return found if found is not None and usable(found) else None
 
 
+async def still_usable(session: AsyncSession, token_id: int) -> bool:
+    """Whether the token of this id is neither revoked nor expired (nor gone): what a long-lived request
+    checks now and then."""
+    row = await session.get(ApiToken, token_id)
+    return row is not None and usable(row)
+
+
 async def list_tokens(session: AsyncSession) -> list[ApiToken]:
     return list(await session.scalars(select(ApiToken).order_by(ApiToken.id)))
 

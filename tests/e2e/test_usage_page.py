@@ -25,9 +25,9 @@ import uvicorn
 from sqlalchemy import insert
 
 from services.admin_api.app import create_app
-from services.notifier import history
 from shared.alerts.book import Alert, Message
 from shared.dra.inventory import THROTTLED, Fleet
+from shared.ledger import alerts as alert_history
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import Claim, DeviceAllocation, Quota, Tenant, UsageSample
 from shared.ledger.tokens import create_token
@@ -127,7 +127,7 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
             Claim(namespace="speech", name="wait-a100", state="Pending", spec=spec(4), sequence=1, reason=A100,
                   explain=explained(["A100"]), submitted_at=now - timedelta(hours=2)),
         ])
-        await history.record(s, [
+        await alert_history.record(s, [
             alert("claim-pending-too-long", "warning", {"tenant": "speech", "claim": "wait-big"}, 10),
             alert("claim-pending-too-long", "warning", {"tenant": "speech", "claim": "wait-a100"}, 20),
             alert("claim-pending-too-long", "warning", {"tenant": "vision", "claim": "wait-quota"}, 30),

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.notifier import history
 from shared.alerts.book import Alert, Message
+from shared.ledger import alerts as alert_history
 from tests.integration.admin import Api
 
 T0 = 1_800_000_000.0
@@ -65,7 +65,7 @@ async def test_bad_filters_are_problems(api: Api, query: str) -> None:
 async def api(api: Api) -> AsyncIterator[Api]:
     """The shared admin API with alerts of two tenants and a node, written the way the notifier writes them."""
     async with api.factory() as s, s.begin():
-        await history.record(s, [
+        await alert_history.record(s, [
             message("claim-rejected", "claim-rejected:vision/a", {"tenant": "vision", "claim": "a"}, T0),
             message("claim-rejected", "claim-rejected:speech/b", {"tenant": "speech", "claim": "b"}, T0 + 10),
             message("node-lost", "node-lost:n1", {"node": "n1"}, T0 + 20, resolved=True),

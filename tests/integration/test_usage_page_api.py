@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from services.notifier import history
 from shared.alerts.book import Alert, Message
+from shared.ledger import alerts as alert_history
 from shared.ledger.schema import Claim
 from tests.integration.admin import Api
 
@@ -24,7 +24,7 @@ def message(kind: str, severity: str, labels: dict[str, str], at: float, *, reso
 
 async def test_open_alerts_counted_by_kind_severity_tenant_and_flavor(api: Api) -> None:
     async with api.factory() as s, s.begin():
-        await history.record(s, [
+        await alert_history.record(s, [
             *(message("claim-pending-too-long", "warning", {"tenant": "vision", "claim": f"c{i}"}, T0 + i)
               for i in range(5)),
             message("claim-pending-too-long", "warning", {"tenant": "speech", "claim": "s"}, T0),
