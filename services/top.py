@@ -1,8 +1,9 @@
 """`claimbroker top`: a live terminal view of the fleet per flavor (GPU generation, MIG profile) and tenant.
 
-Gathering and drawing are apart: `Gatherer` reads the admin API (usage, the Pending queue, each waiting
-claim's explanation for the flavors it would take) and the NATS inventory stream (devices per flavor) into
-a `Snapshot`; `render` is a pure function of that snapshot, so a frame can be tested without a stack.
+Gathering and drawing are apart: `Gatherer` reads the admin API (usage with the whole Pending queue's
+demand per tenant and flavor, and the queue's head with the flavors each of its claims would take) and the
+NATS inventory stream (devices per flavor) into a `Snapshot`; `render` is a pure function of that snapshot,
+so a frame can be tested without a stack.
 `run` redraws when a status or inventory message arrives (at most `MAX_REDRAWS_PER_SECOND`) and at least
 every `interval` seconds.
 """
@@ -33,9 +34,8 @@ from shared.dra.matching import SelectorMemo
 from shared.fleet.freshness import stale_nodes
 
 MAX_REDRAWS_PER_SECOND = 4
-QUEUE_HEAD = 10  # pending claims listed with their reasons
-EXPLAINED = 100  # pending claims whose flavors are looked up (one explain call each, cached)
-NO_FLAVOR = "-"  # devices no flavor accepts, or pending claims whose flavors are not known
+QUEUE_HEAD = 10  # pending claims listed with their reasons and flavors (one explain call each, cached)
+NO_FLAVOR = "-"  # devices no flavor accepts, or pending claims whose flavors are not known yet
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class FlavorLine:
     name: str
     total: int  # devices the inventory publishes of this flavor
     used: int  # allocated devices of this flavor, all tenants
-    pending: int  # Pending claims whose requests accept this flavor
+    pending: int  # devices Pending claims ask for, each claim at the cheapest flavor it accepts
 
     @property
     def free(self) -> int:
@@ -131,27 +131,33 @@ def count_devices(inventories: Iterable[NodeInventory], flavors: Flavors, skip: 
     return counts
 
 
-def snapshot_of(usage: Mapping[str, Any], pending: Sequence[Mapping[str, Any]],
+def snapshot_of(usage: Mapping[str, Any], head: Sequence[Mapping[str, Any]],
                 claim_flavors: Mapping[tuple[str, str], Sequence[str]], devices: Mapping[str, int],
                 order: Sequence[str] = (), at: float = 0.0, problems: Sequence[str] = ()) -> Snapshot:
-    """Combine the API's answers: `usage` is GET /v1/usage, `pending` the Pending claims oldest first,
-    `claim_flavors` what each waiting claim's requests accept, `devices` the inventory's count per flavor;
-    flavors are listed in `order` (the flavors' effective order), others after, by name."""
+    """Combine the API's answers: `usage` is GET /v1/usage (its rows count the devices the whole Pending
+    queue asks for, each claim at the cheapest flavor its requests accept), `head` the oldest Pending
+    claims, `claim_flavors` what each of those accepts, `devices` the inventory's count per flavor; flavors
+    are listed in `order` (the flavors' effective order), others after, by name. Devices of claims the
+    allocator has not explained yet, or that no flavor accepts, count under NO_FLAVOR."""
     used: Counter[str] = Counter()
-    for row in usage.get("items", []):
-        used[row["flavor"] or NO_FLAVOR] += int(row["used"])
     flavor_pending: Counter[str] = Counter()
     tenant_pending: Counter[tuple[str, str]] = Counter()
-    queue: list[Waiting] = []
-    for claim in pending:
-        key = (claim["namespace"], claim["name"])
-        accepted = tuple(claim_flavors.get(key, ()))
-        for name in accepted or (NO_FLAVOR,):
-            flavor_pending[name] += 1
-            tenant_pending[(key[0], name)] += 1
-        if len(queue) < QUEUE_HEAD:
-            queue.append(Waiting(key[0], key[1], claim.get("reason") or "", accepted))
-    names = set(devices) | set(used) | set(flavor_pending)
+    placed: Counter[str] = Counter()  # a tenant's pending devices that have a flavor
+    for row in usage.get("items", []):
+        flavor = row["flavor"] or NO_FLAVOR
+        used[flavor] += int(row["used"])
+        wanted = int(row.get("pending") or 0)
+        flavor_pending[flavor] += wanted
+        tenant_pending[(row["tenant"], flavor)] += wanted
+        placed[row["tenant"]] += wanted
+    for demand in usage.get("pending", []):
+        unplaced = int(demand["devices"]) - placed[demand["tenant"]]
+        if unplaced > 0:
+            flavor_pending[NO_FLAVOR] += unplaced
+            tenant_pending[(demand["tenant"], NO_FLAVOR)] += unplaced
+    queue = [Waiting(c["namespace"], c["name"], c.get("reason") or "",
+                     tuple(claim_flavors.get((c["namespace"], c["name"]), ()))) for c in head[:QUEUE_HEAD]]
+    names = set(devices) | set(used) | {n for n, count in flavor_pending.items() if count}
     rank = {name: i for i, name in enumerate(order)}
     ordered = sorted(names, key=lambda n: (n == NO_FLAVOR, rank.get(n, len(rank)), n))
     flavors = [FlavorLine(n, int(devices.get(n, 0)), used[n], flavor_pending[n]) for n in ordered]
@@ -161,7 +167,7 @@ def snapshot_of(usage: Mapping[str, Any], pending: Sequence[Mapping[str, Any]],
         tenants[key] = TenantLine(key[0], key[1], int(row["used"]), int(row["nominal"]), int(row["borrowed"]),
                                   tenant_pending[key])
     for key, count in tenant_pending.items():
-        if key not in tenants:
+        if key not in tenants and count:
             tenants[key] = TenantLine(key[0], key[1], 0, 0, 0, count)
     return Snapshot(
         flavors=flavors,
@@ -258,7 +264,7 @@ class Gatherer:
         problems, self._problems = self._problems, []
         try:
             usage = await self._get("/v1/usage")
-            pending = (await self._get("/v1/claims", state="Pending", limit=max(EXPLAINED, QUEUE_HEAD)))["items"]
+            pending = (await self._get("/v1/claims", state="Pending", limit=QUEUE_HEAD))["items"]
         except (httpx.HTTPError, ValueError) as error:
             detail = (f"{error.response.status_code} {error.response.text}" if isinstance(error, httpx.HTTPStatusError)
                       else f"cannot reach the admin API at {self.client.base_url}: {error or type(error).__name__}")
@@ -267,7 +273,7 @@ class Gatherer:
             config = [Flavor(f["name"], f["selector"], f["value"]) for f in await self._get("/v1/flavors")]
         except (httpx.HTTPError, ValueError):
             config = list(QuotaConfig().flavors)
-        found = await asyncio.gather(*(self._flavors_of(c) for c in pending[:EXPLAINED]))
+        found = await asyncio.gather(*(self._flavors_of(c) for c in pending))
         claim_flavors = {(c["namespace"], c["name"]): f for c, f in zip(pending, found, strict=False)}
         live = {k: v for k, v in self._explained.items() if (k[0], k[1]) in claim_flavors}
         self._explained = live  # forget claims that left the queue

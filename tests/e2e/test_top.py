@@ -59,17 +59,24 @@ def test_render_shows_the_numbers() -> None:
 
 
 def test_snapshot_of_combines_usage_queue_and_inventory() -> None:
-    usage = {"enforced": True, "pending": [{"tenant": "vision", "claims": 2, "devices": 2}],
-             "items": [{"tenant": "vision", "flavor": "H100", "nominal": 3, "used": 3, "borrowed": 0},
+    """Pending devices come from the usage rows, which count the whole queue (each claim at its cheapest
+    flavor), not from the head of the queue that is listed: 5,000 waiting claims count 5,000."""
+    usage = {"enforced": True,
+             "pending": [{"tenant": "vision", "claims": 5_000, "devices": 5_003}, {"tenant": "nlp", "claims": 1,
+                                                                                   "devices": 8}],
+             "items": [{"tenant": "vision", "flavor": "H100", "nominal": 3, "used": 3, "borrowed": 0,
+                        "pending": 4_000},
+                       {"tenant": "vision", "flavor": "H200", "nominal": 0, "used": 0, "borrowed": 0,
+                        "pending": 1_000},
                        {"tenant": "nlp", "flavor": None, "nominal": 0, "used": 1, "borrowed": 1}]}
-    pending = [{"namespace": "vision", "name": "a", "reason": "r"}, {"namespace": "vision", "name": "b"}]
-    snapshot = snapshot_of(usage, pending, {("vision", "a"): ["H100", "H200"]}, {"H100": 4, "A100": 2},
+    head = [{"namespace": "vision", "name": f"c{i}", "reason": "r"} for i in range(50)]
+    snapshot = snapshot_of(usage, head, {("vision", "c0"): ["H100", "H200"]}, {"H100": 4, "A100": 2},
                            order=["A100", "H100", "H200"])
     assert [(f.name, f.total, f.used, f.free, f.pending) for f in snapshot.flavors] == [
-        ("A100", 2, 0, 2, 0), ("H100", 4, 3, 1, 1), ("H200", 0, 0, 0, 1), ("-", 0, 1, 0, 1)]
+        ("A100", 2, 0, 2, 0), ("H100", 4, 3, 1, 4_000), ("H200", 0, 0, 0, 1_000), ("-", 0, 1, 0, 11)]
     assert [(t.tenant, t.flavor, t.used, t.pending) for t in snapshot.tenants] == [
-        ("nlp", "-", 1, 0), ("vision", "H100", 3, 1), ("vision", "H200", 0, 1), ("vision", "-", 0, 1)]
-    assert [w.name for w in snapshot.queue] == ["a", "b"] and snapshot.pending_claims == 2
+        ("nlp", "-", 1, 8), ("vision", "H100", 3, 4_000), ("vision", "H200", 0, 1_000), ("vision", "-", 0, 3)]
+    assert len(snapshot.queue) == 10 and snapshot.queue[0].flavors == ("H100", "H200")
 
 
 @pytest.mark.e2e
