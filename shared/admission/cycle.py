@@ -33,12 +33,12 @@ import itertools
 from dataclasses import replace
 
 from shared.admission.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault_decision
+from shared.admission.explain import Alike
 from shared.admission.holdings import allocated_devices
 from shared.admission.kept import KeptState
 from shared.admission.model import MAX_PREEMPTION_ATTEMPTS, ClaimDecision, ClaimKey, CycleResult, Snapshot
 from shared.admission.passes import admission_pass, preemptors
 from shared.admission.preemption import try_preempt
-from shared.admission.state import state_for
 from shared.dra.results import Decision, DeviceKey, State
 
 
@@ -72,30 +72,29 @@ def run_cycle(snapshot: Snapshot, kept: KeptState | None = None) -> CycleResult:
 
 
 def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
-    cycle = state_for(snapshot, kept)
+    cycle = kept.admission_for(snapshot)
     decided, order = admission_pass(cycle)
     queue = cycle.queue
     for key in sorted(queue.invalid):  # claims Rejected as written, or that their tenant may not send
         waiting = queue.waiting[key]
-        decided.append((waiting, cycle._decide(waiting, None, explain=False), []))
+        decided.append((waiting, cycle.trials.decide(waiting, None, explain=False), []))
     for waiting in queue.unprepared.values():  # their selectors cost more than their tenant had left
         if not waiting.answered:
-            decided.append((waiting, Decision(State.PENDING, reason=cycle.state.cut_reason(None), cut=True), []))
+            decided.append((waiting, Decision(State.PENDING, reason=cycle.placement.cut_reason(None), cut=True), []))
     for waiting in itertools.islice(preemptors(cycle, order), MAX_PREEMPTION_ATTEMPTS):
         preempted = try_preempt(cycle, waiting)
         if preempted is not None:
             decided.append((waiting, preempted, []))
-    from shared.admission.explain import Alike
-
     final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer
     results = []
     alike = Alike(cycle.holdings.preemptible())  # preemptible claims running
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
+    answers = cycle.answers
     for waiting, decision, blocks in final.values():
-        decision, detail = cycle.settle(waiting, decision, blocks, alike)
-        if not cycle.answer_due(waiting, decision):
+        decision, detail = answers.settle(waiting, decision, blocks, alike)
+        if not answers.due(waiting, decision):
             continue  # its work was cut short only a few cycles in a row: it is answered once it is done
-        cycle.answered_with(waiting, decision)
+        answers.given(waiting, decision)
         if decision.allocation is not None:
             for d in allocated_devices(cycle.fleet, decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))

@@ -7,29 +7,31 @@ so it never disagrees with the reason the tenant was given.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from shared.admission.groups import GroupId
+from shared.admission.model import Block, ClaimKey, Waiting
+from shared.admission.quota_book import QuotaBook
+from shared.admission.quota_room import QuotaRoom
+from shared.dra.allocation import FleetState
+from shared.dra.fleet_index import DeviceIndex
+from shared.dra.plan import Plan
 from shared.dra.results import Decision, Rejected
-
-if TYPE_CHECKING:
-    from shared.admission.model import Block, Waiting
-    from shared.admission.state import AdmissionState
-    from shared.dra.fleet_index import DeviceIndex
-
 
 MAX_CAPACITY_ENTRIES = 32  # requests and alternatives explained one by one (a claim may have 256)
 
 
-def _capacity(cycle: AdmissionState, waiting: Waiting) -> list[dict[str, Any]]:
+def _capacity(state: FleetState, spec_capacity: dict[int, tuple[Plan, int, list[dict[str, Any]]]],
+              waiting: Waiting) -> list[dict[str, Any]]:
     """Per request: what matches, what is free and why the rest is not; the same for every claim of one
     spec while the fleet's state stays the same, so worked out once per spec and state."""
-    state = cycle.state
     try:
         plan = state.plan(waiting.claim)
     except Rejected:
         return []
-    kept = cycle.spec_capacity.get(id(plan))
+    kept = spec_capacity.get(id(plan))
     if kept is not None and kept[0] is plan and kept[1] == state.version:
         return kept[2]
     out: list[dict[str, Any]] = []
@@ -42,14 +44,14 @@ def _capacity(cycle: AdmissionState, waiting: Waiting) -> list[dict[str, Any]]:
             except Rejected:
                 continue
             requested = "all" if alternative.all_mode else alternative.body.wanted
-            figures = _index_figures(cycle, index)
+            figures = _index_figures(index)
             out.append({"request": alternative.result_name, "requested": requested, **figures,
                         "unavailable": dict(figures["unavailable"])})
-    cycle.spec_capacity[id(plan)] = (plan, state.version, out)
+    spec_capacity[id(plan)] = (plan, state.version, out)
     return out
 
 
-def _index_figures(cycle: AdmissionState, index: DeviceIndex) -> dict[str, Any]:
+def _index_figures(index: DeviceIndex) -> dict[str, Any]:
     """What an index holds and why the rest is not free: the same for every claim it serves, so worked
     out once per index while its free devices stay the same."""
     kept = index.cached.get("figures")
@@ -118,50 +120,65 @@ def cut_explanation(waiting: Waiting, decision: Decision) -> dict[str, Any]:
                         "claim's placement search costs more than a cycle allows, so it goes on in slices"]}
 
 
-def explain_pending(cycle: AdmissionState, waiting: Waiting, decision: Decision, blocks: list[Block],
-                    alike: Alike) -> dict[str, Any]:
-    """Why the claim waits, as structured data, from the cycle that decided; what it shares with other
-    claims' explanations comes from (and goes to) `alike`."""
-    gid = cycle.queue.group_of.get(waiting.key)  # its group is of its tenant and plan
-    same = (waiting.tenant, waiting.priority, gid, decision.reason)
-    found = alike.given.get(same)
-    if found is not None:
+class Explainer:
+    """Why claims wait, from the cycle that decided: the quotas that block them (from the quota book after
+    the cycle), each spec's capacity per request (kept per plan and fleet version) and what preemption
+    could take."""
+
+    def __init__(self, placement: FleetState, book: QuotaBook, room: QuotaRoom,
+                 group_of: Mapping[ClaimKey, GroupId | None]) -> None:
+        self.placement = placement
+        self.book = book
+        self.room = room
+        self.group_of = group_of  # each waiting claim's group (the queue's)
+        # what a spec's requests match and what of it is free, per plan, kept per fleet version
+        self.spec_capacity: dict[int, tuple[Plan, int, list[dict[str, Any]]]] = {}
+
+    def forget(self, plan: Plan) -> None:
+        self.spec_capacity.pop(id(plan), None)
+
+    def pending(self, waiting: Waiting, decision: Decision, blocks: list[Block], alike: Alike) -> dict[str, Any]:
+        """Why the claim waits, as structured data; what it shares with other claims' explanations comes
+        from (and goes to) `alike`."""
+        gid = self.group_of.get(waiting.key)  # its group is of its tenant and plan
+        same = (waiting.tenant, waiting.priority, gid, decision.reason)
+        found = alike.given.get(same)
+        if found is not None:
+            return found
+        tenant = alike.tenants.get(waiting.tenant)
+        if tenant is None:
+            book = self.book
+            tenant = alike.tenants[waiting.tenant] = {
+                "name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
+                "weight": book.weight(waiting.tenant), "share": round(book.share(waiting.tenant), 4)}
+        key = None
+        if not blocks and gid is not None:  # a quota's figures are the tenant's own
+            key = (gid[1], decision.reason, decision.unsatisfiable)
+        parts = alike.parts.get(key) if key is not None else None
+        if parts is None:
+            parts = self._spec_parts(waiting, decision, blocks, alike.candidates)
+            if key is not None:
+                alike.parts[key] = parts
+        head, tail = parts
+        found = alike.given[same] = {**head, "tenant": tenant, "priority": waiting.priority, **tail}
         return found
-    tenant = alike.tenants.get(waiting.tenant)
-    if tenant is None:
-        book = cycle.book
-        tenant = alike.tenants[waiting.tenant] = {
-            "name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
-            "weight": book.weight(waiting.tenant), "share": round(book.share(waiting.tenant), 4)}
-    key = None
-    if not blocks and gid is not None:  # a quota's figures are the tenant's own
-        key = (gid[1], decision.reason, decision.unsatisfiable)
-    parts = alike.parts.get(key) if key is not None else None
-    if parts is None:
-        parts = _spec_parts(cycle, waiting, decision, blocks, alike.candidates)
-        if key is not None:
-            alike.parts[key] = parts
-    head, tail = parts
-    found = alike.given[same] = {**head, "tenant": tenant, "priority": waiting.priority, **tail}
-    return found
 
-
-def _spec_parts(cycle: AdmissionState, waiting: Waiting, decision: Decision, blocks: list[Block], candidates: int
-                ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An explanation but for the tenant's figures and the claim's priority (which go between the two)."""
-    preemption = {
-        "candidates": candidates,
-        "outcome": ("no preemptible claim may be displaced for it by the rules (priority within its tenant, "
-                    "reclaim of borrowed quota, fair share)" if candidates else "nothing runs that could be "
-                    "preempted"),
-    }
-    capacity = _capacity(cycle, waiting)
-    head = {"state": decision.state.value, "reason": decision.reason, "unsatisfiable": decision.unsatisfiable}
-    tail = {
-        "flavors": sorted(cycle.room.claim_facts(waiting).flavors),  # what its requests accept: the demand it adds
-        "quota": [b.to_json() for b in blocks],
-        "capacity": capacity,
-        "preemption": preemption,
-        "toAdmit": _suggestions(blocks, capacity, decision, waiting.tenant, preemption),
-    }
-    return head, tail
+    def _spec_parts(self, waiting: Waiting, decision: Decision, blocks: list[Block], candidates: int
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """An explanation but for the tenant's figures and the claim's priority (which go between the two)."""
+        preemption = {
+            "candidates": candidates,
+            "outcome": ("no preemptible claim may be displaced for it by the rules (priority within its tenant, "
+                        "reclaim of borrowed quota, fair share)" if candidates else "nothing runs that could be "
+                        "preempted"),
+        }
+        capacity = _capacity(self.placement, self.spec_capacity, waiting)
+        head = {"state": decision.state.value, "reason": decision.reason, "unsatisfiable": decision.unsatisfiable}
+        tail = {
+            "flavors": sorted(self.room.claim_facts(waiting).flavors),  # what its requests accept: the demand it adds
+            "quota": [b.to_json() for b in blocks],
+            "capacity": capacity,
+            "preemption": preemption,
+            "toAdmit": _suggestions(blocks, capacity, decision, waiting.tenant, preemption),
+        }
+        return head, tail

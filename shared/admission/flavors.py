@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from shared.admission.kept import KeptFlavors, KeptState
 from shared.admission.model import Snapshot
 from shared.admission.quota import Flavor
 from shared.dra.cel import CompiledSelector, SelectorError, compile_selector
-from shared.dra.inventory import FleetDevice
+from shared.dra.inventory import Fleet, FleetDevice
 from shared.dra.matching import SelectorMemo
 
 
@@ -59,16 +59,24 @@ def flavor_deltas(devices: Iterable[FleetDevice], flavors: Flavors) -> dict[str,
     return dict(out)
 
 
-def flavors_and_capacity(snapshot: Snapshot, kept: KeptState) -> tuple[Flavors, dict[str, int]]:
-    """Each device's flavor and the devices per flavor, kept while the fleet and the flavors stay the same."""
-    known = kept.flavors
+@dataclass
+class FleetFlavors:
+    """Each device's flavor and the devices per flavor, for one fleet and one list of flavors."""
+
+    fleet: Fleet
+    defined: tuple[Flavor, ...]
+    flavors: Flavors
+    capacity: dict[str, int]
+
+
+def fleet_flavors(snapshot: Snapshot, known: FleetFlavors | None, memo: SelectorMemo) -> FleetFlavors:
+    """Each device's flavor and the devices per flavor: `known` while the fleet and the flavors stay the same."""
     if known is not None and known.fleet is snapshot.fleet and known.defined == snapshot.quotas.flavors:
-        return known.flavors, known.capacity
-    flavors = Flavors(snapshot.quotas.flavors, kept.memo)
+        return known
+    flavors = Flavors(snapshot.quotas.flavors, memo)
     capacity: dict[str, int] = defaultdict(int)
     for device in snapshot.fleet.devices:
         name = flavors.name_of(device)
         if name is not None:
             capacity[name] += 1
-    kept.flavors = KeptFlavors(snapshot.fleet, snapshot.quotas.flavors, flavors, dict(capacity))
-    return flavors, dict(capacity)
+    return FleetFlavors(snapshot.fleet, snapshot.quotas.flavors, flavors, dict(capacity))

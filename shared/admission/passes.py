@@ -40,7 +40,6 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
     first_seen: dict[str, int] = {}
     admitted = cycle.admitted_now  # so far in this cycle (the kept groups change only in begin())
-    no_room = cycle.no_room = set()
     groups = waiting_groups.groups
     quota_dead: set[tuple[str, int]] = set()  # groups their tenant's quota keeps out for the rest of the pass
     # per tenant and flavors a spec accepts: one more than the devices its quota and the idle devices were
@@ -102,7 +101,9 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
         decided.extend((waiting_of[(tenant, e[2])], decision, blocks) for e in rest)
 
     open_specs = set(waiting_groups.specs)  # plan ids of the specs some node may still have room for
-    cycle.shrinking = {}  # failed placements (see AdmissionState.shrinking)
+    trials = cycle.trials
+    try_admit, admit = trials.try_admit, cycle.admit
+    no_room = trials.start_pass()  # failed placements stay failed (see TrialAdmission.shrinking)
     try:
         while tenants:
             if not open_specs:  # no node has room for any spec: every head left would be dropped
@@ -116,10 +117,10 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
                 if not queue.skip(no_room, quota_dead, quota_full):  # a head that may fit: tried
                     entry, gid = queue.pop()
                     waiting = waiting_of[(tenant, entry[2])]
-                    decision, blocks = cycle.try_admit(waiting, room_known=True)
+                    decision, blocks = try_admit(waiting, room_known=True)
                     if decision.allocation is not None:
                         decided.append((waiting, decision, blocks))
-                        cycle.admit(waiting, decision.allocation)
+                        admit(waiting, decision.allocation)
                         at = position[gid] = position.get(gid, 0) + 1
                         if at < len(entries := groups[gid].entries):
                             queue.push((entries[at], gid))
@@ -136,7 +137,7 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
         for tenant, head, gid in dropped_unanswered(waiting_groups, position, tried):  # quota, a closed spec, no room
             refuse(tenant, gid, waiting_of[(tenant, head[2])], UNANSWERED, [])
     finally:
-        cycle.shrinking, cycle.no_room = None, set()
+        trials.end_pass()
     return decided, first_seen
 
 

@@ -106,7 +106,7 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
             if rule == "fair-share" and share - units / weight < mine:
                 continue
             if runs_until and victim.allocated_at is not None and victim.allocated_at > runs_until:
-                _note_wait(state, preemptor, tenant, rule, victim.allocated_at + quotas.min_runtime(tenant))
+                state.answers.note_wait(preemptor, tenant, rule, victim.allocated_at + quotas.min_runtime(tenant))
                 continue
             found = on_hosts.get(node)
             if found is None:
@@ -136,13 +136,6 @@ def _within_rates(state: AdmissionState, victims: Sequence[tuple[Running, str]])
     """Whether preempting `victims` keeps every tenant within its maxPreemptionsPerMinute."""
     per_tenant = Counter(victim.tenant for victim, rule in victims if rule != "priority")
     return all((left := _rate_left(state, tenant)) is None or count <= left for tenant, count in per_tenant.items())
-
-
-def _note_wait(state: AdmissionState, preemptor: Waiting, tenant: str, rule: str, free_at: float) -> None:
-    """The earliest a claim spared by its minRuntime could be preempted, per preemptor, for its answer."""
-    known = state.preemptible_from.get(preemptor.key)
-    if known is None or free_at < known[0]:
-        state.preemptible_from[preemptor.key] = (free_at, tenant, rule)
 
 
 def _stuck_on_quota(state: AdmissionState, waiting: Waiting) -> bool:
@@ -250,8 +243,8 @@ def try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
 
 def _try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
     try:  # victims only on nodes with devices the claim's first request accepts
-        lead = state.state.plan(waiting.claim).variants[0][0]
-        index = state.state.index(lead)
+        lead = state.placement.plan(waiting.claim).variants[0][0]
+        index = state.placement.index(lead)
     except (Rejected, IndexError):
         return None
     hosts = index.nodes
@@ -320,7 +313,7 @@ def _restore(state: AdmissionState, victim: Running) -> None:
 
 def _fits_with(state: AdmissionState, waiting: Waiting, victims: Sequence[tuple[Running, str]]) -> Allocation | None:
     """With the victims gone, the claim is placed and every victim's rule holds for the outcome."""
-    decision, blocks = state.try_admit(waiting)
+    decision, blocks = state.trials.try_admit(waiting)
     if decision.allocation is None or blocks:
         return None
     devices = allocated_devices(state.fleet, decision.allocation)

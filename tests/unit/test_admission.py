@@ -17,7 +17,6 @@ from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig, TenantQuota, parse_quotas, pending_limit_problem
 from shared.admission.quota_book import QuotaBook
 from shared.admission.simulate import run_waves
-from shared.admission.state import AdmissionState
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
 from shared.dra.matching import SelectorMemo
@@ -312,11 +311,10 @@ def test_a_kept_cycle_state_matches_one_built_afresh(scenario: tuple[Fleet, Quot
         result = run_cycle(snapshot, kept)
         state = kept.admission
         assert state is not None
-        fresh = AdmissionState(snapshot, KeptState())
-        fresh.begin(snapshot)
+        fresh = KeptState().admission_for(snapshot)
         state.begin(snapshot)  # the kept state, brought back to the snapshot (the cycle moved it on)
         assert {k: n for k, n in state.book.used.items() if n} == {k: n for k, n in fresh.book.used.items() if n}
-        assert state.state.in_use == fresh.state.in_use
+        assert state.placement.in_use == fresh.placement.in_use
         held_now, held_afresh = state.holdings, fresh.holdings
         assert {t: dict(c) for t, c in held_now.victims.items() if c} == {t: dict(c) for t, c in
                                                                         held_afresh.victims.items() if c}
@@ -486,7 +484,7 @@ def test_a_placement_needs_room_and_idle_devices_of_one_flavor_set(u_holds: int,
     run_cycle(Snapshot(f, BUILTIN_CLASSES, config, running, ()), memo)
     cycle = memo.admission
     assert cycle is not None
-    facts = cycle.room.plan_facts(cycle.state.plan(claim.claim))
+    facts = cycle.room.plan_facts(cycle.placement.plan(claim.claim))
     assert facts.flavors == {"H100", "B200"}
     assert (cycle.room.quota_short("t", facts, idle=True) is None) is may
     assert cycle.book.idle("H100") == 4 - u_holds and cycle.book.idle("B200") == 4

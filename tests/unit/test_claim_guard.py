@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from shared.admission import cycle
-from shared.admission import state as admission
+from shared.admission.answers import Answers
 from shared.admission.claim_guard import ClaimFault
 from shared.admission.cycle import run_cycle
+from shared.admission.explain import Explainer
 from shared.admission.kept import KeptState
-from shared.admission.model import Snapshot, Waiting
+from shared.admission.model import CycleResult, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
+from shared.admission.trial_admission import TrialAdmission
 from shared.dra import allocation
 from shared.dra import model as dra
 from shared.dra.classes import BUILTIN_CLASSES
@@ -33,11 +35,11 @@ def waiting(name: str, *selectors: str, count: int = 1, arrival: int = 0) -> Wai
 GOOD = [waiting(f"good-{i}", count=2, arrival=i) for i in range(3)]
 
 
-def states(result: admission.CycleResult) -> dict[str, tuple[str, Any]]:
+def states(result: CycleResult) -> dict[str, tuple[str, Any]]:
     return {d.name: (d.decision.state.value, d.decision.allocation) for d in result.decisions}
 
 
-def decide(claims: list[Waiting], kept: KeptState | None = None) -> admission.CycleResult:
+def decide(claims: list[Waiting], kept: KeptState | None = None) -> CycleResult:
     return run_cycle(Snapshot(FLEET, BUILTIN_CLASSES, QuotaConfig(), (), tuple(claims)), kept)
 
 
@@ -62,9 +64,9 @@ def failing(function: Callable[..., Any], error: BaseException) -> Callable[...,
 # answer, its explanation.
 STEPS = {
     "plan": (allocation.FleetState, "plan"),
-    "placement": (admission.AdmissionState, "_decide"),
-    "answer": (admission.AdmissionState, "answer"),
-    "explanation": (admission, "explain_pending"),  # the cycle module calls it by the name it imported
+    "placement": (TrialAdmission, "decide"),
+    "answer": (Answers, "answer"),
+    "explanation": (Explainer, "pending"),
 }
 
 
@@ -124,7 +126,7 @@ def test_a_cycle_that_fails_for_every_claim_raises_instead_of_looping(monkeypatc
         raise RuntimeError("broken")
 
     monkeypatch.setattr(cycle, "MAX_FAULTS_PER_CYCLE", 2)
-    monkeypatch.setattr(admission.AdmissionState, "_decide", always)
+    monkeypatch.setattr(TrialAdmission, "decide", always)
     with pytest.raises(ClaimFault):
         decide(GOOD)
 
@@ -132,10 +134,10 @@ def test_a_cycle_that_fails_for_every_claim_raises_instead_of_looping(monkeypatc
 def test_kept_state_is_built_anew_after_a_fault_so_the_next_cycle_agrees_with_a_fresh_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     memo = KeptState()
-    original = admission.AdmissionState._decide
-    monkeypatch.setattr(admission.AdmissionState, "_decide", failing(original, ZeroDivisionError("boom")))
+    original = TrialAdmission.decide
+    monkeypatch.setattr(TrialAdmission, "decide", failing(original, ZeroDivisionError("boom")))
     decide([waiting("poison", arrival=-1), *GOOD[:1]], memo)
-    monkeypatch.setattr(admission.AdmissionState, "_decide", original)
+    monkeypatch.setattr(TrialAdmission, "decide", original)
 
     later = [*GOOD[1:], waiting("late", count=4, arrival=9)]
     assert states(decide(later, memo)) == states(decide(later))
