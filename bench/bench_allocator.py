@@ -34,7 +34,6 @@ import bench_quota  # noqa: E402
 from ledger_runs import maintain, run_depths  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
-from services.allocator import service  # noqa: E402
 from services.allocator.service import Allocator  # noqa: E402
 from shared.admission.flavors import Flavors  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
@@ -72,14 +71,6 @@ async def run(url: str, depth: int) -> dict[str, Any]:
     admitted: list[int] = []
     flavors = Flavors(quotas.flavors, SelectorMemo())
     broken, first = 0, list[str]()
-    decide = service.run_cycle
-
-    def counted(snapshot: Any, memo: Any = None) -> Any:
-        result = decide(snapshot, memo)
-        admitted.append(sum(1 for d in result.decisions if d.decision.allocation is not None))
-        return result
-
-    service.run_cycle = counted
     serial = 0
     try:
         async with allocator.sessions() as session, session.begin():
@@ -101,8 +92,9 @@ async def run(url: str, depth: int) -> dict[str, Any]:
                 messages.append(_message(subjects.submit(claim.metadata.namespace or "default"),
                                          claim.model_dump(by_alias=True, exclude_none=True), serial))
             started = time.perf_counter()
-            await allocator._decide_messages(messages)  # one transaction, as serve runs a batch
+            await allocator.transaction.decide(messages)  # one transaction, as serve runs a batch
             elapsed = time.perf_counter() - started
+            admitted.append(allocator.transaction.decided[State.ALLOCATED.value])  # an Allocated status each
             if warming:
                 warming = admitted[-1] > 0 if admitted else True
                 if not warming and engine.dialect.name == "postgresql":
@@ -124,7 +116,6 @@ async def run(url: str, depth: int) -> dict[str, Any]:
                 "transaction_p99_ms": round(times[-1] * 1000, 1), "database": url.split(":")[0],
                 "quota_violations": {"transactions": broken, "checked": MEASURED, "first": first}}
     finally:
-        service.run_cycle = decide
         await engine.dispose()
 
 

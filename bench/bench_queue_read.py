@@ -22,10 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ledger_runs import maintain, run_depths  # noqa: E402
 
-from services.allocator import ledger_ops as ops  # noqa: E402
 from shared.dra.results import State  # noqa: E402
+from shared.ledger.decisions import claim_rows  # noqa: E402
 from shared.ledger.engine import create_engine, migrate, sessions  # noqa: E402
+from shared.ledger.queue import QueueCache, load_queue  # noqa: E402
 from shared.ledger.schema import Claim  # noqa: E402
+from shared.ledger.unit_of_work import unit_of_work  # noqa: E402
 
 CHANGED = 300
 TRANSACTIONS = 10
@@ -43,30 +45,29 @@ async def run(url: str, depth: int) -> dict[str, Any]:
     engine = create_engine(url)
     make = sessions(engine)
     try:
-        async with make() as session, session.begin():
-            await ops.lock_shard(session, "bench", "bench", 0.0)
-            session.add_all(Claim(namespace=f"t{i % 100}", name=f"c{i}", state=State.PENDING.value,
+        async with unit_of_work(make) as work:
+            await work.take_turn("bench", "bench", 0.0)
+            work.session.add_all(Claim(namespace=f"t{i % 100}", name=f"c{i}", state=State.PENDING.value,
                                   spec=_spec(f"c{i}", f"t{i % 100}", 1 + i % 4), sequence=0, arrival=i + 1)
                             for i in range(depth))
         if engine.dialect.name == "postgresql":
             await maintain(engine)
-        cache = ops.QueueCache()
+        cache = QueueCache()
         kept, every_row = [], []
         for n in range(TRANSACTIONS + 1):
-            async with make() as session, session.begin():
-                await ops.lock_shard(session, "bench", "bench", 0.0)
+            async with unit_of_work(make) as work:
+                await work.take_turn("bench", "bench", 0.0)
                 started = time.perf_counter()
-                queue = await ops.load_queue(session, cache)
+                queue = await load_queue(work, cache)
                 kept.append(time.perf_counter() - started)
                 started = time.perf_counter()
-                await ops.load_queue(session, ops.QueueCache(documents=dict(cache.documents)))
+                await load_queue(work, QueueCache(documents=dict(cache.documents)))
                 every_row.append(time.perf_counter() - started)
                 keys = list(queue.waiting)[n * CHANGED % len(queue.waiting):][:CHANGED]
-                rows = await ops.claim_rows(session, queue, keys)
+                rows = await claim_rows(work, queue, keys)
                 for key in keys:  # what a cycle writes: answers, with their status events
                     rows[key].reason = f"waits ({n})"
-                    ops.emit_status(session, rows[key])
-                await ops.write_buffered(session)
+                    work.writes.status(rows[key])
         kept, every_row = kept[1:], every_row[1:]  # the first read is a full one either way
         return {"queue_depth": depth, "changed_per_transaction": CHANGED, "rows_read": cache.rows_read,
                 "kept_p50_ms": round(statistics.median(kept) * 1000, 1), "kept_min_ms": round(min(kept) * 1000, 1),

@@ -47,7 +47,6 @@ import nats  # noqa: E402
 import yaml  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
-from services.allocator.ledger_ops import load_queue  # noqa: E402
 from services.natsio import EmbeddedNats, ensure_streams  # noqa: E402
 from shared.admission.cycle import run_cycle  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
@@ -62,8 +61,10 @@ from shared.dra.results import (
 )
 from shared.fleet.sources import load_inventory  # noqa: E402
 from shared.ledger.engine import create_engine, migrate, sessions  # noqa: E402
+from shared.ledger.queue import load_queue  # noqa: E402
 from shared.ledger.quota_store import apply_quota_config  # noqa: E402
 from shared.ledger.schema import Claim, DeadLetter, InboxMessage  # noqa: E402
+from shared.ledger.unit_of_work import UnitOfWork  # noqa: E402
 from shared.settings import BrokerSettings  # noqa: E402
 from tests.e2e.helpers import free_port  # noqa: E402
 from tests.private_postgres import PrivatePostgres  # noqa: E402
@@ -400,7 +401,7 @@ async def _run(cleanup: contextlib.AsyncExitStack, claims: int, tenants: int, no
 async def missed_admissions(session: Any, fleet: Fleet, classes: Any, config: QuotaConfig) -> list[str]:
     """Claims Pending in the final ledger that one more cycle of the decision core would admit: the
     allocator should have admitted them already (every release and submission has been decided)."""
-    queue = await load_queue(session)
+    queue = await load_queue(UnitOfWork(session))  # a read: nothing of it is written
     waiting = tuple(dataclasses.replace(w, answered=False) for w in queue.waiting.values())
     # by the allocator's rules: now, and its minRuntime (a claim it holds back from preemption is not stuck)
     config = dataclasses.replace(config, default_min_runtime=BrokerSettings().min_runtime)

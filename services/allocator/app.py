@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from services import channels
 from services.allocator.service import Allocator
 from services.frame import ServiceApp
 from shared.dra.classes import merge_classes
 from shared.fleet.sources import load_inventory
+from shared.ledger.handles import AsyncEngine
 from shared.settings import BrokerSettings
 
 

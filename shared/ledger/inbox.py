@@ -13,14 +13,14 @@ kind and tenant (what JetStream's window did then), until it is pruned."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import NamedTuple
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.ledger.schema import InboxMessage
+from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, InboxMessage
 
 _IDS_PER_QUERY = 500  # bound parameters per statement stay far below every driver's limit
 LEGACY = ""  # the kind of a row written before ids were scoped: it matches its id of any kind and tenant
@@ -73,3 +73,24 @@ async def prune(session: AsyncSession, consumer: str, before: datetime, limit: i
                                    InboxMessage.processed_at < before)
         .execution_options(synchronize_session=False))
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+async def set_aside(session: AsyncSession, consumer: str, key: Key, *, subject: str, data: bytes, error: str,
+                    deliveries: int, at: datetime) -> bool:
+    """Keep a message whose effects could not be committed, with its error, in the dead letters (its payload
+    cut at DEAD_LETTER_PAYLOAD_LIMIT), and record it handled; False when the inbox holds it already (set
+    aside before, or committed after all)."""
+    if await seen(session, consumer, [key]):
+        return False
+    await record(session, consumer, [key], at)
+    session.add(DeadLetter(consumer=consumer, message_id=key.message_id, subject=subject,
+                           payload=data[:DEAD_LETTER_PAYLOAD_LIMIT], payload_size=len(data), error=error,
+                           deliveries=deliveries))
+    return True
+
+
+def pruning(consumer: str) -> Callable[[AsyncSession, datetime, int], Awaitable[int]]:
+    """`prune` of the consumer's ids, as services/retention.Pruner calls it."""
+    async def prune_consumer(session: AsyncSession, before: datetime, limit: int) -> int:
+        return await prune(session, consumer, before, limit)
+    return prune_consumer

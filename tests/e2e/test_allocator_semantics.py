@@ -138,8 +138,12 @@ class CrashAfterCommit(Allocator):
 
     crashed = asyncio.Event()
 
-    async def _handle(self, messages: Any) -> None:
-        await self._decide_messages(messages)
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.intake.take = self.decide_and_crash  # each fetched batch
+
+    async def decide_and_crash(self, messages: Any) -> None:
+        await self.transaction.decide(messages)
         if messages:
             type(self).crashed.set()
             raise asyncio.CancelledError
@@ -240,7 +244,11 @@ class DiesHoldingItsBatch(Allocator):
 
     holding = asyncio.Event()
 
-    async def _handle(self, messages: Any) -> None:
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.intake.take = self.hold_forever  # each fetched batch
+
+    async def hold_forever(self, messages: Any) -> None:
         if messages:
             type(self).holding.set()
             await asyncio.Event().wait()  # never decides; its task is cancelled like a killed process
@@ -275,10 +283,15 @@ async def test_what_a_killed_allocator_held_is_decided_within_seconds(
 class SlowCommit(Allocator):
     """Takes three ack_waits to decide its first batch: marking it in progress keeps it its own."""
 
-    async def _decide_messages(self, messages: Any) -> None:
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.decide = self.transaction.decide
+        self.transaction.decide = self.decide_slowly
+
+    async def decide_slowly(self, messages: Any) -> None:
         if messages:
             await asyncio.sleep(3 * self.ack_wait)
-        await super()._decide_messages(messages)
+        await self.decide(messages)
 
 
 async def test_a_slow_batch_is_not_redelivered_while_it_is_decided(

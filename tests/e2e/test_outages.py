@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from services.allocator import service
+from services.allocator import outbox_relay
 from services.natsio import EmbeddedNats, connect, publish_json
 from services.stack import running_stack
 from shared.contract import events, subjects
@@ -52,8 +52,8 @@ async def test_the_allocator_stays_up_through_a_nats_restart(db_url: str, tmp_pa
 
 async def test_statuses_that_could_not_be_published_are_published_later(
         nats_server: EmbeddedNats, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    failing, failures = failing_first(service.publish_pipelined, 3, ConnectionError("NATS is restarting"))
-    monkeypatch.setattr(service, "publish_pipelined", failing)
+    failing, failures = failing_first(outbox_relay.publish_pipelined, 3, ConnectionError("NATS is restarting"))
+    monkeypatch.setattr(outbox_relay, "publish_pipelined", failing)
     async with broker(nats_server, db_url, tmp_path) as b:
         allocator = await b.start_allocator()
         nc = await connect(b.url, name="tenant")

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.allocator.service import Allocator
 from services.natsio import EmbeddedNats, connect, publish_json
@@ -163,12 +162,17 @@ class FailsOnceAfterANodeIsLost(Allocator):
 
     failed = False
 
-    async def _cycle(self, session: AsyncSession, config: Any = None) -> set[str]:
-        handled = await super()._cycle(session, config)
-        if handled and not FailsOnceAfterANodeIsLost.failed:
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.run_cycle = self.cycle.run
+        self.cycle.run = self.run_then_fail_once
+
+    async def run_then_fail_once(self, work: Any, config: Any = None) -> Any:
+        cycled = await self.run_cycle(work, config)
+        if cycled.lost and not FailsOnceAfterANodeIsLost.failed:
             FailsOnceAfterANodeIsLost.failed = True
             raise IntegrityError("a cycle", {}, Exception("simulated: a racing allocator committed first"))
-        return handled
+        return cycled
 
 
 async def test_a_lost_node_is_handled_again_when_the_cycle_that_handled_it_rolls_back(

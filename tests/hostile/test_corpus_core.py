@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from services.allocator.batch import ClaimMessage, read_message
+from services.allocator.messages import ClaimMessage, read_message
 from shared.admission.kept import KeptState
 from shared.dra import model as dra
 from shared.dra.claims import InvalidClaim, read_submission
@@ -40,7 +40,7 @@ BATCH_TIMEOUT_S = 60.0
 # internal-error: the core's guard caught an exception of its own while deciding the claim (a crash it
 # contained: the claim waits with an "internal error" reason instead of the answer it should get).
 OUTCOMES = ("allocated", "pending", "rejected", "invalid-named", "invalid-message", "internal-error", "crash")
-GUARDED_READ = "message could not be read:"  # read_message's catch-all (services/allocator/batch.py)
+GUARDED_READ = "message could not be read:"  # read_message's catch-all (services/allocator/messages.py)
 
 MEMO = KeptState()  # kept across cycles as the allocator keeps it; each child starts from its state here
 RUNNING = busy_fleet(MEMO)

@@ -28,7 +28,7 @@ import yaml
 from sqlalchemy import inspect, select
 
 from services.allocator.app import allocator_app
-from services.allocator.batch import inbox_id
+from services.allocator.messages import inbox_id
 from services.allocator.service import Allocator
 from services.natsio import EmbeddedNats, connect, ensure_streams
 from services.watcher.files import FileWatcher

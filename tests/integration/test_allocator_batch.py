@@ -13,15 +13,17 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from services.allocator import ledger_ops as ops
 from services.allocator.service import Allocator
 from shared.admission.quota import parse_quotas
 from shared.contract import subjects
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.results import Allocation, Decision, DeviceResult, State
+from shared.ledger.decisions import claim_rows
 from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.queue import load_queue
 from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation, InboxMessage
+from shared.ledger.unit_of_work import ClaimRow, UnitOfWork, unit_of_work
 from tests.builders import a_claim
 
 
@@ -44,8 +46,8 @@ async def test_a_batch_sees_what_its_earlier_messages_did(db_url: str) -> None:
     engine = create_engine(db_url)
     allocator = Allocator(engine, BUILTIN_CLASSES)
     try:
-        await allocator._decide_messages([_submit("old", "m0", 1)])
-        await allocator._decide_messages([
+        await allocator.transaction.decide([_submit("old", "m0", 1)])
+        await allocator.transaction.decide([
             _submit("a", "m1", 2), _release("a", "m2", 3), _submit("a", "m3", 4),  # resubmitted once released
             _submit("b", "m4", 5), _submit("b", "m4", 6),  # the same id twice in one batch
             _release("old", "m5", 7), _submit("old", "m0", 1),  # m0 again: the inbox holds it (a redelivery)
@@ -68,34 +70,43 @@ async def test_a_batch_sees_what_its_earlier_messages_did(db_url: str) -> None:
         await engine.dispose()
 
 
-async def _a_queued_claim(session: Any) -> ops.ClaimRow:
-    session.add(Claim(namespace="t", name="c", state="Pending", spec=a_claim("c", "t").request().document(),
-                      sequence=0, priority=0, preemptible=True))
-    await session.flush()
-    queue = await ops.load_queue(session)
-    return (await ops.claim_rows(session, queue, [("t", "c")]))[("t", "c")]
+async def _a_queued_claim(work: UnitOfWork) -> ClaimRow:
+    work.session.add(Claim(namespace="t", name="c", state="Pending", spec=a_claim("c", "t").request().document(),
+                           sequence=0, priority=0, preemptible=True))
+    await work.session.flush()
+    queue = await load_queue(work)
+    return (await claim_rows(work, queue, [("t", "c")]))[("t", "c")]
 
 
-async def _emit(session: Any) -> None:
-    ops.emit_status(session, await _a_queued_claim(session))
+async def _emit(work: UnitOfWork) -> None:
+    work.writes.status(await _a_queued_claim(work))
 
 
-async def _decide(session: Any) -> None:
-    ops.apply_decision(session, await _a_queued_claim(session), Decision(State.PENDING, reason="waits"))
+async def _decide(work: UnitOfWork) -> None:
+    work.writes.decision(await _a_queued_claim(work), Decision(State.PENDING, reason="waits"))
 
 
-@pytest.mark.parametrize("unwritten", [_emit, _decide], ids=["status", "decision"])
-async def test_what_is_written_in_bulk_and_not_written_refuses_the_commit(db_url: str, unwritten: Any) -> None:
-    """Statuses and decided claim rows are written in bulk (`write_buffered`); a transaction
-    that would commit without them raises and rolls back, so no decision or status can be lost silently."""
+@pytest.mark.parametrize("recorded", [_emit, _decide], ids=["status", "decision"])
+async def test_what_a_unit_of_work_records_is_written_when_it_commits(db_url: str, recorded: Any) -> None:
+    """Statuses and decided claim rows are written in bulk as the unit of work commits, so no decision or
+    status can be lost silently; when its block raises, none of it is written."""
     await migrate(db_url)
     engine = create_engine(db_url)
     try:
-        with pytest.raises(RuntimeError, match="write_buffered"):
-            async with sessions(engine)() as session, session.begin():
-                await unwritten(session)
+        with pytest.raises(RuntimeError, match="refused"):
+            async with unit_of_work(sessions(engine)) as work:
+                await recorded(work)
+                raise RuntimeError("refused")
         async with sessions(engine)() as session:
             assert await session.scalar(select(func.count()).select_from(Claim)) == 0
+        async with unit_of_work(sessions(engine)) as work:
+            await recorded(work)
+        async with sessions(engine)() as session:
+            written = await session.scalar(select(Claim))
+            history = list(await session.scalars(select(ClaimEvent.state)))
+        assert written is not None
+        assert (written.state, written.reason, history) == (
+            ("Pending", None, ["Pending"]) if recorded is _emit else ("Pending", "waits", []))
     finally:
         await engine.dispose()
 
@@ -105,14 +116,13 @@ async def test_a_decision_is_written_with_its_devices_and_revision(db_url: str) 
     engine = create_engine(db_url)
     allocation = Allocation("n1", (DeviceResult("gpu", "gpu.nvidia.com", "n1", "gpu-0"),))
     try:
-        async with sessions(engine)() as session, session.begin():
-            revision = await ops.lock_shard(session, "default", "test", 0.0)
-            row = await _a_queued_claim(session)
+        async with unit_of_work(sessions(engine)) as work:
+            revision = await work.take_turn("default", "test", 0.0)
+            row = await _a_queued_claim(work)
             row.explain = {"why": "kept"}
-            assert ops.apply_decision(session, row, Decision(State.ALLOCATED, allocation),
-                                      {("gpu.nvidia.com", "n1", "gpu-0"): ("H100", 2.0)})
-            ops.emit_status(session, row)
-            await ops.write_buffered(session)
+            assert work.writes.decision(row, Decision(State.ALLOCATED, allocation),
+                                        {("gpu.nvidia.com", "n1", "gpu-0"): ("H100", 2.0)})
+            work.writes.status(row)
         async with sessions(engine)() as session:
             written = await session.scalar(select(Claim))
             devices = [(d.device, d.node, d.flavor, d.units) for d in await session.scalars(select(DeviceAllocation))]
@@ -135,8 +145,8 @@ async def test_a_tenant_past_its_max_pending_gets_its_new_claims_rejected_with_t
         async with sessions(engine)() as session, session.begin():
             await apply_quota_config(session, parse_quotas({"kind": "Quotas", "tenants": [
                 {"name": "t", "maxPending": 2}, {"name": "u"}]}), "test")
-        await allocator._decide_messages([_submit("a", "m1", 1), _submit("b", "m2", 2), _submit("c", "m3", 3)])
-        await allocator._decide_messages([_release("a", "m4", 4), _submit("d", "m5", 5), _submit("e", "m6", 6)])
+        await allocator.transaction.decide([_submit("a", "m1", 1), _submit("b", "m2", 2), _submit("c", "m3", 3)])
+        await allocator.transaction.decide([_release("a", "m4", 4), _submit("d", "m5", 5), _submit("e", "m6", 6)])
         async with sessions(engine)() as session:
             rows = {r.name: r for r in await session.scalars(select(Claim))}
         assert {n: r.state for n, r in rows.items()} == {

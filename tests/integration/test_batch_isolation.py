@@ -5,7 +5,6 @@ is blamed: each is redelivered."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from services.allocator import batch
+from services.allocator.claim_batch import ClaimBatch
 from services.allocator.service import Allocator
 from shared.contract import subjects
 from shared.dra.classes import BUILTIN_CLASSES
@@ -40,38 +39,30 @@ class Message:
 
 
 @pytest.fixture
-async def allocator(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+async def allocator(db_url: str) -> Any:
     await migrate(db_url)
     engine = create_engine(db_url)
     allocator = Allocator(engine, BUILTIN_CLASSES)
 
-    async def nothing(*_: Any) -> None:
-        return None
-
-    async def degraded(why: str, *, resolved: bool = False) -> None:
+    async def degraded(why: str, resolved: bool) -> None:
         allocator.alerts.append((why, resolved))
 
     allocator.alerts = []
-    monkeypatch.setattr(allocator, "publish_outbox", nothing)
-    monkeypatch.setattr(allocator, "_degraded", degraded)
+    allocator.intake.report = degraded  # the service-degraded alert, without NATS
     yield allocator
     await engine.dispose()
 
 
-async def _record(allocator: Any, why: str, resolved: bool) -> None:
-    allocator.alerts.append((why, resolved))
-
-
 def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
     """Writing the claim named `poison` fails inside the transaction, as a value the database refuses would."""
-    submit = batch._Applied.submit
+    submit = ClaimBatch.submit
 
-    async def failing(self: Any, message: Any, claim: Any) -> bool:
+    def failing(self: Any, message: Any, claim: Any) -> bool:
         if claim.metadata.name == "poison":
             raise ValueError("value too long for type character varying(253)")
-        return await submit(self, message, claim)
+        return submit(self, message, claim)
 
-    monkeypatch.setattr(batch._Applied, "submit", failing)
+    monkeypatch.setattr(ClaimBatch, "submit", failing)
 
 
 async def test_a_message_that_fails_alone_is_dead_lettered_and_its_batch_mates_are_decided(
@@ -79,10 +70,10 @@ async def test_a_message_that_fails_alone_is_dead_lettered_and_its_batch_mates_a
     poisoned(monkeypatch)
     messages = [Message("a", 1), Message("poison", 2), Message("b", 3)]
 
-    await allocator._handle(messages)
+    await allocator.intake.take(messages)
     assert [m.answer for m in messages] == ["ack", "nak", "ack"]  # blamed only when it fails again
     again = Message("poison", 2, delivered=2)
-    await allocator._handle([again])
+    await allocator.intake.take([again])
 
     assert again.answer == "ack"
     async with allocator.sessions() as session:
@@ -99,10 +90,10 @@ async def test_a_message_that_fails_alone_is_dead_lettered_and_its_batch_mates_a
 
 async def test_a_redelivered_dead_letter_changes_nothing(allocator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     poisoned(monkeypatch)
-    await allocator._handle([Message("poison", 1, delivered=2)])
+    await allocator.intake.take([Message("poison", 1, delivered=2)])
     again = Message("poison", 1, delivered=3)
 
-    await allocator._handle([again])
+    await allocator.intake.take([again])
 
     assert again.answer == "ack"
     async with allocator.sessions() as session:
@@ -111,13 +102,13 @@ async def test_a_redelivered_dead_letter_changes_nothing(allocator: Any, monkeyp
 
 async def test_when_the_cycle_itself_fails_no_message_is_blamed(
         allocator: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken(self: Any, session: Any) -> set[str]:
+    async def broken(work: Any, config: Any = None) -> Any:
         raise RuntimeError("the cycle is broken")
 
-    monkeypatch.setattr(Allocator, "_cycle", broken)
+    monkeypatch.setattr(allocator.cycle, "run", broken)
     messages = [Message("a", 1, delivered=2), Message("b", 2, delivered=2)]  # a first failure is only retried
 
-    await allocator._handle(messages)
+    await allocator.intake.take(messages)
 
     assert [m.answer for m in messages] == ["nak", "nak"]
     async with allocator.sessions() as session:
@@ -127,22 +118,21 @@ async def test_when_the_cycle_itself_fails_no_message_is_blamed(
     assert allocator.not_ready() is not None
 
     monkeypatch.undo()  # the cycle works again; the alert is resolved once
-    monkeypatch.setattr(allocator, "publish_outbox", lambda: asyncio.sleep(0))
-    monkeypatch.setattr(allocator, "_degraded", lambda why, resolved=False: _record(allocator, why, resolved))
-    allocator._inventory_seen.set()
-    await allocator._handle([Message("c", 3)])
-    await allocator._handle([Message("d", 4)])
+    allocator.inventory.seen.set()  # as once an inventory was read
+    await allocator.intake.take([Message("c", 3)])
+    await allocator.intake.take([Message("d", 4)])
     assert allocator.alerts[1:] == [("decision cycles commit again", True)] and allocator.not_ready() is None
 
 
 def test_a_lost_database_connection_is_a_passing_fault() -> None:
-    """What a terminated PostgreSQL backend raises: redelivered, never dead-lettered (the chaos run lost a
-    claim to this: the message was blamed for the connection)."""
+    """What a terminated PostgreSQL backend raises: the ledger unavailable (held and tried again, never
+    dead-lettered: the chaos run lost a claim when the message was blamed for the connection); a value the
+    ledger refuses is a fault of unknown kind."""
     from sqlalchemy.exc import DBAPIError
 
-    from services.allocator.service import _is_transient
+    from services.consumer import Unavailable, kind_of
 
     lost = DBAPIError("SELECT 1", None, Exception("connection was closed in the middle of operation"),
                       connection_invalidated=True)
     refused = DBAPIError("INSERT", None, Exception("value too long for type character varying(253)"))
-    assert _is_transient(lost) and not _is_transient(refused)
+    assert kind_of(lost) is Unavailable and kind_of(refused) is None

@@ -24,7 +24,7 @@ async def test_a_remembered_release_goes_to_the_row_of_the_next_submission(db_ur
             await apply_quota_config(session, parse_quotas({"kind": "Quotas", "tenants": [
                 {"name": "t", "maxPending": 0}]}), "test")
         # three unknown names, one twice in the batch: two remembered (the newest), four answers
-        await allocator._decide_messages([_release("x", "r1", 10), _release("y", "r2", 11), _release("x", "r3", 12),
+        await allocator.transaction.decide([_release("x", "r1", 10), _release("y", "r2", 11), _release("x", "r3", 12),
                                           _release("z", "r4", 13)])
         async with sessions(engine)() as session:
             remembered = {(r.name, r.released_seq) for r in await session.scalars(select(EarlyRelease))}
@@ -36,7 +36,7 @@ async def test_a_remembered_release_goes_to_the_row_of_the_next_submission(db_ur
 
         # published after the releases: x is refused (maxPending 0) and its Rejected row carries the release;
         # z, published before its release (redelivered), ends Released
-        await allocator._decide_messages([_submit("x", "s1", 20), _submit("z", "s0", 5)])
+        await allocator.transaction.decide([_submit("x", "s1", 20), _submit("z", "s0", 5)])
         async with sessions(engine)() as session:
             rows = {r.name: (r.state, r.released_seq, r.sequence) for r in await session.scalars(select(Claim))}
             left = list(await session.scalars(select(EarlyRelease.name)))

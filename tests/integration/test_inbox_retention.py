@@ -7,11 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.allocator import ledger_ops as ops
 from services.retention import Pruner
-from shared.ledger import inbox
+from shared.ledger import inbox, intake
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import EarlyRelease, InboxMessage
 
@@ -52,11 +50,8 @@ async def test_a_pruner_forgets_its_consumers_ids_past_the_retention_and_not_bef
             session.add(EarlyRelease(tenant="t", name="old", released_seq=1, released_at=at(RETENTION + 1)))
             session.add(EarlyRelease(tenant="t", name="young", released_seq=2, released_at=at(RETENTION - 1)))
 
-        async def prune_notifier(session: AsyncSession, before: datetime, limit: int) -> int:
-            return await inbox.prune(session, "notifier", before, limit)
-
-        pruner = Pruner(sessions(engine), [prune_notifier, ops.prune_early_releases], RETENTION, lambda: NOW,
-                        interval=0.0, batch=10, behind_pause=0.0)
+        pruner = Pruner(sessions(engine), [inbox.pruning("notifier"), intake.prune_early_releases], RETENTION,
+                        lambda: NOW, interval=0.0, batch=10, behind_pause=0.0)
         for _ in range(4):  # 25 old ids in batches of 10: the last pass finds none
             await pruner.run_if_due()
         assert pruner.passes == 4 and pruner.pruned == 26

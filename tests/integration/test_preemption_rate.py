@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from services.allocator import ledger_ops as ops
 from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.queue import recent_preemptions
 from shared.ledger.schema import Claim, ClaimEvent
+from shared.ledger.unit_of_work import unit_of_work
 
 NOW = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
 
@@ -29,8 +30,8 @@ async def test_only_another_tenants_preemptions_of_the_last_minute_count(db_url:
                 s.add(ClaimEvent(claim_id=rows[name].id, at=NOW - timedelta(seconds=ago), sequence=2,
                                  state="Preempted", by=by))
             s.add(ClaimEvent(claim_id=rows["b"].id, at=NOW, sequence=3, state="Pending"))
-        async with sessions(engine)() as s:
-            counted = await ops.recent_preemptions(s, (NOW - timedelta(seconds=60)).timestamp())
+        async with unit_of_work(sessions(engine)) as work:
+            counted = await recent_preemptions(work, (NOW - timedelta(seconds=60)).timestamp())
         assert counted == {"vision": 2, "nlp": 1}
     finally:
         await engine.dispose()

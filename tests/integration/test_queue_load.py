@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import delete, event
+from sqlalchemy import delete, event, select
 
-from services.allocator import ledger_ops as ops
 from shared.admission.model import QueueChanges, Running, Waiting
 from shared.dra.results import Allocation, Decision, DeviceResult, State
+from shared.ledger.decisions import claim_rows, release_devices
 from shared.ledger.engine import create_engine, migrate, sessions
+from shared.ledger.queue import Queue, QueueCache, load_queue
 from shared.ledger.schema import Claim
+from shared.ledger.unit_of_work import UnitOfWork, unit_of_work
 from tests.builders import a_claim
 
 
@@ -26,7 +28,11 @@ def _allocation(device: str) -> Allocation:
     return Allocation("n1", (DeviceResult("gpu", "gpu.nvidia.com", "n1", device),))
 
 
-def _seen(queue: ops.Queue) -> tuple[dict[Any, Any], dict[Any, Any]]:
+async def _find(work: UnitOfWork, name: str) -> Claim | None:
+    return await work.session.scalar(select(Claim).where(Claim.namespace == "t", Claim.name == name))
+
+
+def _seen(queue: Queue) -> tuple[dict[Any, Any], dict[Any, Any]]:
     def w(x: Waiting) -> Any:
         return (x.tenant, x.name, x.claim, x.priority, x.preemptible, x.arrival, x.answered, x.displaced_by)
 
@@ -40,12 +46,12 @@ async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
     await migrate(db_url)
     engine = create_engine(db_url)
     make = sessions(engine)
-    cache = ops.QueueCache()
+    cache = QueueCache()
 
-    async def check() -> ops.Queue:
-        async with make() as session:
-            cached = await ops.load_queue(session, cache)
-            fresh = await ops.load_queue(session)
+    async def check() -> Queue:
+        async with unit_of_work(make) as work:
+            cached = await load_queue(work, cache)
+            fresh = await load_queue(work)
         assert _seen(cached) == _seen(fresh)
         return cached
 
@@ -56,34 +62,31 @@ async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
                                   priority=i, sequence=0, arrival=i + 1))
         first = await check()
         assert sorted(first.waiting) == [("t", "c0"), ("t", "c1"), ("t", "c2")] and not first.running
-        async with make() as session, session.begin():  # c0 allocated, c1 answered
-            rows = await ops.claim_rows(session, first, [("t", "c0"), ("t", "c1")])
-            ops.apply_decision(session, rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
-            ops.emit_status(session, rows[("t", "c0")])
+        async with unit_of_work(make) as work:  # c0 allocated, c1 answered
+            rows = await claim_rows(work, first, [("t", "c0"), ("t", "c1")])
+            work.writes.decision(rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
+            work.writes.status(rows[("t", "c0")])
             rows[("t", "c1")].reason = "waits"
-            ops.emit_status(session, rows[("t", "c1")])
-            await ops.write_buffered(session)
+            work.writes.status(rows[("t", "c1")])
         second = await check()
         assert second.running[("t", "c0")].allocation == _allocation("gpu-0")
         assert second.waiting[("t", "c1")].answered and not second.waiting[("t", "c2")].answered
-        async with make() as session, session.begin():  # c0 preempted, then placed elsewhere at once
-            row = (await ops.claim_rows(session, second, [("t", "c0")]))[("t", "c0")]
-            await ops.release_devices(session, [row.id])
+        async with unit_of_work(make) as work:  # c0 preempted, then placed elsewhere at once
+            row = (await claim_rows(work, second, [("t", "c0")]))[("t", "c0")]
+            await release_devices(work, [row.id])
             row.state, row.allocation, row.node, row.reason = State.PENDING.value, None, None, None
-            ops.emit_status(session, row)
-            ops.apply_decision(session, row, Decision(State.ALLOCATED, _allocation("gpu-1")))
-            ops.emit_status(session, row)
-            await ops.write_buffered(session)
+            work.writes.status(row)
+            work.writes.decision(row, Decision(State.ALLOCATED, _allocation("gpu-1")))
+            work.writes.status(row)
         third = await check()
         assert third.running[("t", "c0")].allocation == _allocation("gpu-1")  # read again: its sequence moved
-        async with make() as session, session.begin():  # c0 preempted back to the queue, c2 released
-            rows = await ops.claim_rows(session, third, [("t", "c0"), ("t", "c2")])
-            await ops.release_devices(session, [rows[("t", "c0")].id])
+        async with unit_of_work(make) as work:  # c0 preempted back to the queue, c2 released
+            rows = await claim_rows(work, third, [("t", "c0"), ("t", "c2")])
+            await release_devices(work, [rows[("t", "c0")].id])
             rows[("t", "c0")].state, rows[("t", "c0")].allocation = State.PENDING.value, None
-            ops.emit_status(session, rows[("t", "c0")])
+            work.writes.status(rows[("t", "c0")])
             rows[("t", "c2")].state, rows[("t", "c2")].reason = State.RELEASED.value, "released by the tenant"
-            ops.emit_status(session, rows[("t", "c2")])
-            await ops.write_buffered(session)
+            work.writes.status(rows[("t", "c2")])
         fourth = await check()
         assert sorted(fourth.waiting) == [("t", "c0"), ("t", "c1")] and not fourth.running
     finally:
@@ -99,24 +102,23 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
     await migrate(db_url)
     engine = create_engine(db_url)
     make = sessions(engine)
-    cache = ops.QueueCache()
+    cache = QueueCache()
     changes: list[QueueChanges] = []
 
-    async def decide(before: Any = None, after: Any = None, *, commit: bool = True) -> ops.Queue:
+    async def decide(before: Any = None, after: Any = None, *, commit: bool = True) -> Queue:
         """One decision transaction: `before` writes, the read (checked against a full one), `after` writes."""
         try:
-            async with make() as session, session.begin():
-                await ops.lock_shard(session, "default", "test", 0.0)
+            async with unit_of_work(make) as work:
+                await work.take_turn("default", "test", 0.0)
                 if before is not None:
-                    await before(session)
-                    await session.flush()
-                queue = await ops.load_queue(session, cache)
-                fresh = await ops.load_queue(session)
+                    await before(work)
+                    await work.session.flush()
+                queue = await load_queue(work, cache)
+                fresh = await load_queue(work)
                 assert _seen(queue) == _seen(fresh)
                 changes.append(queue.waiting.snapshot()[1])  # what the cycle would be handed
                 if after is not None:
-                    await after(session, queue)
-                await ops.write_buffered(session)
+                    await after(work, queue)
                 if not commit:
                     raise _RolledBack
         except _RolledBack:
@@ -124,9 +126,9 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
         return queue
 
     def add(*names: str) -> Any:
-        async def write(session: Any) -> None:
+        async def write(work: UnitOfWork) -> None:
             for name in names:
-                session.add(Claim(namespace="t", name=name, state=State.PENDING.value, spec=_spec(name, "t"),
+                work.session.add(Claim(namespace="t", name=name, state=State.PENDING.value, spec=_spec(name, "t"),
                                   sequence=0, arrival=int(name[1:]) + 1))
         return write
 
@@ -134,12 +136,12 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
         first = await decide(add(*(f"c{i}" for i in range(40))))
         assert len(first.waiting) == 40 and cache.rows_read == 40
 
-        async def allocate_c0_answer_c1(session: Any, queue: ops.Queue) -> None:
-            rows = await ops.claim_rows(session, queue, [("t", "c0"), ("t", "c1")])
-            ops.apply_decision(session, rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
-            ops.emit_status(session, rows[("t", "c0")])
+        async def allocate_c0_answer_c1(work: UnitOfWork, queue: Queue) -> None:
+            rows = await claim_rows(work, queue, [("t", "c0"), ("t", "c1")])
+            work.writes.decision(rows[("t", "c0")], Decision(State.ALLOCATED, _allocation("gpu-0")))
+            work.writes.status(rows[("t", "c0")])
             rows[("t", "c1")].reason = "waits"
-            ops.emit_status(session, rows[("t", "c1")])
+            work.writes.status(rows[("t", "c1")])
 
         await decide(after=allocate_c0_answer_c1)  # written after the read, in the same transaction
         third = await decide()
@@ -148,19 +150,19 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
         assert [w.name for w in changes[-1].went] == ["c0", "c1"] and changes[-1].came == (third.waiting[("t", "c1")],)
         assert changes[-1].since == changes[-2].version and not changes[-2].came and not changes[-2].went
 
-        async def release_c0(session: Any) -> None:
-            row = await ops.find_claim(session, "t", "c0")
+        async def release_c0(work: UnitOfWork) -> None:
+            row = await _find(work, "c0")
             assert row is not None
-            await ops.release_devices(session, [row.id])
+            await release_devices(work, [row.id])
             row.state, row.allocation, row.node = State.RELEASED.value, None, None
-            ops.emit_status(session, row)
-            await add("c40")(session)
+            work.writes.status(row)
+            await add("c40")(work)
 
         fourth = await decide(release_c0)
         assert cache.rows_read == 2 and ("t", "c0") not in fourth.running and ("t", "c40") in fourth.waiting
 
-        async with make() as session, session.begin():  # outside a decision transaction
-            row = await ops.find_claim(session, "t", "c2")
+        async with unit_of_work(make) as work:  # outside a decision transaction
+            row = await _find(work, "c2")
             assert row is not None
             row.priority = 7
         read = []
@@ -169,11 +171,11 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
             read.append(cache.rows_read)
         assert read == [3, 1, 0]  # first with c0 and c40, which the last transaction wrote
 
-        async def answer_c3(session: Any) -> None:
-            row = await ops.find_claim(session, "t", "c3")
+        async def answer_c3(work: UnitOfWork) -> None:
+            row = await _find(work, "c3")
             assert row is not None
             row.reason = "waits"
-            ops.emit_status(session, row)
+            work.writes.status(row)
 
         assert (await decide(answer_c3, commit=False)).waiting[("t", "c3")].answered
         after_rollback = await decide()
@@ -198,7 +200,7 @@ async def test_the_kept_read_searches_the_revision_index_on_sqlite(tmp_path: Any
     await migrate(url)
     engine = create_engine(url)
     make = sessions(engine)
-    cache = ops.QueueCache()
+    cache = QueueCache()
     statements: list[tuple[str, Any]] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
@@ -206,13 +208,13 @@ async def test_the_kept_read_searches_the_revision_index_on_sqlite(tmp_path: Any
 
     try:
         for n in range(2):  # a full read, then a kept one
-            async with make() as session, session.begin():
-                await ops.lock_shard(session, "default", "test", 0.0)
-                session.add(Claim(namespace="t", name=f"c{n}", state=State.PENDING.value,
-                                  spec=_spec("c", "t"), sequence=0))
-                await session.flush()
+            async with unit_of_work(make) as work:
+                await work.take_turn("default", "test", 0.0)
+                work.session.add(Claim(namespace="t", name=f"c{n}", state=State.PENDING.value,
+                                       spec=_spec("c", "t"), sequence=0))
+                await work.session.flush()
                 event.listen(engine.sync_engine, "before_cursor_execute", record)
-                await ops.load_queue(session, cache)
+                await load_queue(work, cache)
                 event.remove(engine.sync_engine, "before_cursor_execute", record)
         since = [(s, p) for s, p in statements if "claims.revision >" in s]
         assert len(since) == 1

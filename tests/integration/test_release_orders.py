@@ -71,7 +71,7 @@ async def test_every_order_of_submissions_and_releases_ends_as_the_stream_says(d
                     messages.append(_message(subjects.release("t"), {"name": name}, f"{name}-{position}", at))
             delivered = [messages[i] for i in order]
             for batch in ([delivered] if batched else [[m] for m in delivered]):
-                await allocator._decide_messages(batch)
+                await allocator.transaction.decide(batch)
         async with sessions(engine)() as session:
             states = {row.name: row.state for row in await session.scalars(select(Claim))}
         wrong = {f"{CASES[int(n[1:])]}": (expected[n], states.get(n)) for n in expected
@@ -88,7 +88,7 @@ async def test_releases_in_the_batch_of_their_submissions_release_every_claim(db
     allocator = Allocator(engine, BUILTIN_CLASSES)
     names = "abcde"
     try:
-        await allocator._decide_messages([
+        await allocator.transaction.decide([
             *(_message(subjects.submit("t"), a_claim(n, "t").request().document(), f"s-{n}", i)
               for i, n in enumerate(names, 1)),
             *(_message(subjects.release("t"), {"name": n}, f"r-{n}", i) for i, n in enumerate(names, 10)),

@@ -1,13 +1,13 @@
 """Allocator reasons: Pending answers older than `reason_refresh` are asked again; stale-node texts stay put."""
 
-import math
-from types import SimpleNamespace
 from typing import Any
 
-from services.allocator.ledger_ops import Queue
-from services.allocator.service import Allocator, Heard
+from services.allocator.inventory import Heard, Inventory
+from services.allocator.reasons import ReasonRefresh
 from shared.admission.model import Waiting
 from shared.admission.waiting_queue import WaitingQueue
+from shared.dra.inventory import Fleet, NodeInventory
+from shared.ledger.queue import Queue
 from tests.builders import a_claim
 
 
@@ -25,11 +25,11 @@ def test_only_answers_older_than_the_refresh_are_asked_again() -> None:
     queue = Queue(waiting=_queued(WaitingQueue(), old, Waiting("t", "recent", claim, answered=True),
                                   Waiting("t", "new", claim)))
     now = [1000.0]
-    allocator = SimpleNamespace(clock=lambda: now[0], reason_refresh=60.0, _matched_at=-math.inf,
-                                _answered_at={("t", "old"): 900.0, ("t", "recent"): 990.0, ("t", "gone"): 10.0})
-    Allocator._refresh_stale_reasons(allocator, queue)  # type: ignore[arg-type]
+    reasons = ReasonRefresh(60.0, lambda: now[0])
+    reasons.answered_at.update({("t", "old"): 900.0, ("t", "recent"): 990.0, ("t", "gone"): 10.0})
+    reasons.ask_again(queue)
     assert {k[1]: w.answered for k, w in queue.waiting.items()} == {"old": False, "recent": True, "new": False}
-    assert set(allocator._answered_at) == set(queue.waiting)  # claims no longer waiting are forgotten
+    assert set(reasons.answered_at) == set(queue.waiting)  # claims no longer waiting are forgotten
     _, changes = queue.waiting.snapshot()
     assert changes.went == (old,) and changes.came == (queue.waiting[("t", "old")],)
 
@@ -62,26 +62,27 @@ def test_only_stale_answers_are_looked_at_not_every_waiting_claim() -> None:
     waiting = _queued(_Watched(), *(Waiting("t", f"c{i}", claim, answered=True) for i in range(1000)))
     waiting.read = []
     now = [1000.0]
-    allocator = SimpleNamespace(clock=lambda: now[0], reason_refresh=60.0, _matched_at=980.0,  # matched lately
-                                _answered_at={("t", "c7"): 900.0, **{("t", f"c{i}"): 990.0 for i in range(1000)
-                                                                    if i != 7 and i != 8}})  # c8: unknown
-    Allocator._refresh_stale_reasons(allocator, Queue(waiting=waiting))  # type: ignore[arg-type]
+    reasons = ReasonRefresh(60.0, lambda: now[0])
+    reasons.matched_at = 980.0  # matched lately
+    reasons.answered_at.update({("t", "c7"): 900.0, **{("t", f"c{i}"): 990.0 for i in range(1000)
+                                                        if i != 7 and i != 8}})  # c8: unknown
+    reasons.ask_again(Queue(waiting=waiting))
     assert waiting.read == [("t", "c7")] and not waiting[("t", "c7")].answered
-    assert ("t", "c8") not in allocator._answered_at
+    assert ("t", "c8") not in reasons.answered_at
     now[0] = 1040.0  # a refresh period after the last match: every waiting claim is matched once
     waiting.read = []
-    Allocator._refresh_stale_reasons(allocator, Queue(waiting=waiting))  # type: ignore[arg-type]
-    assert set(waiting.read) == set(waiting) and allocator._answered_at[("t", "c8")] == 1040.0
+    reasons.ask_again(Queue(waiting=waiting))
+    assert set(waiting.read) == set(waiting) and reasons.answered_at[("t", "c8")] == 1040.0
 
 
 def test_a_stale_node_reads_the_same_from_cycle_to_cycle() -> None:
     """Nodes over the inventory TTL get no allocation; their reason names when they were last heard, so it
     does not change every cycle (the decision core keeps its state while the unusable nodes stay the same)."""
-    heard = {"old": Heard(1, 1_000.0, b""), "fresh": Heard(2, 1_150.0, b"")}
     now = [1_200.0]
-    allocator = SimpleNamespace(clock=lambda: now[0], inventory_ttl=90.0, fleet=SimpleNamespace(nodes=dict(heard)),
-                                _heard=heard)
-    first = Allocator._unusable_nodes(allocator)  # type: ignore[arg-type]
+    inventory = Inventory(90.0, lambda: now[0])
+    inventory.fleet = Fleet().with_node(NodeInventory("old", ())).with_node(NodeInventory("fresh", ()))
+    inventory.heard.update({"old": Heard(1, 1_000.0, b""), "fresh": Heard(2, 1_150.0, b"")})
+    first = inventory.unusable_nodes()
     now[0] = 1_230.0
-    assert Allocator._unusable_nodes(allocator) == first  # type: ignore[arg-type]
+    assert inventory.unusable_nodes() == first
     assert first == {"old": "stale inventory: last heard 1970-01-01T00:16:40Z, over the 90s TTL"}

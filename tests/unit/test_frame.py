@@ -73,14 +73,14 @@ async def test_a_heartbeat_keeps_the_fleet_and_a_change_replaces_it() -> None:
     async with TestNatsBroker(app.broker) as broker:
         await broker.publish({**payload, "sequence": 1, "observedAtUnix": 1_000.0}, subjects.inventory(node))
         fleet = allocator.fleet
-        allocator._fleet_changed.clear()
+        allocator.inventory.changed.clear()
         await broker.publish({**payload, "sequence": 2, "observedAtUnix": 1_030.0}, subjects.inventory(node))
-        assert allocator.fleet is fleet and not allocator._fleet_changed.is_set()
+        assert allocator.fleet is fleet and not allocator.inventory.changed.is_set()
         now[0] = 1_200.0
-        assert node in allocator._unusable_nodes()  # last heard at 1,030: over the TTL
+        assert node in allocator.inventory.unusable_nodes()  # last heard at 1,030: over the TTL
         await broker.publish({**payload, "sequence": 3, "observedAtUnix": 1_200.0}, subjects.inventory(node))
-        assert allocator.fleet is fleet and allocator._fleet_changed.is_set()  # back: waiting claims may fit
-        assert allocator._unusable_nodes() == {}
+        assert allocator.fleet is fleet and allocator.inventory.changed.is_set()  # back: waiting claims may fit
+        assert allocator.inventory.unusable_nodes() == {}
         await broker.publish({**payload, "sequence": 1, "observedAtUnix": 900.0, "slices": []},
                              subjects.inventory(node))
         assert allocator.fleet is fleet  # an older snapshot arriving late changes nothing
