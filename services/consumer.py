@@ -169,7 +169,7 @@ class Handler(Protocol):
     async def recovered(self) -> None:
         """Handling succeeds again after `degraded`."""
 
-    async def handled(self, messages: Sequence[Msg]) -> None:
+    async def settled(self, messages: Sequence[Msg]) -> None:
         """The messages are handled (acked, or dead-lettered): their effects are committed."""
 
 
@@ -240,7 +240,7 @@ class Deliveries:
         except Exception as error:  # noqa: BLE001 - committed: a redelivery finds them in the inbox
             self.log.warning("acks of %d committed message(s) failed (%s); their redelivery changes nothing",
                              len(messages), type(error).__name__)
-        await self.handler.handled(messages)
+        await self.handler.settled(messages)
 
     async def _alone(self, message: Msg | None, error: Exception) -> None:
         deliveries = _deliveries(message) if message is not None else 0
@@ -257,7 +257,7 @@ class Deliveries:
                 if await self.handler.dead_letter(message, error):
                     with contextlib.suppress(Exception):  # handled in the inbox: a redelivery changes nothing
                         await message.ack()
-                    await self.handler.handled([message])
+                    await self.handler.settled([message])
                     return
         await self._fail(error, message)
         if message is not None:

@@ -100,5 +100,5 @@ class ClaimIntake:
     async def recovered(self) -> None:
         await self.report("decision cycles commit again", True)
 
-    async def handled(self, messages: Sequence[Msg]) -> None:
+    async def settled(self, messages: Sequence[Msg]) -> None:
         self.relay.due()  # the relay publishes what the commit wrote

@@ -3,10 +3,12 @@ claimbroker.v1.alerts.<severity>.<kind>, into the ledger's alert history and to 
 
 Rules (shared/alerts/rules.py) turn inputs into raise/resolve actions; the AlertBook (shared/alerts/book.py)
 folds repeats, rate-limits floods and decides what is published. Statuses come from a durable pull
-consumer and are acked only after the alert history and the message's inbox id are committed; a
-redelivery finds its id and changes nothing. Messages go out after the commit with a Nats-Msg-Id made
-from their content, and on start rows written within JetStream's duplicate window are published again,
-so a crash between commit and publish loses nothing and duplicates nothing.
+consumer through the consumer shell (services/consumer.Deliveries): a batch is acked only after the alert
+history and the messages' inbox ids are committed (a redelivery finds its id and changes nothing), held
+while the ledger is away, and handled one status at a time when it fails otherwise. Messages go out after
+the commit with a Nats-Msg-Id made from their content, and on start rows written within JetStream's
+duplicate window are published again, so a crash between commit and publish loses nothing and duplicates
+nothing.
 
 Every `usage_check_interval` (by self.clock; once at start) `check_usage` reads quota usage and pending
 demand from the ledger and the fleet's flavors from inventory (services/notifier/usage.py), feeds
@@ -18,7 +20,6 @@ that still holds is not a new observation, so only its start and its end are pub
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -29,12 +30,10 @@ import httpx
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from services import metrics
-from services.consumer import PullConsumer
+from services.consumer import Deliveries, PullConsumer, Unavailable
 from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json
-from services.notifier import history
 from services.notifier.usage import Figures, FleetFlavors, read_figures, waiting_for_mig
 from services.notifier.webhooks import WebhookDispatcher
 from services.outage import Outage, publish_degraded, until_done
@@ -58,9 +57,10 @@ from shared.alerts.rules import (
 from shared.contract import subjects
 from shared.contract.messages import NodeInventory
 from shared.dra.classes import merge_classes
-from shared.ledger import inbox, usage_history
+from shared.ledger import alerts, inbox, pending, tenants, usage_history
 from shared.ledger.claims_read import read_claims
 from shared.ledger.engine import sessions
+from shared.ledger.handles import AsyncEngine
 from shared.ledger.quota_store import load_quota_config
 from shared.settings import BrokerSettings, parse_duration
 
@@ -103,7 +103,11 @@ class Notifier:
                            if settings.mig_advice_min > 0 else None)
         self.nats_outage = Outage("NATS", log)
         self.startup_outage = Outage("the ledger or NATS", log)  # restoring open alerts, at start
-        self._statuses_failing = False  # the last status could not be processed: service-degraded is raised
+        # a batch of statuses is held while the ledger is away; one that fails otherwise is handled a status
+        # at a time, and a status that still fails is redelivered after a second
+        self.deliveries = Deliveries(self, log=log, max_deliver=settings.max_deliver,
+                                     holding=Outage("the ledger", log), retry_delay=lambda _: 1.0,
+                                     failing_delay=lambda _: 1.0)
         self.webhooks = WebhookDispatcher(settings.webhooks, self.sessions, attempts=settings.webhook_attempts,
                                           base_delay=settings.webhook_base_delay, client=http)
         shortest = min(pending_after, ttl, fold or 60.0)
@@ -114,7 +118,7 @@ class Notifier:
         self._unpublished: list[Message] = []
         self._tenants_read_at = float("-inf")
         self.ready = asyncio.Event()
-        self.pruner = Pruner(self.sessions, [_prune_inbox], parse_duration(settings.inbox_retention), clock)
+        self.pruner = Pruner(self.sessions, [inbox.pruning(CONSUMER)], parse_duration(settings.inbox_retention), clock)
 
     async def run(self, nc: Client, subscribe: Callable[[], Awaitable[object]]) -> None:
         """Restore open alerts from the ledger, then serve until cancelled. `subscribe` starts the app's
@@ -139,7 +143,7 @@ class Notifier:
                     continue  # NATS away: no checks either, their alerts could not go out
                 if messages:
                     async with statuses.in_hand(messages):
-                        await self._on_statuses(messages)
+                        await self.deliveries.deliver(messages)
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + self.check_interval
                     try:
@@ -161,55 +165,53 @@ class Notifier:
 
     # --- inputs -----------------------------------------------------------------------------------
 
-    async def _on_statuses(self, messages: Sequence[Msg]) -> None:
+    async def handle(self, messages: Sequence[Msg]) -> None:
         """A fetched batch of statuses in one transaction (one inbox read, one commit: a transaction per
-        status cost the broker a third of its time under a burst); when it fails, one at a time, so a
-        status that cannot be recorded holds back only itself."""
-        ids = [inbox.Key("status", "", f"status:{message.metadata.sequence.stream}") for message in messages]
+        status cost the broker a third of its time under a burst). After a failed one, the alert book and
+        the claim rules are first rebuilt from the ledger: they hold what it did not commit (applied again
+        on redelivery, a raise would fold into itself and never be recorded or sent)."""
         if self._memory_stale and not await self._rebuild_memory():
-            for message in messages:
-                await PullConsumer.nak(message, 1.0)
-            return
-        try:
-            async with self._lock:
-                sent: list[Message] = []
-                async with self.sessions() as session, session.begin():
-                    done = await inbox.seen(session, CONSUMER, ids)
-                    recorded: list[inbox.Key] = []
-                    for message, message_id in zip(messages, ids, strict=True):
-                        if message_id in done:
-                            continue  # a redelivery, or the same status twice in this batch
-                        produced = apply(self.book, self._status_actions(message), self.clock())
-                        if produced:
-                            # Only durable effects are guarded: a status that changed only memory (a
-                            # folded repeat) is applied again after a crash, which is what rebuilds it.
-                            sent.extend(produced)
-                            recorded.append(message_id)
-                            done.add(message_id)
-                    await history.record(session, sent)
-                    await inbox.record(session, CONSUMER, recorded, datetime.fromtimestamp(self.clock(), UTC))
-                await self._publish(sent)
-        except Exception as error:
-            # The book and the claim rules already hold what the transaction did not commit: applied again
-            # on redelivery, a raise would fold into itself and never be recorded or sent. Rebuilt from the
-            # ledger first, as after a restart.
-            self._memory_stale = True
-            if len(messages) > 1:
-                for message in messages:
-                    await self._on_statuses([message])
-                return
-            log.exception("status %s not processed; it will be redelivered", ids[0].message_id)
-            await PullConsumer.nak(messages[0], 1.0)
-            if not self._statuses_failing:
-                self._statuses_failing = True
-                await publish_degraded(self.js, "notifier", f"statuses not processed: {type(error).__name__}: "
-                                       f"{str(error)[:300]}", log)
-            return
-        if self._statuses_failing:
-            self._statuses_failing = False
-            await publish_degraded(self.js, "notifier", "statuses processed again", log, resolved=True)
-        with contextlib.suppress(Exception):  # recorded as processed: a redelivery changes nothing
-            await PullConsumer.ack_all(messages)
+            raise Unavailable("the alert state could not be rebuilt from the ledger")
+        ids = [inbox.Key("status", "", f"status:{message.metadata.sequence.stream}") for message in messages]
+        async with self._lock:
+            sent: list[Message] = []
+            async with self.sessions() as session, session.begin():
+                done = await inbox.seen(session, CONSUMER, ids)
+                recorded: list[inbox.Key] = []
+                for message, message_id in zip(messages, ids, strict=True):
+                    if message_id in done:
+                        continue  # a redelivery, or the same status twice in this batch
+                    produced = apply(self.book, self._status_actions(message), self.clock())
+                    if produced:
+                        # Only durable effects are guarded: a status that changed only memory (a
+                        # folded repeat) is applied again after a crash, which is what rebuilds it.
+                        sent.extend(produced)
+                        recorded.append(message_id)
+                        done.add(message_id)
+                await alerts.record(session, sent)
+                await inbox.record(session, CONSUMER, recorded, datetime.fromtimestamp(self.clock(), UTC))
+            await self._publish(sent)
+
+    # what the status consumer's shell asks of it (services/consumer.Handler)
+
+    async def after_failure(self, error: Exception) -> None:
+        self._memory_stale = True
+
+    async def dead_letter(self, message: Msg, error: Exception) -> bool:
+        return False  # none: a status that cannot be recorded is redelivered until JetStream gives up
+
+    async def degraded(self, error: Exception, *, unavailable: bool) -> None:
+        await publish_degraded(self.js, "notifier", f"statuses not processed: {type(error).__name__}: "
+                               f"{str(error)[:300]}", log)
+
+    async def unhandled(self, error: Exception, message: Msg | None) -> None:
+        log.error("status %s not processed; it will be redelivered",
+                  message.metadata.sequence.stream if message is not None else "batch", exc_info=error)
+
+    async def recovered(self) -> None:
+        await publish_degraded(self.js, "notifier", "statuses processed again", log, resolved=True)
+
+    async def settled(self, messages: Sequence[Msg]) -> None:
         await self._handled(len(messages))
 
     def _status_actions(self, message: Msg) -> list[Action]:
@@ -323,7 +325,7 @@ class Notifier:
         if not sent:
             return
         async with self.sessions() as session, session.begin():
-            await history.record(session, sent)
+            await alerts.record(session, sent)
         await self._publish(sent)
 
     async def _publish(self, sent: Sequence[Message], *, notify: bool = True) -> None:
@@ -359,7 +361,7 @@ class Notifier:
     async def _read_tenants(self, now: float) -> None:
         try:
             async with self.sessions() as session:
-                self.claims.thresholds = await history.tenant_thresholds(session)
+                self.claims.thresholds = await tenants.pending_alert_after(session)
             self._tenants_read_at = now
         except Exception:
             log.exception("tenant thresholds not read; keeping the last ones")
@@ -383,8 +385,8 @@ class Notifier:
     async def _load_memory(self) -> None:
         """Open alerts and waiting claims from the ledger into the book and the claim rules."""
         async with self.sessions() as session:
-            open_alerts = await history.open_alerts(session)
-            waiting = await history.waiting_claims(session)
+            open_alerts = await alerts.open_alerts(session)
+            waiting = await pending.waiting_since(session)
         for message in open_alerts:
             self.book.restore(message.alert, first_seen=message.first_seen, last_seen=message.last_seen,
                               count=message.count)
@@ -403,10 +405,6 @@ class Notifier:
         now = self.clock()
         await self._load_memory()
         async with self.sessions() as session:
-            recent = await history.changed_since(session, now - DUPLICATE_WINDOW_S)
+            recent = await alerts.changed_since(session, now - DUPLICATE_WINDOW_S)
         await self._read_tenants(now)
         await self._publish(recent, notify=False)
-
-
-async def _prune_inbox(session: AsyncSession, before: datetime, limit: int) -> int:
-    return await inbox.prune(session, CONSUMER, before, limit)

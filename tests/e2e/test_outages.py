@@ -156,12 +156,13 @@ async def test_a_status_batch_that_fails_once_still_raises_its_alert_once(
     """The notifier's transaction fails after the alert book took the statuses in: rebuilt from the ledger
     before they are tried again, the Rejected claim's alert is raised, recorded and sent once (applied twice
     to the same book, the repeat folded into nothing and was never sent)."""
-    from services.notifier import history
+    from shared.ledger import alerts as alert_history
     from shared.ledger.engine import sessions
     from shared.ledger.schema import AlertRecord
 
-    failing_once, failures = failing_first(history.record, 1, ConnectionError("the ledger went away mid-transaction"))
-    monkeypatch.setattr(history, "record", failing_once)
+    failing_once, failures = failing_first(alert_history.record, 1,
+                                           ConnectionError("the ledger went away mid-transaction"))
+    monkeypatch.setattr(alert_history, "record", failing_once)
     settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data")
     async with running_stack(settings, services=("notifier",)) as stack:
         nc = await connect(stack.nats_url, name="test")
