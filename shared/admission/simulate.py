@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared.admission.cycle import run_cycle
 from shared.admission.kept import KeptState
-from shared.admission.model import Running, Snapshot, Waiting
+from shared.admission.model import CycleResult, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
+from shared.admission.settling import run_until_settled
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra import model as dra
 from shared.dra.claims import InvalidClaim, settings_of, with_namespace
@@ -17,9 +17,6 @@ from shared.dra.inventory import Fleet
 from shared.dra.results import Decision, State
 
 MAX_CYCLES_PER_WAVE = 8  # a wave settles when a cycle changes nothing; preemption victims retry next cycle
-# Cycles that only go on with placement work the budget cut short (shared/dra/budget.py), as the allocator
-# runs them: a wave's outcome is what the allocator would give once that work is done.
-MAX_BUDGET_CYCLES_PER_WAVE = 10_000
 
 
 @dataclass(frozen=True)
@@ -88,6 +85,38 @@ def run_waves(
     displaced: dict[tuple[str, str], frozenset[tuple[str, str]]] = {}
     arrival = 0
     allocated = 0
+
+    def snapshot() -> Snapshot:
+        all_waiting, changes = waiting.snapshot()
+        return Snapshot(fleet, classes, quotas, tuple(running.values()), all_waiting, changes=changes)
+
+    def apply(cycle: CycleResult) -> bool:
+        nonlocal allocated
+        changed = bool(cycle.preemptions)
+        for p in cycle.preemptions:  # back to the queue, with the arrival they first had
+            victim = running.pop(p.victim)
+            displaced[p.victim] = displaced.get(p.victim, frozenset()) | {p.by}
+            waiting.put(Waiting(victim.tenant, victim.name, documents[p.victim], victim.priority,
+                                victim.preemptible, victim.arrival, displaced_by=displaced[p.victim]))
+            final[p.victim] = ClaimOutcome(victim.tenant, victim.name, Decision(State.PREEMPTED, reason=p.reason))
+            result.events.append({"claim": "/".join(p.victim), "state": State.PREEMPTED.value,
+                                  "by": "/".join(p.by), "rule": p.rule, "reason": p.reason})
+        for d in cycle.decisions:
+            key = (d.tenant, d.name)
+            final[key] = ClaimOutcome(d.tenant, d.name, d.decision)
+            queued = waiting.get(key)
+            if d.decision.allocation is not None and queued is not None:
+                allocated += 1
+                running[key] = Running(queued.tenant, queued.name, d.decision.allocation, queued.priority,
+                                       queued.preemptible, queued.arrival, allocated)
+                waiting.pop(key)
+                changed = True
+            elif d.decision.state is State.REJECTED:
+                waiting.pop(key)
+            elif queued is not None and not queued.answered:
+                waiting.put(replace(queued, answered=True))
+        return changed
+
     for index, wave in enumerate(waves):
         for position, item in enumerate(wave):
             if isinstance(item, InvalidClaim):
@@ -100,39 +129,6 @@ def run_waves(
                 continue  # claims are immutable: the first one with a name stands
             waiting.put(w)
             documents[w.key] = item
-        changing, going_on = 0, 0
-        while changing < MAX_CYCLES_PER_WAVE and going_on < MAX_BUDGET_CYCLES_PER_WAVE:
-            all_waiting, changes = waiting.snapshot()
-            cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(running.values()), all_waiting, changes=changes),
-                              kept)
-            changed = bool(cycle.preemptions)
-            for p in cycle.preemptions:  # back to the queue, with the arrival they first had
-                victim = running.pop(p.victim)
-                displaced[p.victim] = displaced.get(p.victim, frozenset()) | {p.by}
-                waiting.put(Waiting(victim.tenant, victim.name, documents[p.victim], victim.priority,
-                                    victim.preemptible, victim.arrival, displaced_by=displaced[p.victim]))
-                final[p.victim] = ClaimOutcome(victim.tenant, victim.name, Decision(State.PREEMPTED, reason=p.reason))
-                result.events.append({"claim": "/".join(p.victim), "state": State.PREEMPTED.value,
-                                      "by": "/".join(p.by), "rule": p.rule, "reason": p.reason})
-            for d in cycle.decisions:
-                key = (d.tenant, d.name)
-                final[key] = ClaimOutcome(d.tenant, d.name, d.decision)
-                queued = waiting.get(key)
-                if d.decision.allocation is not None and queued is not None:
-                    allocated += 1
-                    running[key] = Running(queued.tenant, queued.name, d.decision.allocation, queued.priority,
-                                           queued.preemptible, queued.arrival, allocated)
-                    waiting.pop(key)
-                    changed = True
-                elif d.decision.state is State.REJECTED:
-                    waiting.pop(key)
-                elif queued is not None and not queued.answered:
-                    waiting.put(replace(queued, answered=True))
-            if changed:
-                changing += 1
-            elif cycle.deferred:
-                going_on += 1
-            else:
-                break
+        run_until_settled(snapshot, kept, apply, most_changing=MAX_CYCLES_PER_WAVE)
     result.outcomes = list(final.values())
     return result

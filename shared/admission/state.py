@@ -1,5 +1,8 @@
-"""The admission state of one fleet, kept across cycles and brought up to date with each snapshot: trial
-admission and answers (the preemption search over it is shared/admission/preemption.py).
+"""The admission state of one fleet, kept across cycles and brought up to date with each snapshot, and
+what one cycle did to it. Its parts, one concern each: what runs (holdings), what waits (groups), the quota
+room (quota_room), the placement budget (placement_budget), trial admission (trial_admission) and the
+answers (answers, explain). The admission pass (passes), the preemption search (preemption) and the cycle
+(cycle) work through them.
 """
 
 from __future__ import annotations
@@ -33,30 +36,32 @@ from shared.dra.results import Allocation, Rejected
 
 class AdmissionState:
     """The admission state of one fleet, classes and quotas, kept across cycles and brought up to date
-    with each snapshot in O(what changed): usage per tenant and flavor, what runs on each node, the
-    waiting claims in groups, and the answers cached per fleet and quota version."""
+    with each snapshot in O(what changed) (`begin`): usage per tenant and flavor, what runs on each node,
+    the waiting claims in groups, and the answers cached per fleet and quota version; and what the cycle
+    admitted and preempted so far."""
 
     def __init__(self, snapshot: Snapshot, memo: SelectorMemo, flavors: Flavors, capacity: Mapping[str, int],
                  placement: FleetState) -> None:
         self.snapshot = snapshot
         self.fleet = snapshot.fleet
         self.flavors = flavors
-        self.book = QuotaBook(snapshot.quotas, capacity)
-        self.queue = WaitingGroups()
+        self.memo = memo
+        self.plans_cleared = memo.plans_cleared
         self.placement = placement  # the fleet's devices in use and its indexes: begin() takes what runs
-        self.holdings = Holdings(self.fleet, self.placement, self.book, self.flavors)
-        self.room = QuotaRoom(self.placement, self.book, self.flavors)
+        self.book = QuotaBook(snapshot.quotas, capacity)
+        self.holdings = Holdings(self.fleet, placement, self.book, flavors)
+        self.queue = WaitingGroups()
+        self.room = QuotaRoom(placement, self.book, flavors)
+        self.budget = PlacementBudget(placement, memo, self.queue.unprepared)
+        self.trials = TrialAdmission(self.fleet, placement, self.book, flavors, self.room, self.budget)
+        self.explainer = Explainer(placement, self.book, self.room, self.queue.group_of)
+        self.answers = Answers(placement, self.book, self.queue, self.trials, self.budget, self.explainer)
+        # this cycle's
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it
-        self._victim_view: VictimTenants | None = None  # dropped whenever a claim is admitted
         self.preemptions: list[Preemption] = []
         self.preempted: set[ClaimKey] = set()
-        self.order = itertools.count(1)
-        self.plans_cleared = memo.plans_cleared
-        self.memo = memo
-        self.budget = PlacementBudget(self.placement, memo, self.queue.unprepared)
-        self.trials = TrialAdmission(self.fleet, self.placement, self.book, self.flavors, self.room, self.budget)
-        self.explainer = Explainer(self.placement, self.book, self.room, self.queue.group_of)
-        self.answers = Answers(self.placement, self.book, self.queue, self.trials, self.budget, self.explainer)
+        self.order = itertools.count(1)  # allocated_order of this cycle's admissions
+        self._victim_view: VictimTenants | None = None  # dropped whenever a claim is admitted
 
     def fits(self, snapshot: Snapshot, placement: FleetState | None) -> bool:
         """Whether this state may be brought up to date for `snapshot` and the kept fleet state `placement`
@@ -143,12 +148,11 @@ class AdmissionState:
         self.trials.forget(plan)
 
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
+        """The claim runs from now on, in this cycle's order."""
         self.holdings.hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
                            waiting.arrival, next(self.order)))
         self.admitted_now.add(waiting.key)
         self._victim_view = None  # shares moved
-
-    # -- preemption ---------------------------------------------------------------------------------
 
     def victim_tenants(self) -> VictimTenants:
         """The tenants that run preemptible claims as preemption sees them: the same for every attempt

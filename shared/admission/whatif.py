@@ -9,13 +9,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shared.admission.cycle import run_cycle
 from shared.admission.flavors import Flavors
 from shared.admission.invariant import violations
 from shared.admission.kept import KeptState
-from shared.admission.model import ClaimKey, Running, Snapshot, Waiting
+from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
-from shared.admission.simulate import MAX_BUDGET_CYCLES_PER_WAVE
+from shared.admission.settling import run_until_settled
 from shared.dra import model as dra
 from shared.dra.inventory import Fleet, NodeInventory
 from shared.dra.results import State
@@ -45,12 +44,15 @@ def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaCo
     """Cycles until one changes nothing (at most MAX_CYCLES): admissions, preemptions, and the victims
     and the rest trying again, as the allocator would over its next cycles."""
     out = Settled({r.key: r for r in running}, {w.key: w for w in waiting})
-    kept, order = KeptState(), max((r.allocated_order for r in out.running.values()), default=0)
-    changing = going_on = 0
-    while changing < MAX_CYCLES and going_on < MAX_BUDGET_CYCLES_PER_WAVE:
-        cycle = run_cycle(Snapshot(fleet, classes, quotas, tuple(out.running.values()),
-                                   tuple(sorted(out.waiting.values(), key=lambda w: (w.arrival, w.key))),
-                                   unusable_nodes=unusable or {}), kept)
+    order = max((r.allocated_order for r in out.running.values()), default=0)
+
+    def snapshot() -> Snapshot:
+        return Snapshot(fleet, classes, quotas, tuple(out.running.values()),
+                        tuple(sorted(out.waiting.values(), key=lambda w: (w.arrival, w.key))),
+                        unusable_nodes=unusable or {})
+
+    def apply(cycle: CycleResult) -> bool:
+        nonlocal order
         changed = bool(cycle.preemptions)
         for p in cycle.preemptions:
             victim = out.running.pop(p.victim)
@@ -75,12 +77,9 @@ def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaCo
                 out.reasons[key] = d.decision.reason or "Pending"
                 if not queued.answered:
                     out.waiting[key] = replace(queued, answered=True)
-        if changed:
-            changing += 1
-        elif cycle.deferred:  # placement work its budget cut short: the allocator's next cycles go on with it
-            going_on += 1
-        else:
-            break
+        return changed
+
+    run_until_settled(snapshot, KeptState(), apply, most_changing=MAX_CYCLES)
     return out
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 from shared.admission.cycle import run_cycle
 from shared.admission.kept import KeptState
-from shared.admission.model import ClaimDecision, Running, Snapshot, Waiting
+from shared.admission.model import ClaimDecision, CycleResult, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
+from shared.admission.settling import run_until_settled
 from shared.dra import model as dra
 from shared.dra.claims import read_submission, settings_of
 from shared.dra.classes import merge_classes
@@ -79,9 +80,12 @@ def settle(running: tuple[Running, ...], queue: tuple[Waiting, ...], memo: KeptS
     another. Every decision made, in order (a claim's last one counts)."""
     running_now, waiting = list(running), {w.key: w for w in queue}
     decisions: list[ClaimDecision] = []
-    for _ in range(MAX_CYCLES):
-        cycle = run_cycle(Snapshot(FLEET, DEVICE_CLASSES, QUOTAS, tuple(running_now), tuple(waiting.values())), memo)
-        decisions += cycle.decisions
+
+    def snapshot() -> Snapshot:
+        return Snapshot(FLEET, DEVICE_CLASSES, QUOTAS, tuple(running_now), tuple(waiting.values()))
+
+    def apply(cycle: CycleResult) -> bool:
+        decisions.extend(cycle.decisions)
         for d in cycle.decisions:
             queued = waiting.get((d.tenant, d.name))
             if queued is None:
@@ -94,8 +98,9 @@ def settle(running: tuple[Running, ...], queue: tuple[Waiting, ...], memo: KeptS
                 del waiting[queued.key]
             else:
                 waiting[queued.key] = replace(queued, answered=True)
-        if not cycle.deferred:
-            break
+        return False  # what is checked is each claim's answer: the run ends once no work was cut short
+
+    run_until_settled(snapshot, memo, apply, most_changing=1, most_going_on=MAX_CYCLES)
     return decisions
 
 
