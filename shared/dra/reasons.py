@@ -10,22 +10,33 @@ except for the hints of a claim that nothing matches.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
-from shared.dra.budget import STEP
+from shared.dra import v1 as dra
+from shared.dra.budget import STEP, Meter
 from shared.dra.cel import SelectorError, SelectorText, selector_text
 from shared.dra.fleet_index import DeviceIndex
-
-if TYPE_CHECKING:  # the allocation module calls these with its state and plans
-    from shared.dra.allocation import FleetState
-    from shared.dra.inventory import FleetDevice
-    from shared.dra.plan import Alternative, Plan
+from shared.dra.inventory import Fleet, FleetDevice
+from shared.dra.matching import SelectorMemo
+from shared.dra.plan import Alternative, Plan
 
 MAX_PARTS = 4  # requests and alternatives a reason names; a status stays a sentence, not a report
 _EQUALITY = re.compile(r"""attributes\[\s*["']([^"']+)["']\s*\]\s*\.\s*([A-Za-z_][\w-]*)\s*==\s*["']([^"']*)["']""")
 _HELD = (("stale inventory", "on nodes with stale inventory"), ("unhealthy", "unhealthy"),
          ("shared counters", "blocked by shared counters (a GPU and its MIG partitions exclude each other)"))
+
+
+class FleetView(Protocol):
+    """What a reason reads of the fleet's state (shared.dra.allocation.FleetState)."""
+
+    fleet: Fleet
+    classes: Mapping[str, dra.DeviceClass]
+    memo: SelectorMemo
+    meter: Meter
+    hints: dict[Any, str]  # per kind of request: hints depend on the fleet only
+
+    def index(self, alternative: Alternative, group_attribute: str | None = None) -> DeviceIndex: ...
 
 
 def _plural(n: int, word: str) -> str:
@@ -41,12 +52,12 @@ def _held_back(index: DeviceIndex) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _label(state: FleetState, alternative: Alternative) -> str:
+def _label(state: FleetView, alternative: Alternative) -> str:
     resource = state.classes[alternative.class_name].spec.extended_resource_name
     return f"Insufficient {resource}" if resource else f"Insufficient {alternative.class_name} devices"
 
 
-def _hint(state: FleetState, kind: str, alternative: Alternative) -> str:
+def _hint(state: FleetView, kind: str, alternative: Alternative) -> str:
     """Hints scan the fleet, so each is worked out once per kind of request and fleet state."""
     key = (kind, alternative.index_key())
     found = state.hints.get(key)
@@ -55,7 +66,7 @@ def _hint(state: FleetState, kind: str, alternative: Alternative) -> str:
     return found
 
 
-def _did_you_mean(state: FleetState, alternative: Alternative) -> str:
+def _did_you_mean(state: FleetView, alternative: Alternative) -> str:
     """For `productName == "H100"` against a fleet that says "NVIDIA H100 80GB HBM3", show what exists among
     the devices the claim's class accepts: a value only devices of another class have (the MIG slices of an
     H100 for a gpu.nvidia.com claim) is no answer, and where it is, that class is named."""
@@ -75,7 +86,7 @@ def _did_you_mean(state: FleetState, alternative: Alternative) -> str:
     return (" " + " ".join(hints)) if hints else ""
 
 
-def _accepted(state: FleetState, selectors: tuple[SelectorText, ...],
+def _accepted(state: FleetView, selectors: tuple[SelectorText, ...],
               devices: Iterable[FleetDevice] | None = None) -> list[FleetDevice]:
     """The devices (the fleet's by default) every one of `selectors` accepts; all of them when a selector
     fails on one (a hint is no place to refuse a class)."""
@@ -86,7 +97,7 @@ def _accepted(state: FleetState, selectors: tuple[SelectorText, ...],
         return devices
 
 
-def _classes_with(state: FleetState, own_class: str, attribute: str, wanted: str) -> str:
+def _classes_with(state: FleetView, own_class: str, attribute: str, wanted: str) -> str:
     """" (it is on N devices of class X)" when devices the claim's class excludes have the value, else ""."""
     having = [d for d in state.fleet.devices if d.attribute_text(attribute) == wanted]
     if not having:
@@ -97,7 +108,7 @@ def _classes_with(state: FleetState, own_class: str, attribute: str, wanted: str
     return f" (it is on {_plural(len(having), 'device')} of {where})"
 
 
-def _closest(state: FleetState, alternative: Alternative) -> str:
+def _closest(state: FleetView, alternative: Alternative) -> str:
     """For a memory ask no device meets (200 Gi), name the device with the most memory: the closest."""
     if not any("memory" in e for e in alternative.expressions):
         return ""
@@ -110,7 +121,7 @@ def _closest(state: FleetState, alternative: Alternative) -> str:
     return f" The closest device is {biggest.node}/{biggest.name} ({product}, {memory} of memory)."
 
 
-def _constraint_text(state: FleetState, plan: Plan, alternative: Alternative) -> tuple[str, bool]:
+def _constraint_text(state: FleetView, plan: Plan, alternative: Alternative) -> tuple[str, bool]:
     attribute = plan.group_attribute([alternative])
     if not isinstance(attribute, str):
         return "; enough free devices exist but the claim's constraints cannot be met together", False
@@ -124,7 +135,7 @@ def _constraint_text(state: FleetState, plan: Plan, alternative: Alternative) ->
             f"one {attribute} value on any node", False)
 
 
-def _alternative_reason(state: FleetState, plan: Plan, alternative: Alternative, named: bool) -> tuple[str, bool]:
+def _alternative_reason(state: FleetView, plan: Plan, alternative: Alternative, named: bool) -> tuple[str, bool]:
     index = state.index(alternative)
     wanted = "all" if alternative.all_mode else str(alternative.body.wanted)
     head = f"{_label(state, alternative)}: requested {wanted}" + (
@@ -154,12 +165,8 @@ def _alternative_reason(state: FleetState, plan: Plan, alternative: Alternative,
     return text, False
 
 
-def pending_reason(state: FleetState, plan: Plan) -> tuple[str, bool]:
+def pending_reason(state: FleetView, plan: Plan) -> tuple[str, bool]:
     """The reason text, and whether no device of today's fleet could ever satisfy the claim."""
-    reasons = state.kept(plan).reasons
-    cached = reasons.get(state.filter_key)
-    if cached is not None and cached[0] == state.version:
-        return cached[1]
     parts = []
     never_any = False
     named = len(plan.requests) > 1
@@ -173,6 +180,4 @@ def pending_reason(state: FleetState, plan: Plan) -> tuple[str, bool]:
         never_any = never_any or never_all
     if len(parts) > MAX_PARTS:  # a claim of many requests and alternatives: the first say it, explain has all
         parts = [*parts[:MAX_PARTS], f"and {len(parts) - MAX_PARTS} more requests and alternatives alike (see explain)"]
-    result = ("; ".join(parts), never_any)
-    reasons[state.filter_key] = (state.version, result)
-    return result
+    return "; ".join(parts), never_any
