@@ -126,7 +126,3 @@ class Answers:
             return True
         streak = self.cut_streak[waiting.key] = self.cut_streak.get(waiting.key, 0) + 1
         return streak >= CUT_PATIENCE
-
-    def given(self, waiting: Waiting, decision: Decision) -> None:
-        """The answer was given: note whether it says the claim's search was cut short (a verdict replaces it)."""
-        self.queue.answered_cut(waiting, decision.cut)

@@ -89,12 +89,12 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
     results = []
     alike = Alike(cycle.holdings.preemptible())  # preemptible claims running
     flavors: dict[DeviceKey, tuple[str | None, float]] = {}
-    answers = cycle.answers
+    answers, answered_cut = cycle.answers, cycle.queue.answered_cut
     for waiting, decision, blocks in final.values():
         decision, detail = answers.settle(waiting, decision, blocks, alike)
         if not answers.due(waiting, decision):
             continue  # its work was cut short only a few cycles in a row: it is answered once it is done
-        answers.given(waiting, decision)
+        answered_cut(waiting, decision.cut)  # whether its answer says its search was cut short
         if decision.allocation is not None:
             for d in allocated_devices(cycle.fleet, decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))
