@@ -4,8 +4,9 @@
   `device.attributes[...]` or `device.capacity[...]` lookup: the optional-chaining idiom DRA documents.
   X is a fixed-form lookup, so the text grows by a bounded amount per use, never exponentially.
 
-`cel.bind(v, init, body)` parses as it is and is evaluated natively by shared.dra.cel (v holds the value of
-init once): substituting init's text for v made the text grow exponentially with nested binds.
+`cel.bind(v, init, body)` parses as it is and is evaluated natively by shared.dra.cel_runtime (v holds the
+value of init, evaluated once): substituting init's text for v would grow the text exponentially with nested
+binds.
 """
 
 from __future__ import annotations

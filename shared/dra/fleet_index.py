@@ -83,7 +83,6 @@ class _IdleNodes:
 
 
 BucketKey = tuple[tuple[int, int], int]
-Member = tuple[str, int, str | None]  # ("group", 0, node) or ("idle", shape, group value)
 
 
 class DeviceIndex:
@@ -125,7 +124,7 @@ class DeviceIndex:
         self.shapes: set[int] = set()  # node shapes with matching devices: where a change may matter
         self.kind_samples: dict[int, FleetDevice] = {}  # one accepted device per kind
         self.version = 0  # bumped whenever a free list changes: a Pending answer cached per version holds
-        self.keys: list[Any] = []  # the keys the fleet's state finds it under, and what it holds (FleetState)
+        self.keys: list[Any] = []  # the keys the index cache finds it under, and what it holds (IndexCache)
         self.alike: Any = None
         self.cached: dict[Any, Any] = {}  # what callers work out from it (explain's figures, preemption's keys)
         self._free_materialised = 0
@@ -136,7 +135,7 @@ class DeviceIndex:
         # goes on from the memo next time), then the walk over the nodes (charged whole, before it starts).
         # What is accepted, per shape (or per node, for selectors that read a device's identity), is the
         # index's `acceptance`: two indexes that accept alike with the same tolerations, grouping and filter
-        # hold the same devices, so the fleet's state keeps one of them (FleetState.index).
+        # hold the same devices, so the index cache keeps one of them (shared/dra/index_cache.py).
         matches: dict[int, tuple[int, ...] | None] = {}
         per_device: dict[str, tuple[int, ...]] = {}
         for shape, names in fleet.nodes_by_shape.items():

@@ -95,11 +95,3 @@ class SelectorMemo:
         if isinstance(found, SelectorError):
             raise found
         return found
-
-    def node_matches(self, selectors: Sequence[Selector], node: NodeInventory) -> list[FleetDevice]:
-        """The node's devices the selectors accept, in the node's order; raises SelectorError."""
-        positions = self.shape_matches(selectors, node)
-        if positions is None:
-            return [d for d in node.devices if self.accepts(selectors, d)]
-        devices = node.devices
-        return [devices[i] for i in positions]

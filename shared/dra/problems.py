@@ -39,7 +39,7 @@ def text_problem(value: str) -> str | None:
 
 def _clean(document: Any) -> bool:
     """Whether a document has no string `text_problem` refuses and nothing nested deeper than MAX_DEPTH:
-    the common case, checked without building a field path per node (that took a tenth of a burst)."""
+    the common case, checked without building a field path per node (that costs a tenth of a burst)."""
     stack: list[tuple[Any, int]] = [(document, 0)]
     while stack:
         item, depth = stack.pop()

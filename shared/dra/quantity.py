@@ -28,9 +28,9 @@ _SUFFIXES: dict[str, Fraction] = {
     "Pi": Fraction(2**50),
     "Ei": Fraction(2**60),
 }
-# 10 raised to the exponent is computed exactly: "1e999999" took 0.2 s and "1e999999999999" never returned,
-# in one C call nothing can interrupt (a ResourceSlice capacity or a claim's CEL could hang a service).
-# Kubernetes quantities stay within int64 anyway.
+# 10 raised to the exponent is computed exactly, in one C call nothing can interrupt: "1e999999" would take
+# 0.2 s and "1e999999999999" never return (a ResourceSlice capacity or a claim's CEL could hang a service), so
+# the exponent is bounded. Kubernetes quantities stay within int64 anyway.
 MAX_EXPONENT = 100
 _PATTERN = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$")
 
