@@ -36,14 +36,6 @@ class Holding(NamedTuple):
 NO_VICTIMS: dict[ClaimKey, Victim] = {}  # read only
 
 
-NO_FLAVORS: frozenset[str] = frozenset()  # a tenant with room in every flavor so far (admission_pass)
-
-
-class OutOfRoom(Exception):
-    """In the admission pass: the tenant's quota has room in no flavor with an idle device, and every
-    spec it waits with has a fixed size, so none of its groups can be admitted for the rest of the pass."""
-
-
 class VictimTenants:
     """Each tenant that runs preemptible claims with those claims, weight, share and cohort, and (asked
     only under reclaim and fair share) the flavors it borrows."""

@@ -7,11 +7,17 @@ import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from shared.admission.groups import GroupId, Heads, WaitingGroups
-from shared.admission.holdings import NO_FLAVORS, OutOfRoom
 from shared.admission.model import UNANSWERED, Block, Waiting, queue_entry
 from shared.admission.preemption import prefilter
 from shared.admission.state import AdmissionState
 from shared.dra.results import Decision, State
+
+NO_FLAVORS: frozenset[str] = frozenset()  # a tenant with room in every flavor so far
+
+
+class OutOfRoom(Exception):
+    """The tenant's quota has room in no flavor with an idle device, and every spec it waits with has a
+    fixed size, so none of its groups can be admitted for the rest of the pass."""
 
 
 def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision, list[Block]]], dict[str, int]]:
