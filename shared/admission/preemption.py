@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shared.admission.claim_guard import per_claim
 from shared.admission.flavors import flavor_deltas
@@ -18,11 +18,9 @@ from shared.admission.model import (
     Running,
     Waiting,
 )
+from shared.admission.state import AdmissionState
 from shared.dra.budget import BudgetExceeded
 from shared.dra.results import Allocation, Decision, DeviceKey, Rejected, State
-
-if TYPE_CHECKING:  # the state module imports nothing from here
-    from shared.admission.state import AdmissionState
 
 
 def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str]
