@@ -12,19 +12,19 @@ from typing import Annotated, Any
 
 import typer
 
-from services.cli.bus import _nats_url, _why
+from services.cli.bus import bus_error_text, nats_url_of
 from services.cli.common import (
     MaybeOutput,
     Output,
     Unreachable,
-    _emit,
-    _said,
-    _settings,
-    _show,
-    _table,
     app,
+    cli_settings,
     console,
+    emit_document,
+    make_table,
     options,
+    print_done,
+    print_listing,
     say_error,
 )
 
@@ -44,7 +44,7 @@ HEAVY_TIMEOUT = 90.0
 def _admin_api() -> tuple[str, dict[str, str]]:
     """--api (or CLAIMBROKER_API), else the URL `up` wrote in the data folder, never a guess; --token,
     else the admin token `up` kept there."""
-    data_dir = _settings().data_dir
+    data_dir = cli_settings().data_dir
     url = options().api
     if not url:
         url_file = data_dir / "api.url"
@@ -60,7 +60,7 @@ def _admin_api() -> tuple[str, dict[str, str]]:
     return url.rstrip("/"), ({"Authorization": f"Bearer {token}"} if token else {})
 
 
-def _request(method: str, path: str, *, allow: tuple[int, ...] = (), timeout: float = API_TIMEOUT,
+def api_request(method: str, path: str, *, allow: tuple[int, ...] = (), timeout: float = API_TIMEOUT,
              **kwargs: Any) -> Any:
     """One call; a problem response (unless its status is in `allow`) is one line, `status title:
     detail`: a refusal (4xx) exits 1, a server that could not answer (5xx: busy, out of time) exits 3 and
@@ -70,13 +70,13 @@ def _request(method: str, path: str, *, allow: tuple[int, ...] = (), timeout: fl
     url, headers = _admin_api()
     headers.update(kwargs.pop("headers", {}))
     try:
-        ca = _settings().tls_ca
+        ca = cli_settings().tls_ca
         response = httpx.request(method, url + path, headers=headers, timeout=timeout,
                                  verify=str(ca) if ca is not None else True, **kwargs)
     except httpx.TimeoutException:
         raise Unreachable(f"cannot reach the admin API at {url}: no answer within {timeout:g}s") from None
     except httpx.HTTPError as error:
-        raise Unreachable(f"cannot reach the admin API at {url}: {_why(error)}") from None
+        raise Unreachable(f"cannot reach the admin API at {url}: {bus_error_text(error)}") from None
     if response.status_code >= 400 and response.status_code not in allow:
         try:
             body = response.json()
@@ -96,11 +96,11 @@ def _request(method: str, path: str, *, allow: tuple[int, ...] = (), timeout: fl
 @quota_app.command("list")
 def quota_list(output: Output = "table") -> None:
     """Every tenant's quotas, per flavor."""
-    tenants = {t["name"]: t for t in _request("GET", "/v1/tenants").json()}
-    quotas = _request("GET", "/v1/quotas").json()
+    tenants = {t["name"]: t for t in api_request("GET", "/v1/tenants").json()}
+    quotas = api_request("GET", "/v1/quotas").json()
     rows = [[q["tenant"], tenants.get(q["tenant"], {}).get("cohort"), tenants.get(q["tenant"], {}).get("weight"),
              q["flavor"], q["nominal"], q["borrowingLimit"], q["lendingLimit"]] for q in quotas]
-    _show(quotas, output, ["TENANT", "COHORT", "WEIGHT", "FLAVOR", "NOMINAL", "BORROWING", "LENDING"], rows)
+    print_listing(quotas, output, ["TENANT", "COHORT", "WEIGHT", "FLAVOR", "NOMINAL", "BORROWING", "LENDING"], rows)
 
 
 @quota_app.command("set")
@@ -113,11 +113,11 @@ def quota_set(
     output: Output = "table",
 ) -> None:
     """Set a tenant's quota for one flavor; a tenant named for the first time is created."""
-    if _request("GET", f"/v1/tenants/{tenant}", allow=(404,)).status_code == 404:
-        _request("PUT", f"/v1/tenants/{tenant}", json={})
-    quota = _request("PUT", f"/v1/tenants/{tenant}/quotas/{flavor}", json={
+    if api_request("GET", f"/v1/tenants/{tenant}", allow=(404,)).status_code == 404:
+        api_request("PUT", f"/v1/tenants/{tenant}", json={})
+    quota = api_request("PUT", f"/v1/tenants/{tenant}/quotas/{flavor}", json={
         "nominal": nominal, "borrowingLimit": borrowing_limit, "lendingLimit": lending_limit}).json()
-    _show(quota, output, ["TENANT", "FLAVOR", "NOMINAL", "BORROWING", "LENDING"],
+    print_listing(quota, output, ["TENANT", "FLAVOR", "NOMINAL", "BORROWING", "LENDING"],
           [[quota["tenant"], quota["flavor"], quota["nominal"], quota["borrowingLimit"], quota["lendingLimit"]]])
 
 
@@ -125,8 +125,8 @@ def quota_set(
 def quota_delete(tenant: Annotated[str, typer.Argument()], flavor: Annotated[str, typer.Argument()],
                  output: MaybeOutput = None) -> None:
     """Remove a tenant's quota for one flavor."""
-    _request("DELETE", f"/v1/tenants/{tenant}/quotas/{flavor}")
-    _said(f"deleted quota {tenant}/{flavor}", {"tenant": tenant, "flavor": flavor, "deleted": True}, output)
+    api_request("DELETE", f"/v1/tenants/{tenant}/quotas/{flavor}")
+    print_done(f"deleted quota {tenant}/{flavor}", {"tenant": tenant, "flavor": flavor, "deleted": True}, output)
 
 
 @quota_app.command("import")
@@ -142,9 +142,9 @@ def quota_import(
     except OSError as error:
         say_error(f"{file}: {error}")
         raise typer.Exit(2) from None
-    result = _request("POST", "/v1/quotas/import", content=content, params={"dryRun": str(dry_run).lower()},
+    result = api_request("POST", "/v1/quotas/import", content=content, params={"dryRun": str(dry_run).lower()},
                       headers={"Content-Type": "application/yaml"}, timeout=HEAVY_TIMEOUT).json()
-    if _emit(result, output):
+    if emit_document(result, output):
         return
     verb = "would change" if dry_run else "changed"
 
@@ -152,7 +152,7 @@ def quota_import(
         keys = ("nominal", "borrowingLimit", "lendingLimit", "cohort", "weight", "selector", "value")
         return ", ".join(f"{k}={row[k]}" for k in keys if row is not None and row.get(k) is not None) or "-"
 
-    console.print(_table(["ACTION", "ENTITY", "BEFORE", "AFTER"],
+    console.print(make_table(["ACTION", "ENTITY", "BEFORE", "AFTER"],
                          [[c["action"], c["entity"], brief(c["before"]) if c["before"] else "",
                            brief(c["after"]) if c["after"] else ""] for c in result["changes"]]))
     console.print(f"{len(result['changes'])} row(s) {verb}")
@@ -165,7 +165,7 @@ def quota_import(
 @quota_app.command("export")
 def quota_export(output: Annotated[str, typer.Option("--output", "-o", help="yaml | json")] = "yaml") -> None:
     """Print the Quotas document (what `quota import` reads)."""
-    response = _request("GET", "/v1/quotas/export", params={"format": "json" if output == "json" else "yaml"},
+    response = api_request("GET", "/v1/quotas/export", params={"format": "json" if output == "json" else "yaml"},
                         timeout=HEAVY_TIMEOUT)
     sys.stdout.write(response.text if output != "json" else json.dumps(response.json(), indent=2) + "\n")
 
@@ -173,12 +173,12 @@ def quota_export(output: Annotated[str, typer.Option("--output", "-o", help="yam
 @quota_app.command("usage")
 def quota_usage(output: Output = "table") -> None:
     """Used, borrowed and lent devices per tenant and flavor, and the pending demand."""
-    usage = _request("GET", "/v1/usage").json()
+    usage = api_request("GET", "/v1/usage").json()
     rows = [[r["tenant"], r["cohort"], r["flavor"] or "(none)", r["nominal"], r["used"], r["usedUnits"],
              r["borrowed"], r["lent"]] for r in usage["items"]]
-    _show(usage, output, ["TENANT", "COHORT", "FLAVOR", "NOMINAL", "USED", "UNITS", "BORROWED", "LENT"], rows)
+    print_listing(usage, output, ["TENANT", "COHORT", "FLAVOR", "NOMINAL", "USED", "UNITS", "BORROWED", "LENT"], rows)
     if output == "table" and usage["pending"]:
-        console.print(_table(["TENANT", "PENDING CLAIMS", "DEVICES REQUESTED"],
+        console.print(make_table(["TENANT", "PENDING CLAIMS", "DEVICES REQUESTED"],
                              [[p["tenant"], p["claims"], p["devices"]] for p in usage["pending"]]))
     if output == "table" and not usage["enforced"]:
         console.print("no quota is set: the fleet is open to every tenant")
@@ -192,15 +192,15 @@ def explain(
 ) -> None:
     """Why a claim waits: its state, reason and the allocator's structured explanation (blocking quotas,
     capacity per request, what preemption could do, what would let it in)."""
-    result = _request("GET", f"/v1/claims/{tenant}/{claim}/explain").json()
-    if _emit(result, output):
+    result = api_request("GET", f"/v1/claims/{tenant}/{claim}/explain").json()
+    if emit_document(result, output):
         return
     for line in explanation_lines(result):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     if result["explain"] is not None:
         for columns, rows in explanation_tables(result["explain"]):
             if rows:
-                console.print(_table(columns, rows))
+                console.print(make_table(columns, rows))
 
 
 def explanation_lines(result: dict[str, Any]) -> list[str]:
@@ -269,7 +269,7 @@ def _frame_json(frame: Any) -> dict[str, Any]:
 
 
 def _show_frame(frame: Any, output: str) -> None:
-    _emit(_frame_json(frame), output)
+    emit_document(_frame_json(frame), output)
 
 
 @app.command()
@@ -289,8 +289,8 @@ def top(
     url, headers = _admin_api()
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a live view ends
         try:
-            settings = _settings()
-            asyncio.run(view.run(url, headers, _nats_url(settings), console=console, once=once,
+            settings = cli_settings()
+            asyncio.run(view.run(url, headers, nats_url_of(settings), console=console, once=once,
                                  interval=interval, tls_ca=settings.tls_ca, ttl=settings.inventory_ttl,
                                  emit=None if output == "table" else lambda frame: _show_frame(frame, output)))
         except view.Unavailable as error:

@@ -15,19 +15,19 @@ from typing import Annotated
 import typer
 import yaml
 
-from services.cli.bus import _publish_claims, _status_table, _why, read_statuses
+from services.cli.bus import bus_error_text, publish_claims, read_statuses, status_table
 from services.cli.common import (
     LogFormat,
     MaybeOutput,
     Output,
     Unreachable,
-    _emit,
-    _logging,
-    _said,
-    _settings,
     app,
+    cli_settings,
+    configure_cli_logging,
     console,
+    emit_document,
     log,
+    print_done,
     say_error,
 )
 from services.runtime import tune_gc
@@ -60,7 +60,7 @@ def up(
     from shared.settings import Webhook
 
     tune_gc()
-    settings = _settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
+    settings = cli_settings(inventory=inventory or None, kube=kube or None, kubeconfig=kubeconfig, db=db,
                          nats_url=nats, api_port=api_port, stream_replicas=stream_replicas, insecure=insecure or None,
                          mig_advice_min=mig_advice_min,
                          pending_alert_after=pending_alert_after, log_format=log_format,
@@ -68,7 +68,7 @@ def up(
     _refuse_unless_ready(settings, SERVICES)
     if settings.nats_url:  # an external server that is not there, or refuses the credential: said, not waited on
         asyncio.run(_answers(settings.nats_url))
-    _logging(True, settings.log_format)
+    configure_cli_logging(True, settings.log_format)
     try:
         told = asyncio.run(_up(settings))
     except LedgerUnreachable as error:
@@ -95,9 +95,9 @@ def _refuse_unless_ready(settings: BrokerSettings, services: tuple[str, ...]) ->
 async def _answers(url: str) -> None:
     """One bounded connection to `url`: Unreachable (exit 3) or Refused (exit 1) in one line, the URL
     masked, where the services would retry it for good without a word."""
-    from services.cli.bus import _connect
+    from services.cli.bus import connect_bus
 
-    nc = await _connect(url)
+    nc = await connect_bus(url)
     await nc.close()
 
 
@@ -235,10 +235,10 @@ def serve(
 ) -> None:
     """Run one service against external NATS and database (compose, Kubernetes)."""
     tune_gc()
-    settings = _settings(inventory=inventory or None, db=db, nats_url=nats, kube=kube or None,
+    settings = cli_settings(inventory=inventory or None, db=db, nats_url=nats, kube=kube or None,
                          kubeconfig=kubeconfig, nvml=nvml or None, stream_replicas=stream_replicas,
                          log_format=log_format)
-    _logging(True, settings.log_format)
+    configure_cli_logging(True, settings.log_format)
     if service == "bus-auth":
         _serve_bus_auth(settings)
         return
@@ -310,14 +310,14 @@ def migrate(db: Annotated[str | None, typer.Option()] = None, output: MaybeOutpu
     from shared.ledger.engine import migrate as run_migrations
     from shared.ledger.handles import LedgerError, masked_url
 
-    settings = _settings(db=db)
+    settings = cli_settings(db=db)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     shown = masked_url(settings.database_url())
     try:
         asyncio.run(run_migrations(settings.database_url()))
     except (OSError, LedgerError) as error:
-        raise Unreachable(f"cannot reach the ledger at {shown}: {_why(error)}") from None
-    _said(f"ledger at head: {shown}", {"ledger": shown, "atHead": True}, output)
+        raise Unreachable(f"cannot reach the ledger at {shown}: {bus_error_text(error)}") from None
+    print_done(f"ledger at head: {shown}", {"ledger": shown, "atHead": True}, output)
 
 
 @app.command()
@@ -329,12 +329,12 @@ def demo(
     over NATS, print a summary and stop."""
     import tempfile
 
-    _logging(False)
+    configure_cli_logging(False)
     with tempfile.TemporaryDirectory(prefix="claimbroker-demo-") as folder:
-        settings = _settings(data_dir=Path(folder), api_port=0).model_copy(update={"data_dir": Path(folder)})
+        settings = cli_settings(data_dir=Path(folder), api_port=0).model_copy(update={"data_dir": Path(folder)})
         statuses, expected = asyncio.run(_demo(settings, timeout))
-    if not _emit(statuses, output):
-        console.print(_status_table(statuses))
+    if not emit_document(statuses, output):
+        console.print(status_table(statuses))
         counts: dict[str, int] = {}
         for s in statuses:
             counts[s["state"]] = counts.get(s["state"], 0) + 1
@@ -356,7 +356,7 @@ async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[ClaimSta
         assert stack.allocator is not None
         if not await stack.allocator.wait_for_inventory(timeout):
             raise RuntimeError("no inventory arrived")
-        await _publish_claims(stack.admin_url, documents, None)
+        await publish_claims(stack.admin_url, documents, None)
         deadline = time.monotonic() + timeout
         statuses: list[ClaimStatus] = []
         while time.monotonic() < deadline:
@@ -378,4 +378,4 @@ def asyncapi(
     if output not in ("json", "yaml"):
         say_error(f"claimbroker: --output must be json or yaml, not {output!r}")
         raise typer.Exit(2)
-    _emit(document(), output)
+    emit_document(document(), output)

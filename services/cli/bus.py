@@ -20,7 +20,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from services.cli.common import Refused, Unreachable, _settings, err
+from services.cli.common import Refused, Unreachable, cli_settings, err
 from shared.contract import subjects
 from shared.contract.messages import ClaimStatus, UnreadableStatus, read_status
 from shared.settings import BrokerSettings
@@ -28,7 +28,7 @@ from shared.settings import BrokerSettings
 NATS_TIMEOUT_S = 5.0  # a command gives up on NATS after this long, never hangs
 
 
-def _nats_url(settings: BrokerSettings) -> str:
+def nats_url_of(settings: BrokerSettings) -> str:
     """--nats (or CLAIMBROKER_NATS), else the URL `up` wrote in the data folder; never a guess."""
     if settings.nats_url:
         return settings.nats_url
@@ -47,7 +47,7 @@ def _nats_url(settings: BrokerSettings) -> str:
     raise typer.Exit(2)
 
 
-async def _connect(url: str) -> Any:
+async def connect_bus(url: str) -> Any:
     """The CLI's connection: bounded and quiet. nats-py retries a refused first connection for good,
     whatever its reconnect options, reporting each try to `error_cb`: the first report ends it here, with
     one line instead of a hang."""
@@ -65,7 +65,7 @@ async def _connect(url: str) -> Any:
 
     connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(
         url, name="claimbroker-cli", connect_timeout=2, allow_reconnect=False, error_cb=first_failure,
-        tls=tls_context(_settings().tls_ca), **bus_auth.client_options(url)))
+        tls=tls_context(cli_settings().tls_ca), **bus_auth.client_options(url)))
     futures: set[asyncio.Future[Any]] = {connecting, failed}
     await asyncio.wait(futures, timeout=NATS_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
     if connecting.done() and connecting.exception() is None:
@@ -75,13 +75,13 @@ async def _connect(url: str) -> Any:
     error = failed.result() if failed.done() else None
     if error is None and not connecting.cancelled():
         error = connecting.exception()
-    why = _why(error) if error is not None else f"no answer within {NATS_TIMEOUT_S:g}s"
+    why = bus_error_text(error) if error is not None else f"no answer within {NATS_TIMEOUT_S:g}s"
     if error is not None and "authorization violation" in str(error).lower():
         raise Refused(f"NATS at {bus_auth.redact(url)}: {why}")
     raise Unreachable(f"cannot reach NATS at {bus_auth.redact(url)}: {why}")
 
 
-def _why(error: BaseException) -> str:
+def bus_error_text(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     if "authorization violation" in text.lower():
         return ("the server refused the credential (a bus credential from `claimbroker credentials create`, "
@@ -96,7 +96,7 @@ def _no_streams(shown_url: str) -> Unreachable:
 BACKLOG_WAIT_S = 60.0  # how long a publish waits on a full tenant backlog for the broker to take some
 
 
-async def _publish(js: Any, url: str, subject: str, payload: Any, message_id: str) -> None:
+async def publish_document(js: Any, url: str, subject: str, payload: Any, message_id: str) -> None:
     """Publish to the broker's stream; only `up`, `serve` and `migrate` create what the broker needs. A
     tenant's backlog on the bus is bounded (settings.tenant_backlog): past it, wait for the broker."""
     from nats.errors import ConnectionClosedError
@@ -154,7 +154,7 @@ def _checked_tenant(tenant: str, option: str = "--tenant") -> str:
     return tenant
 
 
-def _claim_documents(path: Path, tenant: str | None, default_tenant: str = "default") -> list[dict[str, Any]]:
+def claim_documents(path: Path, tenant: str | None, default_tenant: str = "default") -> list[dict[str, Any]]:
     """FILE's claims, each with its namespace: its own, else --tenant, else `default_tenant` (a tenant
     credential's tenant, else `default`). A file that cannot be read, or is not claims, is a usage error."""
     if tenant is not None:
@@ -184,11 +184,11 @@ def _claim_documents(path: Path, tenant: str | None, default_tenant: str = "defa
     return out
 
 
-async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int | None,
-                          progress: _Progress | None = None) -> list[tuple[str, str]]:
+async def publish_claims(url: str, claims: list[dict[str, Any]], priority: int | None,
+                          progress: SendProgress | None = None) -> list[tuple[str, str]]:
     for document in claims:
-        _own_tenant_only(url, str(document["metadata"]["namespace"]))
-    nc = await _connect(url)
+        own_tenant_only(url, str(document["metadata"]["namespace"]))
+    nc = await connect_bus(url)
     try:
         return await _publish_on(nc, url, claims, priority, progress)
     finally:
@@ -196,13 +196,13 @@ async def _publish_claims(url: str, claims: list[dict[str, Any]], priority: int 
 
 
 async def _publish_on(nc: Any, url: str, claims: list[dict[str, Any]], priority: int | None,
-                      progress: _Progress | None = None) -> list[tuple[str, str]]:
+                      progress: SendProgress | None = None) -> list[tuple[str, str]]:
     """Publish `claims` in order; `progress` counts them as they are acknowledged (what an interrupted
     submit says it sent)."""
     # Ids unique to this invocation: a retry inside it is deduplicated, a later `submit` of the same file is
     # a new submission (the broker ignores it while the claim waits or runs, and takes it once it ended).
     run = uuid.uuid4().hex[:12]
-    progress = progress or _Progress(len(claims))
+    progress = progress or SendProgress(len(claims))
     js = nc.jetstream()
     sent: list[tuple[str, str]] = []
     try:
@@ -214,7 +214,7 @@ async def _publish_on(nc: Any, url: str, claims: list[dict[str, Any]], priority:
                                            "claimbroker.io/priority": str(priority)}
             tenant, name = document["metadata"]["namespace"], str(document["metadata"].get("name", ""))
             digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
-            await _publish(js, url, subjects.submit(tenant), document, f"submit:{tenant}:{name}:{digest}:{run}")
+            await publish_document(js, url, subjects.submit(tenant), document, f"submit:{tenant}:{name}:{digest}:{run}")
             sent.append((tenant, name))
             progress.sent = len(sent)
         return sent
@@ -222,7 +222,7 @@ async def _publish_on(nc: Any, url: str, claims: list[dict[str, Any]], priority:
         progress.done(len(sent))
 
 
-class _Progress:
+class SendProgress:
     """A long submit says how far it got, once a second, on stderr when that is a terminal (a script's
     output stays the one line per claim)."""
 
@@ -255,7 +255,7 @@ Key = tuple[str, str]  # (tenant, claim)
 async def read_statuses(url: str, tenant: str = "*", name: str = "*") -> list[ClaimStatus]:
     """The newest status of every matching claim (a tenant credential's own tenant's by default)."""
     tenant = _reader_tenant(url, tenant)
-    nc = await _connect(url)
+    nc = await connect_bus(url)
     try:
         return await _statuses_on(nc, url, tenant, name)
     finally:
@@ -269,7 +269,7 @@ def _reader_tenant(url: str, tenant: str) -> str:
     if own is not None and tenant == "*":
         tenant = own
     _checked_tenant(tenant)
-    _own_tenant_only(url, tenant)
+    own_tenant_only(url, tenant)
     return tenant
 
 
@@ -307,7 +307,7 @@ def _status_of(data: bytes) -> ClaimStatus | None:
 
 async def last_per_subject(url: str, stream: str, wanted: str) -> dict[str, bytes]:
     """The last message of each subject matching `wanted` in `stream` of this reader's account."""
-    nc = await _connect(url)
+    nc = await connect_bus(url)
     try:
         return {subject: message.data for subject, message in (await _last_on(nc, url, stream, wanted)).items()}
     finally:
@@ -370,7 +370,7 @@ class StatusFeed:
 async def watch_statuses(url: str, tenant: str, name: str) -> AsyncIterator[list[ClaimStatus]]:
     """Every matching claim's newest status now, then again at each change (an async generator of lists)."""
     tenant = _reader_tenant(url, tenant)
-    nc = await _connect(url)
+    nc = await connect_bus(url)
     try:
         feed = StatusFeed()
         await feed.open(nc, [_wanted(tenant, name)])
@@ -390,14 +390,14 @@ WATCH_COALESCE_S = 0.2
 
 
 async def submit_and_wait(url: str, claims: list[dict[str, Any]], priority: int | None, wait: float,
-                          progress: _Progress | None = None) -> tuple[list[Key], list[ClaimStatus]]:
+                          progress: SendProgress | None = None) -> tuple[list[Key], list[ClaimStatus]]:
     """Publish `claims` and wait up to `wait` seconds for each one's answer: the claims sent, and the
     statuses that answered them, in the order sent. The subscription comes first, then the statuses
     before this submission (to tell an answer from an old status), then the publish."""
     tenants = sorted({str(c["metadata"]["namespace"]) for c in claims})
     for tenant in tenants:
-        _own_tenant_only(url, tenant)
-    nc = await _connect(url)
+        own_tenant_only(url, tenant)
+    nc = await connect_bus(url)
     try:
         feed = StatusFeed()
         await feed.open(nc, [_wanted(tenant, "*") for tenant in tenants])
@@ -428,7 +428,7 @@ def _answers(status: ClaimStatus, before: ClaimStatus | None) -> bool:
             or before["state"] in ("Pending", "Allocated"))
 
 
-def _own_tenant_only(url: str, tenant: str) -> None:
+def own_tenant_only(url: str, tenant: str) -> None:
     """A tenant's bus credential reaches only its tenant: said here in one line, before the server refuses
     it without a word (a publish it forbids is dropped)."""
     from shared.contract import bus_auth
@@ -439,7 +439,7 @@ def _own_tenant_only(url: str, tenant: str) -> None:
         raise typer.Exit(1)
 
 
-def _status_table(statuses: Sequence[Mapping[str, Any]]) -> Table:
+def status_table(statuses: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(show_lines=False)
     for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "REASON"):
         table.add_column(column, overflow="fold")

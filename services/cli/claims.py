@@ -13,15 +13,15 @@ from typing import Annotated, Any
 import typer
 
 from services.cli.bus import (
-    _claim_documents,
-    _connect,
-    _nats_url,
-    _own_tenant_only,
-    _Progress,
-    _publish,
-    _publish_claims,
-    _status_table,
+    SendProgress,
+    claim_documents,
+    connect_bus,
+    nats_url_of,
+    own_tenant_only,
+    publish_claims,
+    publish_document,
     read_statuses,
+    status_table,
     submit_and_wait,
     watch_statuses,
 )
@@ -30,11 +30,11 @@ from services.cli.common import (
     MaybeOutput,
     Output,
     Unreachable,
-    _emit,
-    _settings,
-    _table,
     app,
+    cli_settings,
     console,
+    emit_document,
+    make_table,
     say_error,
 )
 from shared.contract import subjects
@@ -64,14 +64,14 @@ def submit(
     each claim's status as a JSON line; -o table|json|yaml: the claims sent, or their statuses."""
     from shared.contract import bus_auth
 
-    settings = _settings()
-    url = _nats_url(settings)
+    settings = cli_settings()
+    url = nats_url_of(settings)
     own = bus_auth.tenant_of_user(bus_auth.user_of(url) or "")  # a tenant credential's claims are its tenant's
-    claims = _claim_documents(file, tenant, own or "default")
-    progress = _Progress(len(claims))
+    claims = claim_documents(file, tenant, own or "default")
+    progress = SendProgress(len(claims))
     try:
         if wait is None:
-            sent = asyncio.run(_publish_claims(url, claims, priority, progress))
+            sent = asyncio.run(publish_claims(url, claims, priority, progress))
         else:
             sent, results = asyncio.run(submit_and_wait(url, claims, priority, wait, progress))
     except KeyboardInterrupt:
@@ -83,14 +83,14 @@ def submit(
         if output is None:
             for tenant_name, name in sent:
                 console.print(f"submitted {tenant_name}/{name}", markup=False, highlight=False, soft_wrap=True)
-        elif not _emit(submitted, output):
-            console.print(_table(["TENANT", "CLAIM"], [[s["namespace"], s["name"]] for s in submitted]))
+        elif not emit_document(submitted, output):
+            console.print(make_table(["TENANT", "CLAIM"], [[s["namespace"], s["name"]] for s in submitted]))
         return
     if output is None:
         for status in results:
             print(json.dumps(status))
-    elif not _emit(results, output):
-        console.print(_status_table(results))
+    elif not emit_document(results, output):
+        console.print(status_table(results))
     if len(results) < len(set(sent)):
         say_error(f"claimbroker: {len(set(sent)) - len(results)} claim(s) had no status within {wait:g}s")
         raise typer.Exit(1)
@@ -108,11 +108,11 @@ def status(
     watch: Annotated[bool, typer.Option(help="keep printing as statuses change")] = False,
 ) -> None:
     """Print claim states. With NAME: exit 1 when no such claim has a status, or when it is Rejected."""
-    url = _nats_url(_settings())
+    url = nats_url_of(cli_settings())
 
     def show(statuses: list[ClaimStatus]) -> None:
-        if not _emit(statuses, output):
-            console.print(_status_table(statuses))
+        if not emit_document(statuses, output):
+            console.print(status_table(statuses))
 
     if not watch:
         statuses = asyncio.run(read_statuses(url, tenant or "*", name or "*"))
@@ -151,9 +151,9 @@ def release(
 
     from shared.contract import bus_auth
 
-    url = _nats_url(_settings())
+    url = nats_url_of(cli_settings())
     tenant = tenant or bus_auth.tenant_of_user(bus_auth.user_of(url) or "") or "default"
-    _own_tenant_only(url, tenant)
+    own_tenant_only(url, tenant)
     known = asyncio.run(read_statuses(url, tenant, name))
     if not known or known[-1]["state"] not in ("Pending", "Allocated"):
         what = f"its last status is {known[-1]['state']}" if known else "it has no status (yet)"
@@ -161,9 +161,9 @@ def release(
         raise typer.Exit(1)
 
     async def main() -> None:
-        nc = await _connect(url)
+        nc = await connect_bus(url)
         try:
-            await _publish(nc.jetstream(), url, subjects.release(tenant), {"name": name},
+            await publish_document(nc.jetstream(), url, subjects.release(tenant), {"name": name},
                            f"release:{tenant}:{name}:{time.time_ns()}:{secrets.token_hex(8)}")  # unguessable
         finally:
             await nc.close()
@@ -172,8 +172,8 @@ def release(
     requested = {"namespace": tenant, "name": name, "stateBefore": known[-1]["state"], "release": "requested"}
     if output is None:
         console.print(f"release requested for {tenant}/{name}", markup=False, highlight=False, soft_wrap=True)
-    elif not _emit(requested, output):
-        console.print(_table(["TENANT", "CLAIM", "STATE BEFORE", "RELEASE"], [list(requested.values())]))
+    elif not emit_document(requested, output):
+        console.print(make_table(["TENANT", "CLAIM", "STATE BEFORE", "RELEASE"], [list(requested.values())]))
 
 
 @app.command()
@@ -198,19 +198,19 @@ def simulate(
         documents = load_inventory(inventory)
         waves = [[read_claim_document(d, tenant) for d in load_yaml_documents(path) if d is not None]
                  for path in claims]
-        config = _read_quotas(quotas) if quotas is not None else QuotaConfig()
+        config = read_quotas_file(quotas) if quotas is not None else QuotaConfig()
     except (InventoryFileError, ValueError) as error:
         say_error(str(error))
         raise typer.Exit(1) from None
     fleet = Fleet.from_slices(documents.slices, documents.labels)
     result = run_waves(fleet, merge_classes(documents.classes), waves, config).to_json()
-    if not _emit(result, output):
-        console.print(_status_table(result["claims"]))
+    if not emit_document(result, output):
+        console.print(status_table(result["claims"]))
         for event in result["events"]:
             console.print(f"{event['claim']} {event['state']} by {event['by']} ({event['rule']}): {event['reason']}")
 
 
-def _read_quotas(path: Path) -> Any:
+def read_quotas_file(path: Path) -> Any:
     """A Quotas file, with every flavor selector compiled: errors name the file and the field."""
     from shared.admission.quota import QuotaFileError, parse_quotas
     from shared.dra.cel import SelectorError, compile_selector

@@ -79,7 +79,7 @@ def _global(
     _OPTIONS.set(context.obj)
 
 
-def _settings(**overrides: Any) -> BrokerSettings:
+def cli_settings(**overrides: Any) -> BrokerSettings:
     """Options over CLAIMBROKER_* variables, validated (so "5m" becomes 300 seconds)."""
     values = {k: v for k, v in overrides.items() if v is not None}
     if options().data_dir is not None:
@@ -119,7 +119,7 @@ def _output_format_or_none(value: str | None) -> str | None:
 MaybeOutput = Annotated[str | None, typer.Option("--output", "-o", help="table | json | yaml",
                                                  callback=_output_format_or_none)]
 
-def _emit(data: Any, output: str) -> bool:
+def emit_document(data: Any, output: str) -> bool:
     """Print `data` as JSON or YAML when asked (True); False: the caller prints its table."""
     if output == "json":
         print(json.dumps(data, indent=2))
@@ -148,7 +148,7 @@ def say_error(line: str) -> None:
     err.print(mask_secrets(line), markup=False, highlight=False)
 
 
-def _logging(verbose: bool, log_format: str = "text") -> None:
+def configure_cli_logging(verbose: bool, log_format: str = "text") -> None:
     from services.logs import configure
 
     configure(verbose, log_format)
@@ -158,11 +158,11 @@ LogFormat = Annotated[str | None, typer.Option(
     "--log-format", help="text, or json: one object a line and a line per decision batch")]
 
 
-async def _with_ledger(db: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
+async def with_ledger(db: str | None, work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(session_factory)` on the ledger of --db or the data folder, which must exist and be current."""
     from shared.ledger.engine import LedgerNotReady, create_engine, require_current, sessions
 
-    settings = _settings(db=db)
+    settings = cli_settings(db=db)
     try:
         await require_current(settings.database_url())
     except LedgerNotReady as error:
@@ -174,7 +174,7 @@ async def _with_ledger(db: str | None, work: Callable[[Any], Awaitable[T]]) -> T
         await engine.dispose()
 
 
-def _table(columns: list[str], rows: list[list[Any]]) -> Table:
+def make_table(columns: list[str], rows: list[list[Any]]) -> Table:
     table = Table(show_lines=False)
     for column in columns:
         table.add_column(column, overflow="fold")
@@ -183,15 +183,15 @@ def _table(columns: list[str], rows: list[list[Any]]) -> Table:
     return table
 
 
-def _said(line: str, data: dict[str, Any], output: str | None) -> None:
+def print_done(line: str, data: dict[str, Any], output: str | None) -> None:
     """What a command that did one thing prints: its line, or with -o the same as a document (a table of
     one row)."""
     if output is None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    elif not _emit(data, output):
-        console.print(_table([k.upper() for k in data], [list(data.values())]))
+    elif not emit_document(data, output):
+        console.print(make_table([k.upper() for k in data], [list(data.values())]))
 
 
-def _show(data: Any, output: str, columns: list[str], rows: list[list[Any]]) -> None:
-    if not _emit(data, output):
-        console.print(_table(columns, rows))
+def print_listing(data: Any, output: str, columns: list[str], rows: list[list[Any]]) -> None:
+    if not emit_document(data, output):
+        console.print(make_table(columns, rows))

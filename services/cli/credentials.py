@@ -7,8 +7,18 @@ from typing import Annotated
 
 import typer
 
-from services.cli.admin import _request
-from services.cli.common import MaybeOutput, Output, _emit, _said, _settings, _show, app, console, say_error
+from services.cli.admin import api_request
+from services.cli.common import (
+    MaybeOutput,
+    Output,
+    app,
+    cli_settings,
+    console,
+    emit_document,
+    print_done,
+    print_listing,
+    say_error,
+)
 from shared.contract import subjects
 
 credentials_app = typer.Typer(help="Bus credentials (over the admin API: --api, --token).", no_args_is_help=True)
@@ -32,11 +42,11 @@ def credentials_create(
         say_error("claimbroker: give --tenant T, --alerts, or both (one tenant's alerts)")
         raise typer.Exit(2)
     body = {"role": "alerts", "tenant": tenant} if alerts else {"role": "tenant", "tenant": tenant}
-    created = _request("POST", "/v1/credentials", json=body).json()
-    nats_file = _settings().data_dir / "nats.url"
+    created = api_request("POST", "/v1/credentials", json=body).json()
+    nats_file = cli_settings().data_dir / "nats.url"
     where = nats_file.read_text().strip() if nats_file.exists() else "nats://HOST:4222"
     created["url"] = bus_auth.url_with_user(where, created["user"], created["password"])
-    if not _emit(created, output):
+    if not emit_document(created, output):
         what = f"{tenant}'s alerts" if alerts and tenant else "every tenant's alerts" if alerts else tenant
         console.print(f"credential {created['id']} for {what} (the password is shown this once):")
         console.print(f"  user      {created['user']}")
@@ -50,8 +60,8 @@ def credentials_create(
 @credentials_app.command("list")
 def credentials_list(output: Output = "table") -> None:
     """Every bus credential (revoked ones too); never a password."""
-    rows = _request("GET", "/v1/credentials").json()
-    _show(rows, output, ["ID", "USER", "ROLE", "TENANT", "CREATED", "REVOKED"],
+    rows = api_request("GET", "/v1/credentials").json()
+    print_listing(rows, output, ["ID", "USER", "ROLE", "TENANT", "CREATED", "REVOKED"],
           [[c["id"], c["user"], c["role"], c["tenant"] or "-", c["createdAt"], c["revokedAt"] or "-"] for c in rows])
 
 
@@ -59,5 +69,5 @@ def credentials_list(output: Output = "table") -> None:
 def credentials_revoke(credential_id: Annotated[int, typer.Argument(help="the id `credentials list` shows")],
                        output: MaybeOutput = None) -> None:
     """Revoke a bus credential: its connections are closed and it is refused from then on."""
-    _request("DELETE", f"/v1/credentials/{credential_id}")
-    _said(f"credential {credential_id} revoked", {"id": credential_id, "revoked": True}, output)
+    api_request("DELETE", f"/v1/credentials/{credential_id}")
+    print_done(f"credential {credential_id} revoked", {"id": credential_id, "revoked": True}, output)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from services.cli.common import MaybeOutput, Output, _said, _show, _with_ledger, app, say_error
+from services.cli.common import MaybeOutput, Output, app, print_done, print_listing, say_error, with_ledger
 
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 
@@ -41,8 +41,8 @@ def token_create(
     except ValueError as error:
         say_error(f"claimbroker token create: --ttl: {error}")
         raise typer.Exit(2) from None
-    token = asyncio.run(_with_ledger(db, lambda factory: create_token(factory, role, tenant, seconds)))
-    _said(token, {"token": token, "role": role, "tenant": tenant, "ttlSeconds": seconds}, output)
+    token = asyncio.run(with_ledger(db, lambda factory: create_token(factory, role, tenant, seconds)))
+    print_done(token, {"token": token, "role": role, "tenant": tenant, "ttlSeconds": seconds}, output)
 
 
 @token_app.command("list")
@@ -54,8 +54,8 @@ def token_list(output: Output = "table", db: Annotated[str | None, typer.Option(
         async with factory() as session:
             return [token_json(row) for row in await list_tokens(session)]
 
-    tokens = asyncio.run(_with_ledger(db, read))
-    _show(tokens, output, ["ID", "ROLE", "TENANT", "CREATED", "EXPIRES", "REVOKED"],
+    tokens = asyncio.run(with_ledger(db, read))
+    print_listing(tokens, output, ["ID", "ROLE", "TENANT", "CREATED", "EXPIRES", "REVOKED"],
           [[t["id"], t["role"], t["tenant"] or "-", t["createdAt"], t["expiresAt"] or "never", t["revokedAt"] or "-"]
            for t in tokens])
 
@@ -70,7 +70,7 @@ def token_revoke(token_id: Annotated[int, typer.Argument(help="the id `token lis
         async with factory() as session, session.begin():
             return await revoke_token(session, token_id, "cli") is not None
 
-    if not asyncio.run(_with_ledger(db, revoke)):
+    if not asyncio.run(with_ledger(db, revoke)):
         say_error(f"claimbroker: no token {token_id}")
         raise typer.Exit(1)
-    _said(f"token {token_id} revoked", {"id": token_id, "revoked": True}, output)
+    print_done(f"token {token_id} revoked", {"id": token_id, "revoked": True}, output)

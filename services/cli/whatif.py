@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from services.cli.bus import _nats_url, last_per_subject
-from services.cli.claims import _read_quotas
-from services.cli.common import Output, _emit, _settings, _table, _with_ledger, app, console, say_error
+from services.cli.bus import last_per_subject, nats_url_of
+from services.cli.claims import read_quotas_file
+from services.cli.common import Output, app, cli_settings, console, emit_document, make_table, say_error, with_ledger
 from shared.contract import subjects
 from shared.fleet.freshness import stale_nodes
 
@@ -69,16 +69,16 @@ def whatif(
     from shared.dra.classes import merge_classes
     from shared.fleet.sources import InventoryFileError, load_inventory
 
-    settings = _settings(db=db)
+    settings = cli_settings(db=db)
     try:  # the files first, before the bus and the ledger are read: their errors name the file and the field
-        proposed = _read_quotas(quotas) if quotas is not None else None
+        proposed = read_quotas_file(quotas) if quotas is not None else None
         added = _added_nodes(list(add_inventory or []))
         classes = merge_classes(load_inventory(list(add_inventory or [])).classes if add_inventory else [])
     except (InventoryFileError, ValueError) as error:
         say_error(str(error))
         raise typer.Exit(1) from None
-    fleet = asyncio.run(_read_fleet(_nats_url(settings)))
-    running, waiting, documents, config = asyncio.run(_with_ledger(db, _read_ledger))
+    fleet = asyncio.run(_read_fleet(nats_url_of(settings)))
+    running, waiting, documents, config = asyncio.run(with_ledger(db, _read_ledger))
     unknown = sorted(set(drain or ()) - set(fleet.nodes))
     if unknown:
         say_error(f"claimbroker: no node {', '.join(unknown)} in the fleet: nothing to drain")
@@ -93,7 +93,7 @@ def whatif(
     stale = stale_nodes({name: node.observed_at for name, node in fleet.nodes.items()}, time.time(),
                         settings.inventory_ttl)  # each node's last message on the bus, heartbeats included
     answer = what_if(fleet, classes, config, running, waiting, documents, change, stale).to_json()
-    if _emit(answer, output):
+    if emit_document(answer, output):
         return
     console.print(f"admitted: {len(answer['admitted'])}, preempted: {len(answer['preempted'])}, "
                   f"beyond a quota: {len(answer['overQuota']['claims'])}")
@@ -101,14 +101,14 @@ def whatif(
     rows += [[p["claim"], "preempted", p["rule"]] for p in answer["preempted"]]
     rows += [[c["claim"], "beyond its quota", c["flavor"]] for c in answer["overQuota"]["claims"]]
     if rows:
-        console.print(_table(["CLAIM", "WOULD BE", "RULE / FLAVOR"], rows))
+        console.print(make_table(["CLAIM", "WOULD BE", "RULE / FLAVOR"], rows))
     usage = [[tenant, flavor, n["before"], n["after"]] for tenant, per in answer["usage"].items()
              for flavor, n in per.items() if n["before"] != n["after"]]
     if usage:
-        console.print(_table(["TENANT", "FLAVOR", "HELD NOW", "HELD AFTER"], usage))
+        console.print(make_table(["TENANT", "FLAVOR", "HELD NOW", "HELD AFTER"], usage))
     tenants = [[t, s["before"], s["after"], answer["pending"][t]["before"], answer["pending"][t]["after"]]
                for t, s in answer["shares"].items()]
-    console.print(_table(["TENANT", "SHARE NOW", "SHARE AFTER", "WAITING NOW", "WAITING AFTER"], tenants))
+    console.print(make_table(["TENANT", "SHARE NOW", "SHARE AFTER", "WAITING NOW", "WAITING AFTER"], tenants))
 
 
 advise_app = typer.Typer(help="Advice from the live fleet and queue; nothing is changed.", no_args_is_help=True)
@@ -130,19 +130,19 @@ def advise_mig(
 
     if output not in ("table", "json", "yaml"):
         raise typer.BadParameter(f"must be table, json or yaml, not {output!r}", param_hint="--output")
-    settings = _settings(db=db)
-    fleet = asyncio.run(_read_fleet(_nats_url(settings)))
-    running, waiting, _, config = asyncio.run(_with_ledger(db, _read_ledger))
+    settings = cli_settings(db=db)
+    fleet = asyncio.run(_read_fleet(nats_url_of(settings)))
+    running, waiting, _, config = asyncio.run(with_ledger(db, _read_ledger))
     plan = plan_mig(fleet, merge_classes([]), config, running, waiting)
     if output == "yaml":  # what mig-parted reads
         print(yaml.safe_dump(plan.mig_parted(), sort_keys=False), end="")
         return
-    if _emit(plan.to_json(), output):
+    if emit_document(plan.to_json(), output):
         return
     if not plan.layouts:
         console.print(f"no re-layout would admit more: {len(plan.without)} waiting claim(s) fit as the GPUs are")
         return
-    console.print(_table(["NODE", "GPU", "MODEL", "NOW", "PLANNED"],
+    console.print(make_table(["NODE", "GPU", "MODEL", "NOW", "PLANNED"],
                          [[g.node, g.gpu, g.model, g.now, g.planned] for g in plan.layouts]))
     gained = plan.gained
     console.print(f"it would admit {len(gained)} more waiting claim(s): "
