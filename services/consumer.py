@@ -180,11 +180,12 @@ class Deliveries:
       without, it is naked after the error's delay (else `failing_delay`).
     - anything else, in a batch of several: the batch is handled again one message at a time, so no message
       takes its batch-mates with it.
-    - alone: a `TemporaryError` is redelivered after `retry_delay(deliveries)` until the message's last
-      delivery but one; a fault of unknown kind once (one that passes unrecognised must not dead-letter a
-      good message); a `PermanentError` not at all. Then, with `dead_letters`, the message is blamed only
-      if the handler's work without it commits: it is dead-lettered and acked. Otherwise handling itself
-      fails: the service is degraded, and the message is redelivered after `failing_delay(deliveries)`."""
+    - alone, with `dead_letters`: a `TemporaryError` is redelivered after `retry_delay(deliveries)` until
+      the message's last delivery but one; a fault of unknown kind once (one that passes unrecognised must
+      not dead-letter a good message); a `PermanentError` not at all. Then the message is blamed only if
+      the handler's work without it commits: it is dead-lettered and acked.
+    - otherwise handling itself fails: the service is degraded, and the message is redelivered after
+      `failing_delay(deliveries)` (without dead letters, until JetStream's max_deliver)."""
 
     def __init__(self, handler: Handler, *, log: logging.Logger, max_deliver: int,
                  retry_delay: Callable[[int], float], failing_delay: Callable[[int], float],
