@@ -20,16 +20,26 @@ from services.allocator.messages import ClaimMessage, carried, printable
 from shared.admission.quota import QuotaConfig, pending_limit_problem
 from shared.contract import events, subjects
 from shared.dra import model as dra
-from shared.dra.claims import InvalidClaim
+from shared.dra.claims import InvalidClaim, settings_of
 from shared.dra.results import State
 from shared.ledger import intake
-from shared.ledger.intake import Deleted, Inserted, IntakeView, IntakeWrites, claim_values
+from shared.ledger.intake import Deleted, Inserted, IntakeView, IntakeWrites
 from shared.ledger.queue import QUEUED
 from shared.ledger.schema import Claim
 from shared.ledger.unit_of_work import UnitOfWork, Writes
 
 RELEASE_ANSWER_TTL_S = 60.0  # how long JetStream keeps the answer to a release of an unknown claim
 DEFAULT_EARLY_RELEASES_PER_TENANT = 1000
+
+
+def claim_values(claim: dra.ResourceClaim, sequence: int = 0) -> dict[str, Any]:
+    """A new claim row's columns. `sequence`: where the claim's status sequence carries on (a claim
+    submitted again under the name of one that ended continues its statuses, so they stay in order for
+    whoever follows the claim)."""
+    settings = settings_of(claim)
+    return {"namespace": claim.metadata.namespace or "default", "name": claim.metadata.name,
+            "state": State.PENDING.value, "spec": claim.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "priority": settings.priority, "preemptible": settings.preemptible, "sequence": sequence}
 
 
 @dataclass

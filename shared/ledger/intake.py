@@ -21,8 +21,6 @@ from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import defer
 
-from shared.dra import model as dra
-from shared.dra.claims import settings_of
 from shared.dra.results import State
 from shared.ledger.decisions import release_devices
 from shared.ledger.schema import OUTSIDE, Claim, EarlyRelease
@@ -32,16 +30,6 @@ _CLAIMS = cast(Table, Claim.__table__)
 # Columns of claim rows a message's lookup does not load: parsing their JSON cost most of it. Reading one
 # by mistake raises instead of querying. A message clears the allocation and the explanation.
 _UNREAD_BY_MESSAGES = tuple(defer(column, raiseload=True) for column in (Claim.spec, Claim.explain, Claim.allocation))
-
-
-def claim_values(claim: dra.ResourceClaim, sequence: int = 0) -> dict[str, Any]:
-    """A new claim row's columns. `sequence`: where the claim's status sequence carries on (a claim
-    submitted again under the name of one that ended continues its statuses, so they stay in order for
-    whoever follows the claim)."""
-    settings = settings_of(claim)
-    return {"namespace": claim.metadata.namespace or "default", "name": claim.metadata.name,
-            "state": State.PENDING.value, "spec": claim.model_dump(mode="json", by_alias=True, exclude_none=True),
-            "priority": settings.priority, "preemptible": settings.preemptible, "sequence": sequence}
 
 
 @dataclass
@@ -77,7 +65,7 @@ class IntakeWrites:
     released claims, and the releases of unknown claims remembered (a sequence) or forgotten (None)."""
 
     steps: list[Inserted | Deleted] = field(default_factory=list)
-    queued: list[dict[str, Any]] = field(default_factory=list)  # `claim_values` and sequences
+    queued: list[dict[str, Any]] = field(default_factory=list)  # their columns
     released: list[Claim] = field(default_factory=list)
     early: dict[tuple[str, str], int | None] = field(default_factory=dict)
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from services.allocator.claim_batch import claim_values
 from shared.dra import model as dra
 from shared.dra.cel_static import static_problems
 from shared.dra.claims import INT32_MAX, INT32_MIN, InvalidClaim, read_submission, settings_of
-from shared.ledger.intake import claim_values
 
 TENANT = "t1"
 GPU = "gpu.nvidia.com"
