@@ -156,7 +156,7 @@ def churn(fleet: Fleet, bombs: int, cycles: int) -> dict[str, Any]:
     return {"measure": "churn", "nodes": len(fleet.nodes), "bombs": bombs, "cycles": cycles,
             "cycle_p50_ms": round(statistics.median(ms), 2), "cycle_p99_ms": round(ms[int(len(ms) * 0.99) - 1], 2),
             "cycle_max_ms": round(ms[-1], 2), "rss_mb": round(_rss_mb(), 1), "rss_before_mb": round(rss_before, 1),
-            "bombs_unprepared": len(state.unprepared), "bombs_answered_cut": cut}
+            "bombs_unprepared": len(state.queue.unprepared), "bombs_answered_cut": cut}
 
 
 def _rss_mb() -> float:

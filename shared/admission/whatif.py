@@ -45,6 +45,8 @@ def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaCo
     and the rest trying again, as the allocator would over its next cycles."""
     out = Settled({r.key: r for r in running}, {w.key: w for w in waiting})
     order = max((r.allocated_order for r in out.running.values()), default=0)
+    # every claim that preempted a claim, kept as the ledger keeps it: a victim never takes back from any of them
+    displaced = {w.key: w.displaced_by for w in out.waiting.values() if w.displaced_by}
 
     def snapshot() -> Snapshot:
         return Snapshot(fleet, classes, quotas, tuple(out.running.values()),
@@ -57,8 +59,9 @@ def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaCo
         for p in cycle.preemptions:
             victim = out.running.pop(p.victim)
             out.preempted[p.victim] = p.rule
+            displaced[p.victim] = displaced.get(p.victim, frozenset()) | {p.by}
             out.waiting[p.victim] = Waiting(victim.tenant, victim.name, _claim_of(victim), victim.priority,
-                                            victim.preemptible, victim.arrival, displaced_by=frozenset({p.by}))
+                                            victim.preemptible, victim.arrival, displaced_by=displaced[p.victim])
         for d in cycle.decisions:
             key = (d.tenant, d.name)
             queued = out.waiting.get(key)
