@@ -28,6 +28,7 @@ from nats.aio.msg import Msg
 
 from services.admin_api.common import PROBLEMS, Caller, Principal
 from shared.contract import subjects
+from shared.contract.messages import UnreadableStatus, read_status
 from shared.ledger.tokens import still_usable
 
 log = logging.getLogger("claimbroker.admin_api")
@@ -108,16 +109,15 @@ class LiveFeed:
     async def _on_status(self, message: Msg) -> None:
         if not self._listeners:  # nobody watches: not even parsed
             return
-        status = _json(message)
-        if status is None:
+        try:
+            status = read_status(message.data)
+        except UnreadableStatus:
             return
-        tenant, claim = str(status.get("namespace", "")), str(status.get("name", ""))
-        found = status.get("allocation")
-        allocation: dict[str, Any] = found if isinstance(found, dict) else {}
-        devices = [{"driver": r.get("driver"), "pool": r.get("pool"), "device": r.get("device")}
-                   for r in (allocation.get("devices") or {}).get("results") or () if isinstance(r, dict)]
-        whole = {"type": "status", "tenant": tenant, "claim": claim, "state": status.get("state"),
-                 "devices": devices, "node": allocation.get("nodeName")}
+        tenant, claim, allocation = status["namespace"], status["name"], status.get("allocation")
+        devices = [{"driver": r["driver"], "pool": r["pool"], "device": r["device"]}
+                   for r in (allocation["devices"]["results"] if allocation else ())]
+        whole = {"type": "status", "tenant": tenant, "claim": claim, "state": status["state"],
+                 "devices": devices, "node": allocation["nodeName"] if allocation else None}
         anonymous = {**whole, "tenant": None, "claim": None}
         for listener in self._listeners:
             listener.offer(whole if listener.tenant in (None, tenant) else anonymous)

@@ -20,7 +20,6 @@ that still holds is not a new observation, so only its start and its end are pub
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -50,12 +49,11 @@ from shared.alerts.rules import (
     InventoryRules,
     MigAdviceRule,
     QuotaUsage,
-    UnreadableStatus,
     idle_larger_flavor,
     quota_near_limit,
 )
 from shared.contract import subjects
-from shared.contract.messages import NodeInventory
+from shared.contract.messages import NodeInventory, UnreadableStatus, read_status
 from shared.dra.classes import merge_classes
 from shared.ledger import alerts, inbox, pending, tenants, usage_history
 from shared.ledger.claims_read import read_claims
@@ -216,8 +214,8 @@ class Notifier:
 
     def _status_actions(self, message: Msg) -> list[Action]:
         try:
-            return self.claims.on_status(json.loads(message.data), self.clock())
-        except (ValueError, TypeError, UnreadableStatus):
+            return self.claims.on_status(read_status(message.data), self.clock())
+        except UnreadableStatus:
             log.warning("ignoring unreadable status on %s", message.subject)
             return []
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.alerts.book import Action, Alert, Raise, Resolve, alert_key
+from shared.contract.messages import ClaimStatus
 from shared.fleet import telemetry
 from shared.fleet.freshness import iso, judge
 
@@ -25,10 +26,6 @@ DEVICE_THROTTLED = "device-throttled"
 QUOTA_NEAR_LIMIT = "quota-near-limit"
 IDLE_LARGER_FLAVOR = "idle-larger-flavor"
 MIG_RELAYOUT = "mig-relayout-suggested"
-
-
-class UnreadableStatus(ValueError):
-    pass
 
 
 @dataclass
@@ -56,11 +53,9 @@ class ClaimRules:
     def threshold(self, tenant: str) -> float:
         return self.thresholds.get(tenant, self.default_after)
 
-    def on_status(self, status: Mapping[str, Any], now: float) -> list[Action]:
-        try:
-            tenant, name, state = str(status["namespace"]), str(status["name"]), str(status["state"])
-        except (KeyError, TypeError) as error:
-            raise UnreadableStatus(f"status without {error}") from error
+    def on_status(self, status: ClaimStatus, now: float) -> list[Action]:
+        """What a claim's status raises and resolves; `status` as `read_status` gives it (typed, checked)."""
+        tenant, name, state = status["namespace"], status["name"], status["state"]
         sequence = status.get("sequence")
         if isinstance(sequence, int):
             if sequence <= self.sequences.get((tenant, name), 0):
