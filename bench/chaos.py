@@ -47,7 +47,8 @@ import nats  # noqa: E402
 import yaml  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
-from services.natsio import EmbeddedNats, ensure_streams  # noqa: E402
+from services.bus.embedded import EmbeddedNats  # noqa: E402
+from services.bus.streams import ensure_streams  # noqa: E402
 from shared.admission.cycle import run_cycle  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
 from shared.admission.model import Running, Snapshot  # noqa: E402

@@ -60,7 +60,7 @@ import yaml  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig  # noqa: E402
 
-from services.bus_authority import ADMIN_PASSWORD_FILE  # noqa: E402
+from services.bus.authority import ADMIN_PASSWORD_FILE  # noqa: E402
 from shared.contract import bus_auth, subjects  # noqa: E402
 
 SHARED_PG = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -49,7 +49,7 @@ from bench.e2e import (  # noqa: E402
     tenant_name,
     topology,
 )
-from services.natsio import BACKLOG_FULL_CODE  # noqa: E402
+from services.bus.streams import BACKLOG_FULL_CODE  # noqa: E402
 from shared.contract import bus_auth, subjects  # noqa: E402
 
 CALM, FLOOD, BOMB = tenant_name(0), tenant_name(1), tenant_name(2)

@@ -5,7 +5,7 @@ leaves them), three ways:
 
 - `faststream-each`: a FastStream NatsBroker's `publish(..., stream=...)`, each PubAck awaited in turn;
 - `faststream-gather`: the same calls, a batch's publishes awaited together (asyncio.gather);
-- `nats-py-pipelined`: `services.natsio.publish_pipelined` on the broker's connection (every publish sent,
+- `nats-py-pipelined`: `services.bus.publish.publish_pipelined` on the broker's connection (every publish sent,
   then the acknowledgements awaited together).
 
 One JSON line each: {"way", "messages", "per_s", "ms_per_batch"}. Run: `make bench-publish`.
@@ -27,7 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from faststream.nats import NatsBroker  # noqa: E402
 
-from services.natsio import EmbeddedNats, ensure_streams, publish_pipelined  # noqa: E402
+from services.bus.embedded import EmbeddedNats  # noqa: E402
+from services.bus.publish import publish_pipelined  # noqa: E402
+from services.bus.streams import ensure_streams  # noqa: E402
 from shared.contract import subjects  # noqa: E402
 
 

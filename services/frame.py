@@ -1,15 +1,15 @@
 """The services' frame: each service is a FastStream app (its NatsBroker and the routers of what it
-receives and sends, services/channels.py), built by the service's app factory (`services/<name>/app.py`);
+receives and sends, services/bus/channels.py), built by the service's app factory (`services/<name>/app.py`);
 `up` and `serve` run them through `ServiceApp.run`.
 
 FastStream carries what suits a handler per message: the inventory, read by the allocator and the
 notifier through typed subscribers (an ordered consumer that replays the last inventory per node). Two paths
 run on the broker's own nats-py connection instead, each for a reason measured or read in FastStream 0.7.8:
 - Claims and statuses are consumed in batches, one ledger transaction per fetched batch, acked after it
-  commits and held (not nacked) while the ledger is away (services/consumer.py). FastStream's batch pull
+  commits and held (not nacked) while the ledger is away (services/bus/consumer.py). FastStream's batch pull
   subscriber fetches until the batch is full or its timeout passes (its workaround for nats.py#1034), so at
   200 claims/s every claim would wait out the timeout, and it acks or nacks each handler call.
-- Statuses go out pipelined (`natsio.publish_pipelined`: every publish sent, then the acks awaited
+- Statuses go out pipelined (`services.bus.publish.publish_pipelined`: every publish sent, then the acks awaited
   together). `make bench-publish` (docs/performance.md) measures a FastStream publish awaiting each PubAck
   at less than half its rate, and FastStream publishes gathered per batch still a fifth slower, on the path
   that bounds the allocator's throughput.
@@ -30,7 +30,7 @@ from faststream.security import BaseSecurity
 from nats.aio.client import Client
 from pydantic import ValidationError
 
-from services.natsio import ConnectionWatch
+from services.bus.connection import ConnectionWatch
 
 log = logging.getLogger("claimbroker.frame")
 STOP_TIMEOUT_S = 5.0  # for stopping the app (its subscribers) on the way out

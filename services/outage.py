@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from services.natsio import publish_json
+from services.bus.publish import publish_json
 from shared.contract import events, subjects
 
 T = TypeVar("T")

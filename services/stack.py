@@ -14,9 +14,12 @@ from urllib.parse import urlsplit
 
 from services.allocator import app as allocator_app
 from services.allocator.service import Allocator
-from services.bus_authority import BusAuthority, Identity, Provisioner, admin_password, tenant_limits
+from services.bus.authority import BusAuthority, Identity, Provisioner, admin_password, tenant_limits
+from services.bus.cancel import wait_closed
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.streams import ensure_streams, read_fleet
 from services.frame import ServiceApp
-from services.natsio import EmbeddedNats, connect, ensure_streams, read_fleet, wait_closed
 from services.notifier import app as notifier_app
 from services.watcher import app as watcher_app
 from shared.contract import bus_auth
@@ -270,7 +273,7 @@ async def running_stack(
 ) -> AsyncIterator[Stack]:
     """Embedded NATS and SQLite unless settings name external ones; migrations run first. The embedded
     server asks every client for a credential unless settings say `insecure`: the services and the data
-    folder's admin get identities of their own, tenants theirs from the ledger (services/bus_authority.py)."""
+    folder's admin get identities of their own, tenants theirs from the ledger (services/bus/authority.py)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db_url = settings.database_url()
     await _migrate_or_refuse(db_url)

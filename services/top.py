@@ -204,7 +204,7 @@ class Gatherer:
         stored inventory is read, so the first frame counts the whole fleet."""
         from nats.js.api import DeliverPolicy
 
-        from services.natsio import connect
+        from services.bus.connection import connect
 
         if not self.nats_url:
             self._loaded.set()

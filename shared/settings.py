@@ -47,7 +47,7 @@ class BrokerSettings(BaseSettings):
     health_host: str = "127.0.0.1"
     log_format: Literal["text", "json"] = "text"  # json: one object a line, and a line per decision batch
     # The embedded nats-server's JetStream sync: "always" (every write fsynced before its ack), "default"
-    # (nats-server's, every 2 minutes) or a duration; see services.natsio.EmbeddedNats.
+    # (nats-server's, every 2 minutes) or a duration; see services.bus.embedded.EmbeddedNats.
     nats_sync: str = "always"
     # How many servers of a NATS cluster keep each stream: 3 on a three-node cluster (deploy/k8s), 1 on one server.
     stream_replicas: int = 1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.natsio import EmbeddedNats
+from services.bus.embedded import EmbeddedNats
 from tests.private_postgres import PrivatePostgres
 
 PG_ADMIN_URL = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -107,7 +107,7 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     async def asyncapi() -> JSONResponse:
         """The message contract (subjects and payloads), next to /openapi.json and public like it: it
         describes the bus, it holds no data."""
-        from services.asyncapi import document
+        from services.bus.asyncapi import document
 
         return JSONResponse(document())
 

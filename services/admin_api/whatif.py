@@ -104,7 +104,7 @@ def _fresh(fleet: Fleet) -> Fleet:
 
 
 async def _bus_fleet(reach: Reach) -> Fleet:
-    from services.natsio import read_fleet
+    from services.bus.streams import read_fleet
 
     assert reach.bus_url is not None
     try:

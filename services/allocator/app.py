@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services import channels
 from services.allocator.service import Allocator
+from services.bus import channels
 from services.frame import ServiceApp
 from shared.dra.classes import merge_classes
 from shared.fleet.sources import load_inventory

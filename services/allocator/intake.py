@@ -17,7 +17,7 @@ from services.allocator.cycle import alert
 from services.allocator.messages import CONSUMER, message_key, printable
 from services.allocator.outbox_relay import OutboxRelay
 from services.allocator.transaction import DecisionTransaction
-from services.consumer import Deliveries
+from services.bus.consumer import Deliveries
 from services.outage import Outage
 from shared.ledger import inbox
 from shared.ledger.handles import AsyncSession

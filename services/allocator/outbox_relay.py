@@ -13,7 +13,7 @@ from nats.js import JetStreamContext
 
 from services import metrics
 from services.allocator.messages import printable
-from services.natsio import publish_pipelined
+from services.bus.publish import publish_pipelined
 from services.outage import Outage
 from shared.ledger import outbox
 from shared.ledger.handles import AsyncSession

@@ -2,7 +2,7 @@
 
 `Allocator` composes parts with one job each:
 - `inventory` (inventory.py): the fleet from the inventory stream, stale and lost nodes;
-- `intake` (intake.py): each fetched batch through the consumer shell (services/consumer.py): acked once
+- `intake` (intake.py): each fetched batch through the consumer shell (services/bus/consumer.py): acked once
   committed, held while the ledger is away, a message at fault dead-lettered;
 - `transaction` (transaction.py): the decision transaction, the batch applied to the claims
   (claim_batch.py) and one decision `cycle` (cycle.py), whose waiting claims' reasons are kept current
@@ -32,8 +32,8 @@ from services.allocator.inventory import Inventory
 from services.allocator.messages import CONSUMER
 from services.allocator.outbox_relay import OutboxRelay
 from services.allocator.transaction import DecisionTransaction
-from services.consumer import PullConsumer
-from services.natsio import ensure_streams
+from services.bus.consumer import PullConsumer
+from services.bus.streams import ensure_streams
 from services.outage import Outage, publish_degraded, until_done
 from services.retention import Pruner
 from shared.contract import subjects
@@ -143,7 +143,7 @@ class Allocator:
 
     async def run(self, nc: Client, subscribe: Callable[[], Awaitable[object]]) -> None:
         """Rebuild from the ledger and the inventory stream, then serve until cancelled. `subscribe` starts
-        the app's inventory subscriber (services/channels.py), which calls on_inventory."""
+        the app's inventory subscriber (services/bus/channels.py), which calls on_inventory."""
         self.nc, self.js = nc, nc.jetstream()
         self.relay.js = self.js
         await until_done(self._prepare_streams, self.nats_outage)

@@ -117,7 +117,7 @@ def _shown(url: str) -> str:
 
 async def _up(settings: BrokerSettings) -> bool:
     """Whether it stopped because it was told to (False: a service failed for good; see supervise)."""
-    from services.natsio import wait_closed
+    from services.bus.cancel import wait_closed
     from services.stack import StartRefused, running_stack, supervise
     from shared.contract import bus_auth
     from shared.ledger.engine import sessions
@@ -176,7 +176,7 @@ async def _up(settings: BrokerSettings) -> bool:
 def _serve_bus_auth(settings: BrokerSettings) -> None:
     """Beside an external nats-server: keep the file its config includes equal to the ledger's credentials
     and the services' own users, and reload the server on each change, until SIGTERM."""
-    from services.bus_authority import BusAuthority, FileTarget, Provisioner, own_identities, tenant_limits
+    from services.bus.authority import BusAuthority, FileTarget, Provisioner, own_identities, tenant_limits
     from shared.contract import bus_auth
     from shared.ledger.engine import create_engine
 
@@ -263,7 +263,9 @@ def serve(
         raise typer.Exit(3) from None
 
     async def main() -> bool:
-        from services.natsio import connect, ensure_streams, wait_closed
+        from services.bus.cancel import wait_closed
+        from services.bus.connection import connect
+        from services.bus.streams import ensure_streams
         from services.stack import Stack, start_service
         from shared.ledger.engine import create_engine
 
@@ -373,7 +375,7 @@ def asyncapi(
 ) -> None:
     """The AsyncAPI 3.0 document of every subject and payload (the same the admin API serves at
     /asyncapi.json): enough to write a client."""
-    from services.asyncapi import document
+    from services.bus.asyncapi import document
 
     if output not in ("json", "yaml"):
         say_error(f"claimbroker: --output must be json or yaml, not {output!r}")

@@ -34,7 +34,7 @@ def nats_url_of(settings: BrokerSettings) -> str:
         return settings.nats_url
     url_file = settings.data_dir / "nats.url"
     if url_file.exists():  # `up`'s server: its bus admin's credential, kept beside it, goes with it
-        from services.bus_authority import ADMIN_PASSWORD_FILE
+        from services.bus.authority import ADMIN_PASSWORD_FILE
         from shared.contract import bus_auth
 
         url = url_file.read_text().strip()
@@ -60,7 +60,7 @@ async def connect_bus(url: str) -> Any:
         if not failed.done():
             failed.set_result(error)
 
-    from services.natsio import tls_context
+    from services.bus.connection import tls_context
     from shared.contract import bus_auth
 
     connecting: asyncio.Future[Any] = asyncio.ensure_future(nats.connect(
@@ -102,7 +102,8 @@ async def publish_document(js: Any, url: str, subject: str, payload: Any, messag
     from nats.errors import ConnectionClosedError
     from nats.js.errors import APIError, NoStreamResponseError
 
-    from services.natsio import BACKLOG_FULL_CODE, publish_json
+    from services.bus.publish import publish_json
+    from services.bus.streams import BACKLOG_FULL_CODE
     from shared.contract import bus_auth
 
     shown = bus_auth.redact(url)
@@ -315,7 +316,7 @@ async def last_per_subject(url: str, stream: str, wanted: str) -> dict[str, byte
 
 
 async def _last_on(nc: Any, url: str, stream: str, wanted: str) -> dict[str, Any]:
-    from services.natsio import DirectGetError, last_messages
+    from services.bus.streams import DirectGetError, last_messages
     from shared.contract import bus_auth
 
     shown = bus_auth.redact(url)

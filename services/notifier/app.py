@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services import channels
+from services.bus import channels
 from services.frame import ServiceApp
 from services.notifier.service import Notifier
 from shared.ledger.handles import AsyncEngine

@@ -31,8 +31,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from services import metrics
-from services.consumer import Deliveries, PullConsumer, Unavailable
-from services.natsio import DUPLICATE_WINDOW_S, ensure_streams, publish_json
+from services.bus.consumer import Deliveries, PullConsumer, Unavailable
+from services.bus.publish import publish_json
+from services.bus.streams import DUPLICATE_WINDOW_S, ensure_streams
 from services.notifier.usage import Figures, FleetFlavors, read_figures, waiting_for_mig
 from services.notifier.webhooks import WebhookDispatcher
 from services.outage import Outage, publish_degraded, until_done

@@ -9,7 +9,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from services import channels
+from services.bus import channels
 from services.frame import ServiceApp
 from services.watcher.publish import InventoryPublisher
 from shared.settings import BrokerSettings

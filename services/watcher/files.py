@@ -14,7 +14,7 @@ from typing import Any
 import watchfiles
 from nats.js import JetStreamContext
 
-from services.natsio import ensure_streams
+from services.bus.streams import ensure_streams
 from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher
 from shared.contract import events

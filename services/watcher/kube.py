@@ -29,7 +29,7 @@ from typing import Any
 from kubernetes.aio import client, config, watch
 from kubernetes.aio.client.exceptions import ApiException
 
-from services.natsio import ensure_streams
+from services.bus.streams import ensure_streams
 from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher, heartbeat_loop
 from shared.dra import model as dra

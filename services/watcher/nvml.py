@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.natsio import ensure_streams
+from services.bus.streams import ensure_streams
 from services.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher
 from shared.dra import model as dra

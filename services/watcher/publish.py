@@ -29,7 +29,8 @@ from typing import Any
 from nats.js import JetStreamContext
 
 from services import metrics
-from services.natsio import DUPLICATE_WINDOW_S, publish_json
+from services.bus.publish import publish_json
+from services.bus.streams import DUPLICATE_WINDOW_S
 from services.outage import Outage
 from shared.contract import events, subjects
 from shared.dra import model as dra

@@ -20,7 +20,7 @@ accounts only what is exported and imported crosses, so:
   statuses and alerts as streams;
 - a tenant's account (`tenant-<T>`) holds a `CLAIMBROKER_STATUS` stream of its own statuses, which the
   broker provisions through the tenant's exported stream API and backfills through its exported status
-  subjects (services/bus_authority.py). A tenant reads it by direct get, or with consumers of its own,
+  subjects (services/bus/authority.py). A tenant reads it by direct get, or with consumers of its own,
   capped by its account's JetStream limits: exhausting them costs only itself. The account's limits cap its
   connections and each connection's subscriptions;
 - fleet-wide alert readers share the `ALERTS` account, which imports every alert.

@@ -1,5 +1,5 @@
 """Which of the database's errors pass: the one place that reads their kinds (SQLAlchemy's exception
-classes, PostgreSQL's SQLSTATE codes). A consumer's delivery shell (services/consumer.py) decides from
+classes, PostgreSQL's SQLSTATE codes). A consumer's delivery shell (services/bus/consumer.py) decides from
 these what becomes of the messages whose transaction failed."""
 
 from __future__ import annotations

@@ -14,7 +14,10 @@ from sqlalchemy import func, select
 
 from services.allocator.app import allocator_app
 from services.allocator.service import Allocator
-from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
+from services.bus.streams import ensure_streams
 from services.watcher.files import FileWatcher
 from shared.contract import subjects
 from shared.dra.classes import BUILTIN_CLASSES

@@ -22,9 +22,12 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, BadRequestError
 
 from services.admin_api.app import create_app
-from services.bus_authority import Provisioner
+from services.bus.authority import Provisioner
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import encode
+from services.bus.streams import BACKLOG_FULL_CODE, ensure_streams
 from services.cli import read_statuses
-from services.natsio import BACKLOG_FULL_CODE, EmbeddedNats, connect, encode, ensure_streams
 from services.stack import Stack, running_stack
 from shared.contract import bus_auth, subjects
 from shared.ledger.engine import sessions
@@ -488,7 +491,7 @@ async def test_a_tenant_backlog_on_the_bus_is_bounded_per_tenant(tmp_path: Path)
 async def test_beside_an_external_server_the_file_follows_the_ledger(tmp_path: Path) -> None:
     """`serve bus-auth`'s parts: the ledger's credentials rendered into the file an external server
     includes, a SIGHUP to the pid in its pid file, and the tenant's status stream made through the server."""
-    from services.bus_authority import BusAuthority, FileTarget, own_identities
+    from services.bus.authority import BusAuthority, FileTarget, own_identities
     from shared.ledger.bus_credentials import add_credential, revoke_credential
     from shared.ledger.engine import create_engine, migrate
 

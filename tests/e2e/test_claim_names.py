@@ -30,8 +30,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
+from services.bus.streams import read_fleet
 from services.cli.common import app
-from services.natsio import EmbeddedNats, connect, publish_json, read_fleet
 from services.stack import running_stack
 from shared.contract import subjects
 from shared.dra import model as dra

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.natsio import EmbeddedNats
+from services.bus.embedded import EmbeddedNats
 from services.stack import running_stack
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
@@ -83,7 +83,7 @@ async def test_an_unreachable_nats_is_one_line_and_a_bounded_wait(tmp_path: Path
 
 async def test_a_nats_without_the_broker_is_refused_and_left_as_it_was(nats_server: EmbeddedNats,
                                                                       tmp_path: Path) -> None:
-    from services.natsio import connect
+    from services.bus.connection import connect
 
     claims = tmp_path / "claims.yaml"
     claims.write_text(yaml.safe_dump(a_claim("one", "t").request().document()))
@@ -204,8 +204,10 @@ async def test_refusals_and_usage_errors_exit_as_the_contract_says(nats_server: 
 async def test_status_reads_more_claims_than_one_direct_get_batch_answers(nats_server: EmbeddedNats) -> None:
     """A direct get batch answers 1,024 subjects at most: past that the stream is read in pages, and each
     claim still shows its newest status."""
+    from services.bus.connection import connect
+    from services.bus.publish import encode, publish_pipelined
+    from services.bus.streams import ensure_streams
     from services.cli import read_statuses
-    from services.natsio import connect, encode, ensure_streams, publish_pipelined
     from shared.contract import subjects
 
     nc = await connect(nats_server.url, name="test")
@@ -231,7 +233,9 @@ async def test_status_reads_more_claims_than_one_direct_get_batch_answers(nats_s
 async def test_status_watch_prints_again_as_a_status_arrives(nats_server: EmbeddedNats, tmp_path: Path) -> None:
     """`status --watch` reads the statuses, then follows them on a subscription: a new claim's status is
     printed without a poll."""
-    from services.natsio import connect, encode, ensure_streams
+    from services.bus.connection import connect
+    from services.bus.publish import encode
+    from services.bus.streams import ensure_streams
     from shared.contract import subjects
 
     nc = await connect(nats_server.url, name="test")
@@ -271,7 +275,7 @@ async def test_exit_statuses_and_outputs_of_the_claim_commands(nats_server: Embe
     """The contract's promises, one row each: 0 for a claim Allocated or Pending, 1 for a Rejected or unknown
     claim, 2 for usage (options checked before anything is sent), -o on every command that prints, and one
     line on stderr for every error."""
-    from services.natsio import connect
+    from services.bus.connection import connect
     from shared.contract import subjects
 
     settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data")
@@ -370,7 +374,8 @@ async def test_an_interrupted_submit_says_how_many_it_sent(nats_server: Embedded
     Ctrl-C or by the server going away, submit says it sent 3 of 5 and that sending again is safe."""
     import signal
 
-    from services.natsio import connect, ensure_streams
+    from services.bus.connection import connect
+    from services.bus.streams import ensure_streams
 
     nc = await connect(nats_server.url, name="test")
     await ensure_streams(nc.jetstream(), None, 3)
@@ -397,7 +402,9 @@ async def test_an_interrupted_submit_says_how_many_it_sent(nats_server: Embedded
 
 async def test_status_watch_prints_only_what_changed(nats_server: EmbeddedNats) -> None:
     """A status sent again unchanged prints nothing: the next print is the next change."""
-    from services.natsio import connect, encode, ensure_streams
+    from services.bus.connection import connect
+    from services.bus.publish import encode
+    from services.bus.streams import ensure_streams
     from shared.contract import subjects
 
     nc = await connect(nats_server.url, name="test")

@@ -12,7 +12,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from services.natsio import ensure_streams, nats_server_binary, publish_json
+from services.bus.embedded import nats_server_binary
+from services.bus.publish import publish_json
+from services.bus.streams import ensure_streams
 from shared.contract import subjects
 from tests.builders import a_claim
 from tests.e2e.helpers import free_port

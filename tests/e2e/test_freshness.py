@@ -18,7 +18,11 @@ import httpx
 import pytest
 
 from services.admin_api.app import create_app
-from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, read_fleet, wait_closed
+from services.bus.cancel import wait_closed
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
+from services.bus.streams import ensure_streams, read_fleet
 from services.stack import running_stack
 from services.watcher.files import slices_by_node
 from services.watcher.publish import InventoryPublisher, heartbeat_loop

@@ -12,8 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.streams import ensure_streams
 from services.health import answer
-from services.natsio import EmbeddedNats, connect, ensure_streams
 from services.watcher.files import FileWatcher
 from tests.e2e.helpers import free_port
 from tests.e2e.test_allocator_semantics import SLICE

@@ -10,7 +10,9 @@ import httpx
 import pytest
 import yaml
 
-from services.natsio import EmbeddedNats, connect, publish_json
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
 from services.stack import running_stack
 from shared.contract import subjects
 from shared.settings import BrokerSettings

@@ -20,7 +20,8 @@ from sqlalchemy import select
 from services.admin_api import live
 from services.admin_api.app import create_app
 from services.admin_api.live import LiveFeed
-from services.natsio import EmbeddedNats, connect
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
 from shared.contract import events, subjects
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import ApiToken

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from services.natsio import EmbeddedNats, connect, publish_json
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
 from services.stack import running_stack
 from shared.contract import subjects
 from shared.settings import BrokerSettings

@@ -14,7 +14,11 @@ import pytest
 from nats.aio.client import Client
 from sqlalchemy import delete, select, update
 
-from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, wait_closed
+from services.bus.cancel import wait_closed
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
+from services.bus.streams import ensure_streams
 from services.notifier.app import notifier_app
 from services.notifier.service import Notifier
 from shared.admission.quota import parse_quotas

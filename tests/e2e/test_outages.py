@@ -10,7 +10,9 @@ import pytest
 from sqlalchemy import select
 
 from services.allocator import outbox_relay
-from services.natsio import EmbeddedNats, connect, publish_json
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
 from services.stack import running_stack
 from shared.contract import events, subjects
 from shared.settings import BrokerSettings

@@ -15,7 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from services.allocator.service import Allocator
-from services.natsio import EmbeddedNats, connect, publish_json
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
 from services.watcher.files import FileWatcher
 from shared.admission.quota import parse_quotas
 from shared.contract import subjects

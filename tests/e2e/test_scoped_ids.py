@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 
-from services.consumer import PullConsumer
-from services.natsio import EmbeddedNats, connect, ensure_streams, publish_json, publish_pipelined
+from services.bus.connection import connect
+from services.bus.consumer import PullConsumer
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json, publish_pipelined
+from services.bus.streams import ensure_streams
 from shared.contract import subjects
 from shared.ledger.schema import Claim, EarlyRelease, InboxMessage
 from tests.e2e.helpers import FakeClock, statuses

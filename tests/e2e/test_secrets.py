@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from services.natsio import EmbeddedNats
+from services.bus.embedded import EmbeddedNats
 from services.stack import running_stack
 from shared.contract import bus_auth
 from shared.settings import BrokerSettings
@@ -43,7 +43,7 @@ async def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, 
 def up_data_folder(folder: Path, password: str) -> Path:
     """What `up` leaves in its data folder, its servers stopped: the NATS and API URLs, the bus admin's
     password and an admin token."""
-    from services.bus_authority import ADMIN_PASSWORD_FILE
+    from services.bus.authority import ADMIN_PASSWORD_FILE
 
     folder.mkdir(parents=True)
     (folder / "nats.url").write_text(f"nats://127.0.0.1:{free_port()}")
@@ -86,7 +86,8 @@ async def test_an_unreachable_ledger_hides_its_password(nats_server: EmbeddedNat
     url = f"postgresql://postgres:{secret}@127.0.0.1:{free_port()}/ledger"  # nothing listens there
     arguments = [nats_server.url if a == "NATS" else a for a in command]
     if command[0] == "whatif":  # it reads the fleet from the bus first, then the ledger
-        from services.natsio import connect, ensure_streams
+        from services.bus.connection import connect
+        from services.bus.streams import ensure_streams
 
         nc = await connect(nats_server.url, name="test")
         await ensure_streams(nc.jetstream())
@@ -99,7 +100,7 @@ async def test_an_unreachable_ledger_hides_its_password(nats_server: EmbeddedNat
 @pytest.fixture
 def nats_with_auth(tmp_path: Path) -> Iterator[tuple[EmbeddedNats, str]]:
     """A nats-server as deployed beside the broker: every client needs a credential; the bus admin's URL."""
-    from services.bus_authority import own_identities
+    from services.bus.authority import own_identities
 
     secret = a_secret()
     server = EmbeddedNats(tmp_path / "external-nats",

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.natsio import EmbeddedNats, connect, wait_closed
+from services.bus.cancel import wait_closed
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
 from services.stack import RestartPolicy, running_stack, supervise
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import statuses

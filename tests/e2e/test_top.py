@@ -11,7 +11,9 @@ import httpx
 import pytest
 from rich.console import Console
 
-from services.natsio import EmbeddedNats, connect, publish_json
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.publish import publish_json
 from services.stack import running_stack
 from services.top import FlavorLine, Gatherer, Snapshot, TenantLine, Waiting, render, snapshot_of
 from shared.contract import subjects

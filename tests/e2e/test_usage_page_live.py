@@ -31,7 +31,8 @@ import uvicorn
 from sqlalchemy import insert
 
 from services.admin_api.app import create_app
-from services.natsio import connect, publish_json
+from services.bus.connection import connect
+from services.bus.publish import publish_json
 from services.stack import Stack, running_stack
 from shared.contract import subjects
 from shared.dra.inventory import Fleet

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from services.natsio import EmbeddedNats, connect, ensure_streams
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.streams import ensure_streams
 from services.watcher.files import FileWatcher
 from shared.contract import subjects
 from tests.e2e.helpers import Collector
@@ -117,7 +119,7 @@ async def test_an_edit_is_published_as_it_happens_not_at_the_next_poll(nats_serv
     (written beside it, then renamed over it), as editors and Kubernetes' ConfigMap mounts do."""
     import asyncio
 
-    from services.natsio import wait_closed
+    from services.bus.cancel import wait_closed
 
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text("kind: Topology\nnodes:\n- {name: a, gpuModel: H100, gpuCount: 1}\n")

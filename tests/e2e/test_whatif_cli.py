@@ -11,7 +11,8 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
-from services.natsio import connect, publish_json
+from services.bus.connection import connect
+from services.bus.publish import publish_json
 from services.stack import running_stack
 from shared.contract import subjects
 from shared.ledger.engine import sessions

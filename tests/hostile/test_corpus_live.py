@@ -30,7 +30,9 @@ from sqlalchemy import inspect, select
 from services.allocator.app import allocator_app
 from services.allocator.messages import inbox_id
 from services.allocator.service import Allocator
-from services.natsio import EmbeddedNats, connect, ensure_streams
+from services.bus.connection import connect
+from services.bus.embedded import EmbeddedNats
+from services.bus.streams import ensure_streams
 from services.watcher.files import FileWatcher
 from shared.contract import subjects
 from shared.dra.classes import BUILTIN_CLASSES

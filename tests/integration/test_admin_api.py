@@ -278,7 +278,7 @@ async def test_asyncapi_is_served_next_to_openapi_and_is_the_cli_s(api: Api) -> 
     import subprocess
     import sys
 
-    from services.asyncapi import document
+    from services.bus.asyncapi import document
 
     response = await api.client.get("/asyncapi.json")  # a description of the bus, public like /openapi.json
     assert response.status_code == 200 and response.json() == document()

@@ -130,7 +130,7 @@ def test_a_lost_database_connection_is_a_passing_fault() -> None:
     ledger refuses is a fault of unknown kind."""
     from sqlalchemy.exc import DBAPIError
 
-    from services.consumer import Unavailable, kind_of
+    from services.bus.consumer import Unavailable, kind_of
 
     lost = DBAPIError("SELECT 1", None, Exception("connection was closed in the middle of operation"),
                       connection_invalidated=True)

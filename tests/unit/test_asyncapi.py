@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.asyncapi import document
+from services.bus.asyncapi import document
 from shared.contract import events, messages
 from shared.dra.results import Allocation, DeviceResult
 from shared.fleet.sources import load_inventory

@@ -1,4 +1,4 @@
-"""The consumer shell's delivery policy (services/consumer.Deliveries): what becomes of a batch by the kind of
+"""The consumer shell's delivery policy (services/bus/consumer.Deliveries): what becomes of a batch by the kind of
 error its handler raised and the delivery count of its messages."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from services.consumer import Deliveries, PermanentError, TemporaryError, Unavailable, kind_of
+from services.bus.consumer import Deliveries, PermanentError, TemporaryError, Unavailable, kind_of
 from services.outage import Outage
 
 log = logging.getLogger("test")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.natsio import EmbeddedNats
+from services.bus.embedded import EmbeddedNats
 
 
 @pytest.mark.parametrize(("sync", "written"), [

@@ -3,7 +3,7 @@
 import asyncio
 import contextlib
 
-from services.natsio import wait_closed
+from services.bus.cancel import wait_closed
 
 
 async def test_wait_closed_repeats_a_cancel_the_task_lost() -> None:
@@ -33,7 +33,7 @@ async def test_wait_closed_swallows_what_the_task_raised() -> None:
 
 async def test_a_lost_cancel_is_raised_at_the_next_nats_call_site() -> None:
     """A task inside a TaskGroup is cancelled once; after a swallowed cancel it must stop on its own."""
-    from services.natsio import raise_lost_cancel
+    from services.bus.cancel import raise_lost_cancel
 
     steps: list[str] = []
 

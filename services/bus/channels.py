@@ -1,6 +1,6 @@
 """The broker's channels as FastStream routers, one per service: what it receives and what it sends, with
 the payload models of `shared.contract.messages`. The running apps (`services/<name>/app.py`) include them with their
-handlers; `services/asyncapi.py` includes them with none, so the AsyncAPI document describes the code that
+handlers; `services/bus/asyncapi.py` includes them with none, so the AsyncAPI document describes the code that
 runs. Channels a service serves on its nats-py connection (services/frame.py says why) are declared here
 too, in `claims_channels`, and only the document includes them: declared on a running broker, FastStream
 would consume them a second time."""
@@ -21,7 +21,7 @@ OnInventory = Callable[[messages.NodeInventory], Awaitable[None]]
 
 
 def _stream(name: str) -> JStream:
-    return JStream(name=name, declare=False)  # services.natsio.ensure_streams creates them, with their limits
+    return JStream(name=name, declare=False)  # services.bus.streams.ensure_streams creates them, with their limits
 
 
 def _inventory_subscriber(router: NatsRouter, service: str, on_inventory: OnInventory) -> None:

@@ -30,7 +30,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from services import metrics
-from services.natsio import raise_lost_cancel
+from services.bus.cancel import raise_lost_cancel
 from services.outage import Outage, until_done
 from shared.ledger import errors as ledger_errors
 

@@ -1,5 +1,5 @@
 """The AsyncAPI document of the broker's subjects and payloads, as FastStream generates it from the
-services' routers (services/channels.py, the ones the running apps include), composed on one broker
+services' routers (services/bus/channels.py, the ones the running apps include), composed on one broker
 that is never connected: the document describes the bus, it does not consume from it.
 
 `claimbroker asyncapi` prints it, the admin API serves it at /asyncapi.json, and a test checks it against
@@ -14,7 +14,7 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 from faststream.specification import AsyncAPI
 
-from services import channels
+from services.bus import channels
 
 VERSION = "1.0.0"  # of the message contract (subjects prefix claimbroker.v1)
 

@@ -23,7 +23,8 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.natsio import DirectGetError, connect, last_messages
+from services.bus.connection import connect
+from services.bus.streams import DirectGetError, last_messages
 from shared.contract import bus_auth, subjects
 from shared.ledger.bus_credentials import active_users, credential_tenants, hash_password, new_password, revision
 from shared.ledger.engine import sessions
