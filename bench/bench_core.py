@@ -103,7 +103,7 @@ def run(nodes: int, claims: int) -> dict[str, Any]:
     fleet.nodes_by_shape  # noqa: B018 - device kinds and node shapes are worked out when inventory arrives
     gc.collect()
     gc.freeze()  # the fleet is long-lived: keep the cyclic GC from rescanning it (the allocator freezes what
-    # each cycle keeps: services/runtime.py)
+    # each cycle keeps: services/runtime/gc_tuning.py)
     memo = SelectorMemo()
     state = FleetState(fleet, BUILTIN_CLASSES, (), memo=memo)
     latencies = []

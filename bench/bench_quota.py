@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.runtime import CollectorPacing, tune_gc  # noqa: E402
+from services.runtime.gc_tuning import CollectorPacing, tune_gc  # noqa: E402
 from shared.admission.cycle import run_cycle  # noqa: E402
 from shared.admission.flavors import Flavors  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402

@@ -1,7 +1,7 @@
 """Status publishing (`make bench-publish`): why the allocator publishes statuses on its broker's nats-py
-connection (services/frame.py). On a nats-server of its own (embedded, file storage, the contract's streams),
-`--messages` status-sized messages with Nats-Msg-Id headers, in batches of `--batch` (as a decision batch
-leaves them), three ways:
+connection (services/runtime/service_app.py). On a nats-server of its own (embedded, file storage, the
+contract's streams), `--messages` status-sized messages with Nats-Msg-Id headers, in batches of `--batch` (as
+a decision batch leaves them), three ways:
 
 - `faststream-each`: a FastStream NatsBroker's `publish(..., stream=...)`, each PubAck awaited in turn;
 - `faststream-gather`: the same calls, a batch's publishes awaited together (asyncio.gather);

@@ -42,7 +42,7 @@ class BrokerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CLAIMBROKER_", extra="ignore")
 
     nats_url: str | None = None
-    # `serve X` answers /healthz and /readyz on this port when set (services.health); deployments bind 0.0.0.0
+    # `serve X` answers /healthz and /readyz on this port when set (services.runtime.health); deployments bind 0.0.0.0
     health_port: int | None = None
     health_host: str = "127.0.0.1"
     log_format: Literal["text", "json"] = "text"  # json: one object a line, and a line per decision batch

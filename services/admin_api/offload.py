@@ -40,7 +40,7 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.admin_api.common import PROBLEM, Problem, phrase, problem
-from services.logs import mask_last_resort
+from services.runtime.logs import mask_last_resort
 from shared.ledger.handles import SessionFactory
 from shared.settings import BrokerSettings
 

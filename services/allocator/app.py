@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.allocator.service import Allocator
 from services.bus import channels
-from services.frame import ServiceApp
+from services.runtime.service_app import ServiceApp
 from shared.dra.classes import merge_classes
 from shared.fleet.sources import load_inventory
 from shared.ledger.handles import AsyncEngine

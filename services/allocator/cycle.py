@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from services import metrics
 from services.allocator.decision_metrics import DecisionMetrics
 from services.allocator.inventory import Inventory
 from services.allocator.reasons import ReasonRefresh
-from services.runtime import CollectorPacing
+from services.runtime import metrics
+from services.runtime.gc_tuning import CollectorPacing
 from shared.admission.cycle import run_cycle
 from shared.admission.kept import KeptState
 from shared.admission.model import Snapshot, Waiting

@@ -9,8 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from services import metrics
-from services.logs import BATCHES
+from services.runtime import metrics
+from services.runtime.logs import BATCHES
 
 batch_log = logging.getLogger(BATCHES)  # one line per decision batch, in JSON logs
 

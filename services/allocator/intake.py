@@ -18,7 +18,7 @@ from services.allocator.messages import CONSUMER, message_key, printable
 from services.allocator.outbox_relay import OutboxRelay
 from services.allocator.transaction import DecisionTransaction
 from services.bus.consumer import Deliveries
-from services.outage import Outage
+from services.runtime.outage import Outage
 from shared.ledger import inbox
 from shared.ledger.handles import AsyncSession
 from shared.ledger.unit_of_work import unit_of_work

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from nats.js import JetStreamContext
 
-from services import metrics
 from services.allocator.messages import printable
 from services.bus.publish import publish_pipelined
-from services.outage import Outage
+from services.runtime import metrics
+from services.runtime.outage import Outage
 from shared.ledger import outbox
 from shared.ledger.handles import AsyncSession
 from shared.ledger.unit_of_work import unit_of_work

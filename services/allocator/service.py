@@ -34,8 +34,8 @@ from services.allocator.outbox_relay import OutboxRelay
 from services.allocator.transaction import DecisionTransaction
 from services.bus.consumer import PullConsumer
 from services.bus.streams import ensure_streams
-from services.outage import Outage, publish_degraded, until_done
-from services.retention import Pruner
+from services.runtime.ledger_pruning import Pruner
+from services.runtime.outage import Outage, publish_degraded, until_done
 from shared.contract import subjects
 from shared.contract.messages import NodeInventory
 from shared.dra import model as dra

@@ -1,7 +1,7 @@
 """The broker's channels as FastStream routers, one per service: what it receives and what it sends, with
 the payload models of `shared.contract.messages`. The running apps (`services/<name>/app.py`) include them with their
 handlers; `services/bus/asyncapi.py` includes them with none, so the AsyncAPI document describes the code that
-runs. Channels a service serves on its nats-py connection (services/frame.py says why) are declared here
+runs. Channels a service serves on its nats-py connection (services/runtime/service_app.py says why) are declared here
 too, in `claims_channels`, and only the document includes them: declared on a running broker, FastStream
 would consume them a second time."""
 

@@ -29,9 +29,9 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from services import metrics
 from services.bus.cancel import raise_lost_cancel
-from services.outage import Outage, until_done
+from services.runtime import metrics
+from services.runtime.outage import Outage, until_done
 from shared.ledger import errors as ledger_errors
 
 

@@ -30,7 +30,7 @@ from services.cli.common import (
     print_done,
     say_error,
 )
-from services.runtime import tune_gc
+from services.runtime.gc_tuning import tune_gc
 from shared.contract.messages import ClaimStatus
 from shared.settings import BrokerSettings
 
@@ -56,7 +56,7 @@ def up(
     = None,
 ) -> None:
     """Run watcher, allocator, notifier and admin API until Ctrl-C."""
-    from services.stack import SERVICES, LedgerUnreachable, StartRefused
+    from services.runtime.stack import SERVICES, LedgerUnreachable, StartRefused
     from shared.settings import Webhook
 
     tune_gc()
@@ -83,7 +83,7 @@ def up(
 def _refuse_unless_ready(settings: BrokerSettings, services: tuple[str, ...]) -> None:
     """The ports the services need, checked before anything starts or is written: one line that says which
     option to change, exit 2."""
-    from services.stack import StartRefused, preflight
+    from services.runtime.stack import StartRefused, preflight
 
     try:
         preflight(settings, services)
@@ -103,7 +103,7 @@ async def _answers(url: str) -> None:
 
 def _shown(url: str) -> str:
     """A NATS or ledger URL as the banner prints it: without its password."""
-    from services.logs import mask_secrets
+    from services.runtime.logs import mask_secrets
     from shared.contract import bus_auth
     from shared.ledger.handles import BadLedgerUrl, masked_url
 
@@ -118,7 +118,7 @@ def _shown(url: str) -> str:
 async def _up(settings: BrokerSettings) -> bool:
     """Whether it stopped because it was told to (False: a service failed for good; see supervise)."""
     from services.bus.cancel import wait_closed
-    from services.stack import StartRefused, running_stack, supervise
+    from services.runtime.stack import StartRefused, running_stack, supervise
     from shared.contract import bus_auth
     from shared.ledger.engine import sessions
     from shared.ledger.tokens import create_token
@@ -157,7 +157,7 @@ async def _up(settings: BrokerSettings) -> bool:
         console.print(f"ledger    {_shown(stack.db_url)}", markup=False)
         health = None
         if settings.health_port is not None:  # /healthz, /readyz (every service ready) and /metrics
-            from services.health import serve_health
+            from services.runtime.health import serve_health
 
             def not_ready() -> str | None:
                 return next((why for name in stack.tasks if (why := stack.not_ready(name))), None)
@@ -266,7 +266,7 @@ def serve(
         from services.bus.cancel import wait_closed
         from services.bus.connection import connect
         from services.bus.streams import ensure_streams
-        from services.stack import Stack, start_service
+        from services.runtime.stack import Stack, start_service
         from shared.ledger.engine import create_engine
 
         engine = create_engine(settings.database_url())
@@ -280,7 +280,7 @@ def serve(
         await start_service(stack, service, settings)
         health = None
         if settings.health_port is not None:
-            from services.health import serve_health
+            from services.runtime.health import serve_health
 
             health = asyncio.create_task(serve_health(settings.health_host, settings.health_port,
                                                       lambda: stack.not_ready(service)))
@@ -347,7 +347,7 @@ def demo(
 
 
 async def _demo(settings: BrokerSettings, timeout: float) -> tuple[list[ClaimStatus], int]:
-    from services.stack import running_stack
+    from services.runtime.stack import running_stack
 
     workloads = resources.files("shared.workloads")
     documents = [d for name in ("lab.yaml", "showcase.yaml")

@@ -143,13 +143,13 @@ class Interrupted(Exception):
 def say_error(line: str) -> None:
     """One line on stderr, credentials masked, printed as it is (no console markup: `[0]` or `[a]` in a
     path or an expression stays)."""
-    from services.logs import mask_secrets
+    from services.runtime.logs import mask_secrets
 
     err.print(mask_secrets(line), markup=False, highlight=False)
 
 
 def configure_cli_logging(verbose: bool, log_format: str = "text") -> None:
-    from services.logs import configure
+    from services.runtime.logs import configure
 
     configure(verbose, log_format)
 

@@ -50,7 +50,7 @@ def main() -> None:
     Exit statuses: 0 done, 1 refused, 2 usage, 3 unreachable or failed, 130 interrupted."""
     import os
 
-    from services.logs import configure_command_line
+    from services.runtime.logs import configure_command_line
 
     configure_command_line()
     try:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.bus import channels
-from services.frame import ServiceApp
 from services.notifier.service import Notifier
+from services.runtime.service_app import ServiceApp
 from shared.ledger.handles import AsyncEngine
 from shared.settings import BrokerSettings
 

@@ -30,14 +30,14 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services import metrics
 from services.bus.consumer import Deliveries, PullConsumer, Unavailable
 from services.bus.publish import publish_json
 from services.bus.streams import DUPLICATE_WINDOW_S, ensure_streams
 from services.notifier.usage import Figures, FleetFlavors, read_figures, waiting_for_mig
 from services.notifier.webhooks import WebhookDispatcher
-from services.outage import Outage, publish_degraded, until_done
-from services.retention import Pruner
+from services.runtime import metrics
+from services.runtime.ledger_pruning import Pruner
+from services.runtime.outage import Outage, publish_degraded, until_done
 from shared.admission.mig_plan import plan_mig
 from shared.alerts.book import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
 from shared.alerts.rules import (

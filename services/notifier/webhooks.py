@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import stamina
 
-from services import metrics
-from services.logs import url_origin
+from services.runtime import metrics
+from services.runtime.logs import url_origin
 from shared.alerts.book import Message, severity_rank
 from shared.ledger.dead_letters import keep_webhook_delivery
 from shared.ledger.handles import SessionFactory

@@ -10,7 +10,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from services.bus import channels
-from services.frame import ServiceApp
+from services.runtime.service_app import ServiceApp
 from services.watcher.publish import InventoryPublisher
 from shared.settings import BrokerSettings
 

@@ -15,7 +15,7 @@ import watchfiles
 from nats.js import JetStreamContext
 
 from services.bus.streams import ensure_streams
-from services.outage import Outage, until_done
+from services.runtime.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher
 from shared.contract import events
 from shared.dra import model as dra

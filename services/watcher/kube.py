@@ -30,7 +30,7 @@ from kubernetes.aio import client, config, watch
 from kubernetes.aio.client.exceptions import ApiException
 
 from services.bus.streams import ensure_streams
-from services.outage import Outage, until_done
+from services.runtime.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher, heartbeat_loop
 from shared.dra import model as dra
 from shared.fleet import device_plugin

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.bus.streams import ensure_streams
-from services.outage import Outage, until_done
+from services.runtime.outage import Outage, until_done
 from services.watcher.publish import InventoryPublisher
 from shared.dra import model as dra
 from shared.fleet import telemetry, topology

@@ -28,10 +28,10 @@ from typing import Any
 
 from nats.js import JetStreamContext
 
-from services import metrics
 from services.bus.publish import publish_json
 from services.bus.streams import DUPLICATE_WINDOW_S
-from services.outage import Outage
+from services.runtime import metrics
+from services.runtime.outage import Outage
 from shared.contract import events, subjects
 from shared.dra import model as dra
 

@@ -90,7 +90,7 @@ async def set_aside(session: AsyncSession, consumer: str, key: Key, *, subject: 
 
 
 def pruning(consumer: str) -> Callable[[AsyncSession, datetime, int], Awaitable[int]]:
-    """`prune` of the consumer's ids, as services/retention.Pruner calls it."""
+    """`prune` of the consumer's ids, as services/runtime/ledger_pruning.Pruner calls it."""
     async def prune_consumer(session: AsyncSession, before: datetime, limit: int) -> int:
         return await prune(session, consumer, before, limit)
     return prune_consumer

@@ -123,6 +123,16 @@ async def _claims_named(session: AsyncSession, wanted: set[tuple[str, str]]) -> 
     return rows
 
 
+async def specs_of(work: UnitOfWork, ids: Iterable[int]) -> dict[int, Any]:
+    """The stored documents of these claim rows, by row id: read only for claims submitted again while
+    they wait or run (to tell a re-send from another spec under the same name)."""
+    found: dict[int, Any] = {}
+    for chunk in in_chunks(sorted(set(ids))):
+        found.update({int(i): spec for i, spec in await work.session.execute(
+            select(Claim.id, Claim.spec).where(Claim.id.in_(chunk)))})
+    return found
+
+
 async def _early_releases_named(session: AsyncSession,
                                 wanted: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
     """The remembered releases of these claims (namespace, name): the stream sequence of each. Asked as
@@ -167,7 +177,7 @@ async def _write_early_releases(session: AsyncSession, changed: Mapping[tuple[st
 
 async def prune_early_releases(session: AsyncSession, before: datetime, limit: int) -> int:
     """Forget up to about `limit` releases of unknown claims remembered before `before`; how many went (a
-    pass of services/retention.Pruner)."""
+    pass of services/runtime/ledger_pruning.Pruner)."""
     oldest = select(EarlyRelease.released_at).where(EarlyRelease.released_at < before).order_by(
         EarlyRelease.released_at).limit(limit)
     cutoff = await session.scalar(select(func.max(oldest.subquery().c.released_at)))

@@ -28,7 +28,7 @@ from services.bus.embedded import EmbeddedNats
 from services.bus.publish import encode
 from services.bus.streams import BACKLOG_FULL_CODE, ensure_streams
 from services.cli import read_statuses
-from services.stack import Stack, running_stack
+from services.runtime.stack import Stack, running_stack
 from shared.contract import bus_auth, subjects
 from shared.ledger.engine import sessions
 from shared.ledger.tokens import create_token

@@ -35,7 +35,7 @@ from services.bus.embedded import EmbeddedNats
 from services.bus.publish import publish_json
 from services.bus.streams import read_fleet
 from services.cli.common import app
-from services.stack import running_stack
+from services.runtime.stack import running_stack
 from shared.contract import subjects
 from shared.dra import model as dra
 from shared.ledger.engine import sessions

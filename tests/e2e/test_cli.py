@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from services.bus.embedded import EmbeddedNats
-from services.stack import running_stack
+from services.runtime.stack import running_stack
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
 from tests.e2e.helpers import free_port

@@ -23,7 +23,7 @@ from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.publish import publish_json
 from services.bus.streams import ensure_streams, read_fleet
-from services.stack import running_stack
+from services.runtime.stack import running_stack
 from services.watcher.files import slices_by_node
 from services.watcher.publish import InventoryPublisher, heartbeat_loop
 from shared.contract import events, subjects

@@ -15,7 +15,7 @@ import pytest
 from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.streams import ensure_streams
-from services.health import answer
+from services.runtime.health import answer
 from services.watcher.files import FileWatcher
 from tests.e2e.helpers import free_port
 from tests.e2e.test_allocator_semantics import SLICE

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.publish import publish_json
-from services.logs import BATCHES
+from services.runtime.logs import BATCHES
 from shared.contract import subjects
 from tests.e2e.helpers import statuses
 from tests.e2e.test_allocator_semantics import broker, claim, submit

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.publish import publish_json
-from services.stack import running_stack
+from services.runtime.stack import running_stack
 from shared.contract import subjects
 from shared.settings import BrokerSettings
 from tests.builders import a_claim

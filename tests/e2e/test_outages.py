@@ -13,7 +13,7 @@ from services.allocator import outbox_relay
 from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.publish import publish_json
-from services.stack import running_stack
+from services.runtime.stack import running_stack
 from shared.contract import events, subjects
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import alerts, failing_first, free_port, statuses

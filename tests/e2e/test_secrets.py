@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from services.bus.embedded import EmbeddedNats
-from services.stack import running_stack
+from services.runtime.stack import running_stack
 from shared.contract import bus_auth
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
@@ -177,7 +177,7 @@ def test_a_log_line_with_an_exception_masks_every_credential(log_format: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """The last line of defence: whatever a message, an exception's text (SQLAlchemy's and nats-py's quote
     their URLs) or an extra field carries, the line written has no password, token or bearer."""
-    from services.logs import configure, configure_command_line, mask_last_resort
+    from services.runtime.logs import configure, configure_command_line, mask_last_resort
 
     secrets = [a_secret() for _ in range(5)]
     root = logging.getLogger()
@@ -212,7 +212,7 @@ def test_a_log_line_with_an_exception_masks_every_credential(log_format: str,
 
 
 def test_readyz_masks_what_a_dependency_said() -> None:
-    from services.health import answer
+    from services.runtime.health import answer
 
     secret = a_secret()
     status, body, _ = answer("/readyz", lambda: f"ledger unreachable for 3s (OperationalError: postgresql://u:"

@@ -11,7 +11,7 @@ import pytest
 from services.bus.cancel import wait_closed
 from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
-from services.stack import RestartPolicy, running_stack, supervise
+from services.runtime.stack import RestartPolicy, running_stack, supervise
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import statuses
 from tests.e2e.test_allocator_semantics import claim, submit

@@ -15,7 +15,7 @@ import pytest
 import trustme
 import yaml
 
-from services.stack import running_stack
+from services.runtime.stack import running_stack
 from shared.settings import BrokerSettings
 from tests.builders import a_claim
 from tests.e2e.helpers import free_port

@@ -33,7 +33,7 @@ from sqlalchemy import insert
 from services.admin_api.app import create_app
 from services.bus.connection import connect
 from services.bus.publish import publish_json
-from services.stack import Stack, running_stack
+from services.runtime.stack import Stack, running_stack
 from shared.contract import subjects
 from shared.dra.inventory import Fleet
 from shared.ledger.engine import create_engine, migrate, sessions

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from services.bus.connection import connect
 from services.bus.publish import publish_json
-from services.stack import running_stack
+from services.runtime.stack import running_stack
 from shared.contract import subjects
 from shared.ledger.engine import sessions
 from shared.ledger.schema import Claim, ClaimEvent

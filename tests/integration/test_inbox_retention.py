@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import select
 
-from services.retention import Pruner
+from services.runtime.ledger_pruning import Pruner
 from shared.ledger import inbox, intake
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import EarlyRelease, InboxMessage

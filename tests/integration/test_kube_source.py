@@ -26,7 +26,7 @@ from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.streams import ensure_streams
 from services.cli import app
-from services.stack import Stack, start_service
+from services.runtime.stack import Stack, start_service
 from services.watcher.kube import NODES, SLICES, Backoff, KubeWatcher
 from services.watcher.publish import InventoryPublisher
 from shared.contract import subjects
@@ -426,7 +426,7 @@ async def test_a_deleted_node_sends_its_claims_back_to_pending(
     """Kubernetes to claims: a GPU node from the cluster takes a claim; deleting the Node sends the claim back
     to Pending with the reason; the node's return lets it in again."""
     from services.bus.publish import publish_json
-    from services.stack import running_stack
+    from services.runtime.stack import running_stack
     from tests.builders import a_claim
     from tests.e2e.helpers import statuses
 

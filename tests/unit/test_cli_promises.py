@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli import app
-from services.logs import mask_secrets, url_origin
+from services.runtime.logs import mask_secrets, url_origin
 from shared.dra.cel import SelectorError, compile_selector
 
 runner = CliRunner()

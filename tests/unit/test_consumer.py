@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from services.bus.consumer import Deliveries, PermanentError, TemporaryError, Unavailable, kind_of
-from services.outage import Outage
+from services.runtime.outage import Outage
 
 log = logging.getLogger("test")
 

@@ -47,8 +47,8 @@ def test_watcher_rbac_is_read_only_on_nodes_and_resource_slices() -> None:
 
 
 def test_each_service_is_probed_where_serve_answers() -> None:
-    """The probes ask the port CLAIMBROKER_HEALTH_PORT gives `serve`, on the paths services.health serves."""
-    from services.health import answer
+    """The probes ask the port CLAIMBROKER_HEALTH_PORT gives `serve`, on the paths services.runtime.health serves."""
+    from services.runtime.health import answer
 
     config = documents(ROOT / "deploy" / "k8s" / "config.yaml")[0]["data"]
     port = int(config["CLAIMBROKER_HEALTH_PORT"])
@@ -63,7 +63,7 @@ def test_each_service_is_probed_where_serve_answers() -> None:
 
 
 def test_every_service_is_scraped_where_it_serves_metrics() -> None:
-    from services.health import answer
+    from services.runtime.health import answer
 
     port = documents(ROOT / "deploy" / "k8s" / "config.yaml")[0]["data"]["CLAIMBROKER_HEALTH_PORT"]
     for component in ("admin-api", "allocator", "notifier", "watcher"):
@@ -77,14 +77,14 @@ def test_every_service_is_scraped_where_it_serves_metrics() -> None:
 
 
 def test_the_grafana_dashboard_asks_only_for_metrics_the_services_export() -> None:
-    """Every series a panel queries is one services/metrics.py defines: a renamed metric breaks this test,
+    """Every series a panel queries is one services/runtime/metrics.py defines: a renamed metric breaks this test,
     not the dashboard of an operator."""
     import json
     import re
 
     from prometheus_client import REGISTRY
 
-    import services.metrics  # noqa: F401 - registers them
+    import services.runtime.metrics  # noqa: F401 - registers them
 
     exported = {s.name for m in REGISTRY.collect() if m.name.startswith("claimbroker_") for s in m.samples}
     exported |= {m.name for m in REGISTRY.collect() if m.name.startswith("claimbroker_")}

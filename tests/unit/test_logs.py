@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from services.logs import BATCHES, JsonFormatter, configure
+from services.runtime.logs import BATCHES, JsonFormatter, configure
 
 
 def test_a_json_line_carries_the_extra_fields_and_the_error() -> None:

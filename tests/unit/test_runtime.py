@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from services.runtime import CollectorPacing
+from services.runtime.gc_tuning import CollectorPacing
 
 
 class _Node:

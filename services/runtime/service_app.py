@@ -1,4 +1,4 @@
-"""The services' frame: each service is a FastStream app (its NatsBroker and the routers of what it
+"""The services' frame (ServiceApp): each service is a FastStream app (its NatsBroker and the routers of what it
 receives and sends, services/bus/channels.py), built by the service's app factory (`services/<name>/app.py`);
 `up` and `serve` run them through `ServiceApp.run`.
 

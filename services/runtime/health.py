@@ -2,7 +2,7 @@
 what Kubernetes probes and compose healthchecks ask. /healthz answers while the process's event loop runs;
 /readyz answers 200 when the service says it is ready, else 503 with why (NATS away, no inventory yet,
 decision cycles failing: masked, as a dependency's error may quote its URL); /metrics answers Prometheus's
-text format (services/metrics.py). GET only, nothing else served."""
+text format (services/runtime/metrics.py). GET only, nothing else served."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from services.logs import mask_secrets
-from services.metrics import exposition
+from services.runtime.logs import mask_secrets
+from services.runtime.metrics import exposition
 
 _REASONS = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
 

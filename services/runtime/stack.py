@@ -19,8 +19,8 @@ from services.bus.cancel import wait_closed
 from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.streams import ensure_streams, read_fleet
-from services.frame import ServiceApp
 from services.notifier import app as notifier_app
+from services.runtime.service_app import ServiceApp
 from services.watcher import app as watcher_app
 from shared.contract import bus_auth
 from shared.dra.inventory import Fleet
