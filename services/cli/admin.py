@@ -282,7 +282,7 @@ def top(
     redrawn as statuses and inventory arrive; the admin API (--api, --token) and NATS (--nats). -o json|yaml
     prints one frame as a document (with --once)."""
 
-    from services import top as view
+    from services.cli import top as view
 
     if output != "table" and not once:
         raise typer.BadParameter("json and yaml print one frame: add --once", param_hint="'--output' / '-o'")

@@ -14,8 +14,8 @@ from rich.console import Console
 from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.publish import publish_json
+from services.cli.top import FlavorLine, Gatherer, Snapshot, TenantLine, Waiting, render, snapshot_of
 from services.runtime.stack import running_stack
-from services.top import FlavorLine, Gatherer, Snapshot, TenantLine, Waiting, render, snapshot_of
 from shared.contract import subjects
 from shared.ledger.engine import sessions
 from shared.ledger.tokens import create_token
