@@ -53,6 +53,8 @@ class ClaimBatch:
     answer_ttl: float = RELEASE_ANSWER_TTL_S
     written: IntakeWrites = field(default_factory=IntakeWrites)
     new: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # claims queued, not yet written
+    # submissions of claims that wait or run already: compared with the stored document after the batch
+    again: list[tuple[ClaimMessage, dra.ResourceClaim, Claim]] = field(default_factory=list)
 
     def apply(self, messages: list[ClaimMessage]) -> bool:
         """Apply the messages in order; whether any claim was queued or released (a cycle has work)."""
@@ -90,6 +92,7 @@ class ClaimBatch:
         row = self.view.rows.get(key)
         if row is not None and row.state in QUEUED:
             row.submitted_seq = max(row.submitted_seq or 0, sequence) or None
+            self.again.append((message, claim, row))  # the same document, or another spec: `compare_again`
             return False
         if row is not None and 0 < sequence < (row.released_seq or 0):
             return False  # released already: a copy of the claim its release ended (or a redelivery of it)
@@ -182,17 +185,27 @@ class ClaimBatch:
             return
         self.alert(message, str(invalid))
 
-    def alert(self, message: ClaimMessage, why: str) -> None:
+    def compare_again(self, stored: dict[int, Any]) -> None:
+        """Claims are immutable: a submission of a waiting or allocated claim changes nothing. The same
+        document again is a re-send, quiet; another spec under its name is said, never silently dropped."""
+        for message, claim, row in self.again:
+            if row.id in stored and stored[row.id] != claim_values(claim)["spec"]:
+                self.alert(message, f"claim {claim.metadata.name} is {row.state} with another spec and stays so; "
+                                    f"this copy is not applied: release it and submit again to change it",
+                           summary=f"a submission of claim {message.tenant}/{claim.metadata.name} was not applied")
+
+    def alert(self, message: ClaimMessage, why: str, summary: str | None = None) -> None:
         """An invalid-message alert about the message, on its tenant's alert subject (`_fleet` when the
         subject names no tenant)."""
         now = datetime.now(UTC).timestamp()
         error, tenant = printable(why), message.tenant or "(unknown)"
+        summary = f"{summary or f'a message for tenant {tenant} could not be read as a claim'}: {error}"
         self.writes.event(
             subjects.alert("warning", "invalid-message", message.tenant),
             f"alert:invalid:{message.message_id}",
             events.alert(
                 kind="invalid-message", severity="warning", key=f"invalid-message:{tenant}",
-                summary=f"a message for tenant {tenant} could not be read as a claim: {error}",
+                summary=summary,
                 details={"tenant": tenant, "error": error, "messageId": message.message_id},
                 labels={"tenant": tenant}, first_seen=now, last_seen=now,
             ),
@@ -211,5 +224,7 @@ async def apply_messages(work: UnitOfWork, messages: list[ClaimMessage], config:
     limited = {m.tenant for m in messages if m.claim is not None and config.tenant(m.tenant).max_pending is not None}
     batch = ClaimBatch(await intake.read(work, named, limited), work.writes, config, answer_ttl)
     changed = batch.apply(messages)
+    if batch.again:
+        batch.compare_again(await intake.specs_of(work, (row.id for _, _, row in batch.again)))
     await intake.write(work, batch.written, now or datetime.now(UTC), early_releases_per_tenant)
     return changed

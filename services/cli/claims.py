@@ -203,7 +203,10 @@ def simulate(
         say_error(str(error))
         raise typer.Exit(1) from None
     fleet = Fleet.from_slices(documents.slices, documents.labels)
-    result = run_waves(fleet, merge_classes(documents.classes), waves, config).to_json()
+    simulated = run_waves(fleet, merge_classes(documents.classes), waves, config)
+    for line in simulated.ignored:
+        say_error(line)
+    result = simulated.to_json()
     if not emit_document(result, output):
         console.print(status_table(result["claims"]))
         for event in result["events"]:

@@ -40,6 +40,8 @@ class ClaimOutcome:
 class SimulationResult:
     outcomes: list[ClaimOutcome] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
+    # claims of a later wave that reuse a name the run has already: not applied, said on stderr by the CLI
+    ignored: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"claims": [o.to_json() for o in self.outcomes], "events": self.events}
@@ -125,8 +127,10 @@ def run_waves(
                 continue
             arrival += 1
             w = _waiting(item, arrival)
-            if w.key in running or w.key in waiting:
-                continue  # claims are immutable: the first one with a name stands
+            if w.key in running or w.key in waiting:  # claims are immutable: the first one with a name stands
+                result.ignored.append(f"wave {index + 1}: claim {'/'.join(w.key)} is not applied: a claim of that "
+                                      f"name waits or runs already (release it first to change it)")
+                continue
             waiting.put(w)
             documents[w.key] = item
         run_until_settled(snapshot, kept, apply, most_changing=MAX_CYCLES_PER_WAVE)

@@ -22,7 +22,7 @@ from shared.ledger.decisions import claim_rows
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.queue import load_queue
 from shared.ledger.quota_store import apply_quota_config
-from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation, InboxMessage
+from shared.ledger.schema import Claim, ClaimEvent, DeviceAllocation, InboxMessage, OutboxEvent
 from shared.ledger.unit_of_work import ClaimRow, UnitOfWork, unit_of_work
 from tests.builders import a_claim
 
@@ -152,5 +152,27 @@ async def test_a_tenant_past_its_max_pending_gets_its_new_claims_rejected_with_t
         assert {n: r.state for n, r in rows.items()} == {
             "a": "Released", "b": "Pending", "c": "Rejected", "d": "Pending", "e": "Rejected"}
         assert rows["c"].reason is not None and "has 2 claims waiting, its maxPending of 2" in rows["c"].reason
+    finally:
+        await engine.dispose()
+
+
+async def test_a_claim_submitted_again_with_another_spec_stays_and_says_so(db_url: str) -> None:
+    """Claims are immutable: a second submission of a waiting or allocated claim changes nothing. The same
+    document again is quiet (a re-send); another spec under its name gets an invalid-message alert on the
+    tenant's alert subject, naming the claim, instead of silence."""
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    allocator = Allocator(engine, BUILTIN_CLASSES)
+    bigger = _message(subjects.submit("t"), a_claim("c", "t").request(count=2).document(), "m3", 3)
+    try:
+        await allocator.transaction.decide([_submit("c", "m1", 1)])
+        await allocator.transaction.decide([_submit("c", "m2", 2), bigger])
+        async with sessions(engine)() as session:
+            [row] = await session.scalars(select(Claim))
+            alerts = [e.payload for e in await session.scalars(select(OutboxEvent)) if e.subject.startswith(
+                subjects.alert("warning", "invalid-message", "t"))]
+        assert '"count": 2' not in json.dumps(row.spec) and row.sequence >= 1  # the first spec stands
+        [alert] = alerts
+        assert "claim t/c was not applied" in alert["summary"] and "release it and submit again" in alert["summary"]
     finally:
         await engine.dispose()

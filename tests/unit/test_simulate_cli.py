@@ -76,3 +76,22 @@ def test_every_printing_command_takes_o_yaml_and_refuses_an_unknown_format(tmp_p
 ])
 def test_global_options_are_accepted_after_the_command(given: list[str], moved: list[str]) -> None:
     assert globals_first(given) == moved
+
+
+def test_simulate_says_which_claims_of_a_later_wave_reuse_a_name(tmp_path: Path) -> None:
+    """Claims are immutable: a later wave's claim under a name the run has already is not applied, and the
+    run says so on stderr (the JSON on stdout keeps the contract's shape)."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(LAB_NODE)
+    first, again = tmp_path / "first.yaml", tmp_path / "again.yaml"
+    claim = ("apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: train, namespace: vision}}\n"
+             "spec: {{devices: {{requests: [{{name: gpu,\n"
+             "  exactly: {{deviceClassName: gpu.nvidia.com, count: {n}}}}}]}}}}\n")
+    first.write_text(claim.format(n=1))
+    again.write_text(claim.format(n=2))
+    result = runner.invoke(app, ["simulate", "--inventory", str(fleet), "--claims", str(first), "--claims", str(again),
+                                 "--output", "json"])
+    assert result.exit_code == 0, result.output
+    assert "wave 2: claim vision/train is not applied" in result.stderr
+    [train] = json.loads(result.stdout)["claims"]
+    assert len(train["allocation"]["devices"]["results"]) == 1  # the first one stands
