@@ -40,6 +40,16 @@ class ClaimBuilder:
         self.constraints.append({"distinctAttribute": attribute, **({"requests": list(requests)} if requests else {})})
         return self
 
+    def gang(self, name: str, size: int | str, *, topology: str | None = None, mode: str | None = None,
+             wait: str | None = None) -> ClaimBuilder:
+        """The claimbroker.io gang annotations (size as written: a string is kept verbatim)."""
+        self.annotations["claimbroker.io/gang"] = name
+        self.annotations["claimbroker.io/gang-size"] = str(size)
+        for key, value in (("gang-topology", topology), ("gang-topology-mode", mode), ("gang-topology-wait", wait)):
+            if value is not None:
+                self.annotations[f"claimbroker.io/{key}"] = value
+        return self
+
     def document(self) -> dict[str, Any]:
         return {
             "apiVersion": dra.API_VERSION,

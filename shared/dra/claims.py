@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +18,24 @@ from shared.dra import model as dra
 
 PRIORITY_ANNOTATION = "claimbroker.io/priority"
 PREEMPTIBLE_ANNOTATION = "claimbroker.io/preemptible"
+GANG_ANNOTATION = "claimbroker.io/gang"
+GANG_SIZE_ANNOTATION = "claimbroker.io/gang-size"
+GANG_TOPOLOGY_ANNOTATION = "claimbroker.io/gang-topology"
+GANG_TOPOLOGY_MODE_ANNOTATION = "claimbroker.io/gang-topology-mode"
+GANG_TOPOLOGY_WAIT_ANNOTATION = "claimbroker.io/gang-topology-wait"
+GANG_ONLY_ANNOTATIONS = (GANG_SIZE_ANNOTATION, GANG_TOPOLOGY_ANNOTATION, GANG_TOPOLOGY_MODE_ANNOTATION,
+                         GANG_TOPOLOGY_WAIT_ANNOTATION)
+MAX_GANG_SIZE = 256
+TOPOLOGY_MODES = ("required", "preferred")
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # the ledger's priority column is a 32-bit INTEGER
 _PRIORITY = re.compile(r"-?[0-9]+")  # ASCII only: int() would also take "٣", "1_000" and " 1 "
+_GANG_SIZE = re.compile(r"[0-9]{1,3}")
+# a Kubernetes label key: an optional DNS subdomain prefix and '/', then a name of 63 characters at most
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+# a Go duration as Kubernetes writes one: numbers with units, "90m", "1h30m", "0s"
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+|0")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class InvalidClaim(ValueError):
@@ -31,9 +48,83 @@ class InvalidClaim(ValueError):
 
 
 @dataclass(frozen=True)
+class GangSettings:
+    """A claim's gang as its annotations state it: the members of one gang of a tenant are admitted all or
+    nothing, on nodes that share one value of the `topology` node label when one is given."""
+
+    name: str
+    size: int
+    topology: str | None = None
+    mode: str = "required"  # "required": never split across label values; "preferred": as few as may be
+    wait: float = 0.0  # seconds, with "preferred": how long to wait for room in one value before splitting
+
+
+@dataclass(frozen=True)
 class ClaimSettings:
     priority: int
     preemptible: bool
+    gang: GangSettings | None = None
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why `key` cannot be a Kubernetes label key (an optional DNS subdomain prefix and '/', then a name)."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and not (prefix and len(prefix) <= 253 and dra.is_dns_subdomain(prefix)):
+        return "its prefix must be a DNS subdomain"
+    if not _LABEL_NAME.fullmatch(name):
+        return ("its name must be 1 to 63 characters of letters, digits, '-', '_' and '.', beginning and ending "
+                "with a letter or digit")
+    return None
+
+
+def duration_seconds(text: str) -> float | None:
+    """A Go duration ("90m", "1h30m", "0s") in seconds; None when it is not one."""
+    if not text.isascii() or len(text) > 64 or not _DURATION.fullmatch(text):
+        return None
+    return sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
+
+
+def _annotation_problem(name: str, value: str, rule: str) -> InvalidClaim:
+    return InvalidClaim(f"metadata.annotations[{name}]: {dra.shown(value)} {rule}")
+
+
+def gang_of(annotations: Mapping[str, str]) -> GangSettings | None:
+    """The claim's gang from its annotations, strictly: a gang-size that does not read would otherwise split
+    a job into gangs that never complete. None for a claim without the gang annotation (a dict lookup)."""
+    name = annotations.get(GANG_ANNOTATION)
+    if name is None:
+        for stray in GANG_ONLY_ANNOTATIONS:
+            if stray in annotations:
+                raise _annotation_problem(stray, annotations[stray], f"is read only with {GANG_ANNOTATION}")
+        return None
+    if not dra.is_dns_label(name):
+        raise _annotation_problem(GANG_ANNOTATION, name, dra.DNS_LABEL_RULE)
+    raw_size = annotations.get(GANG_SIZE_ANNOTATION)
+    if raw_size is None:
+        raise InvalidClaim(f"metadata.annotations[{GANG_SIZE_ANNOTATION}]: is required with {GANG_ANNOTATION} "
+                           f"(how many members gang {name} has, 1 to {MAX_GANG_SIZE})")
+    if not _GANG_SIZE.fullmatch(raw_size) or not 1 <= int(raw_size) <= MAX_GANG_SIZE:
+        raise _annotation_problem(GANG_SIZE_ANNOTATION, raw_size,
+                                  f"must be an integer from 1 to {MAX_GANG_SIZE} (ASCII digits)")
+    topology = annotations.get(GANG_TOPOLOGY_ANNOTATION)
+    if topology is not None and (problem := label_key_problem(topology)) is not None:
+        raise _annotation_problem(GANG_TOPOLOGY_ANNOTATION, topology, f"is not a node label key: {problem}")
+    mode = annotations.get(GANG_TOPOLOGY_MODE_ANNOTATION)
+    raw_wait = annotations.get(GANG_TOPOLOGY_WAIT_ANNOTATION)
+    if topology is None:
+        for stray in (GANG_TOPOLOGY_MODE_ANNOTATION, GANG_TOPOLOGY_WAIT_ANNOTATION):
+            if stray in annotations:
+                raise _annotation_problem(stray, annotations[stray], f"is read only with {GANG_TOPOLOGY_ANNOTATION}")
+    if mode is not None and mode not in TOPOLOGY_MODES:
+        raise _annotation_problem(GANG_TOPOLOGY_MODE_ANNOTATION, mode, 'must be "required" or "preferred"')
+    wait = 0.0
+    if raw_wait is not None:
+        seconds = duration_seconds(raw_wait)
+        if seconds is None:
+            raise _annotation_problem(GANG_TOPOLOGY_WAIT_ANNOTATION, raw_wait,
+                                      'must be a duration such as "0s", "90s", "10m" or "1h30m"')
+        wait = seconds
+    return GangSettings(name, int(raw_size), topology, mode or "required", wait)
 
 
 def settings_of(claim: dra.ResourceClaim) -> ClaimSettings:
@@ -56,7 +147,8 @@ def settings_of(claim: dra.ResourceClaim) -> ClaimSettings:
             f"metadata.annotations[{PREEMPTIBLE_ANNOTATION}]: {dra.shown(raw_preemptible)} must be \"true\" or "
             "\"false\""
         )
-    return ClaimSettings(priority=priority, preemptible=raw_preemptible.lower() == "true")
+    return ClaimSettings(priority=priority, preemptible=raw_preemptible.lower() == "true",
+                         gang=gang_of(annotations))
 
 
 def claim_name_problem(name: object, path: str = "metadata.name") -> str | None:
