@@ -218,7 +218,7 @@ async def _run(cleanup: contextlib.AsyncExitStack, claims: int, tenants: int, no
         try:
             await ensure_streams(js)
             break
-        except Exception:  # noqa: BLE001
+        except Exception:
             await asyncio.sleep(0.1)
     published: dict[tuple[str, str], float] = {}  # claim -> when its submission was acknowledged
     first_status: dict[tuple[str, str], float] = {}
@@ -253,7 +253,7 @@ async def _run(cleanup: contextlib.AsyncExitStack, claims: int, tenants: int, no
                 await js.publish(subject, json.dumps(payload).encode(), headers={"Nats-Msg-Id": message_id},
                                  timeout=2)
                 return True
-            except Exception:  # noqa: BLE001
+            except Exception:
                 await asyncio.sleep(0.2)
         return False
 
@@ -314,7 +314,7 @@ async def _run(cleanup: contextlib.AsyncExitStack, claims: int, tenants: int, no
             services.check()
             try:
                 found = await ledger_violations()
-            except Exception:  # noqa: BLE001 - PostgreSQL restarting: the next sample reads it
+            except Exception:  # PostgreSQL restarting: the next sample reads it
                 continue
             samples += 1
             breaches.extend(found[:3])
@@ -355,7 +355,7 @@ async def _run(cleanup: contextlib.AsyncExitStack, claims: int, tenants: int, no
                              f"{info.delivered.stream_seq}, ack floor {info.ack_floor.stream_seq}, "
                              f"pending {info.num_pending}, ack pending {info.num_ack_pending}, "
                              f"redelivered {info.num_redelivered}")
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             diagnosis.append(f"{key}: {error!r}")
     await services.stop()  # stopped first: the stuck check reads a ledger that no longer changes
     async with sessions(engine)() as session:

@@ -35,6 +35,7 @@ from services.admin_api.offload import AdminWorkers, BodyLimit, Limits, Reach, v
 from services.admin_api.page import USAGE_PAGE
 from shared.dra.inventory import Fleet
 from shared.ledger.engine import sessions
+from shared.ledger.errors import LEDGER_ERRORS
 from shared.ledger.handles import AsyncEngine, ping
 
 
@@ -120,7 +121,7 @@ def create_app(engine: AsyncEngine, apply_bus_credentials: Callable[[], Awaitabl
     async def readyz(s: Session) -> JSONResponse:
         try:
             await ping(s)
-        except Exception as error:  # any failure means not ready
+        except LEDGER_ERRORS as error:  # the ledger refuses or does not answer: not ready
             return problem(503, "ledger unavailable", type(error).__name__)
         return JSONResponse({"status": "ready"})
 

@@ -182,7 +182,7 @@ def _work(answers: Connection, job: Job, reach: Reach, limits: Limits, args: tup
         answer = problem_answer(503, "admin work out of memory", (
             f"the job needed more than {limits.memory / 2**20:,.0f} MiB (CLAIMBROKER_ADMIN_JOB_MEMORY) and was "
             "stopped: propose less (fewer nodes, tenants or quotas)"))
-    except Exception:
+    except Exception:  # the worker's last resort: whatever the job raised, the request gets an answer
         log.exception("admin job %s failed", getattr(job, "__name__", job))
         answer = problem_answer(500, "Internal Server Error", "the server failed; see its log")
     answers.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
@@ -305,7 +305,7 @@ class AdminWorkers:
         except asyncio.CancelledError:
             answers.close()  # a worker that starts all the same ends at once: nobody can read its answer
             raise
-        except Exception as error:
+        except Exception as error:  # whatever stops the start (fork, the fork server, pickling the arguments)
             log.exception("cannot start a worker process for %s", what)
             answers.close()
             raise Problem(503, "admin work failed", f"{what}: cannot start a worker process "

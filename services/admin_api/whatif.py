@@ -104,12 +104,13 @@ def _fresh(fleet: Fleet) -> Fleet:
 
 
 async def _bus_fleet(reach: Reach) -> Fleet:
+    from services.bus.connection import BUS_ERRORS
     from services.bus.streams import read_fleet
 
     assert reach.bus_url is not None
     try:
         return await read_fleet(reach.bus_url, reach.tls_ca)
-    except Exception as error:  # noqa: BLE001 - the bus is away or refuses: the request cannot be answered now
+    except BUS_ERRORS as error:  # the bus is away or refuses: the request cannot be answered now
         raise Problem(503, "no view of the fleet", f"cannot read the fleet from the bus ({type(error).__name__}); "
                                                    "retry when NATS answers") from None
 

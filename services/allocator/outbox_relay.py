@@ -74,7 +74,7 @@ class OutboxRelay:
         next try (nothing is lost, and the allocator goes on)."""
         try:
             await self.publish()
-        except Exception as error:  # noqa: BLE001 - NATS or the ledger away: tried again
+        except Exception as error:  # the relay loop's guard: NATS or the ledger away, tried again
             if not self.behind:
                 log.warning("outbox not published yet (%s: %s); trying again until it is", type(error).__name__,
                             printable(str(error), 200))

@@ -180,7 +180,7 @@ class Allocator:
             with contextlib.suppress(BaseException):  # it ends at its next await
                 await publisher
             if self._stopping.is_set():  # a clean stop publishes what committed, within a bound
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(TimeoutError):  # publish_when_possible logs its own failures
                     await asyncio.wait_for(self.relay.publish_when_possible(), 5)
 
     async def _prepare_streams(self) -> None:

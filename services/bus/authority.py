@@ -23,7 +23,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.bus.connection import connect
+from services.bus.connection import BUS_ERRORS, connect
 from services.bus.streams import DirectGetError, last_messages
 from shared.contract import bus_auth, subjects
 from shared.ledger.bus_credentials import active_users, credential_tenants, hash_password, new_password, revision
@@ -110,7 +110,7 @@ class Provisioner:
 
     async def close(self) -> None:
         if self._nc is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*BUS_ERRORS):
                 await self._nc.close()
             self._nc = None
 
@@ -236,7 +236,7 @@ class BusAuthority:
                 continue
             try:
                 await self.provisioner.provision(tenant)
-            except Exception as error:  # noqa: BLE001 - the server not reloaded yet, NATS away: again soon
+            except (*BUS_ERRORS, ProvisionError, ValueError, KeyError) as error:  # not reloaded yet, NATS away
                 failures = self._failures[tenant] = self._failures.get(tenant, 0) + 1
                 self._retry_at[tenant] = now + min(PROVISION_RETRY_MAX_S, self.poll_interval * 2 ** failures)
                 (log.warning if failures == 3 or failures % 10 == 0 else log.debug)(
@@ -256,7 +256,7 @@ class BusAuthority:
                         current = await revision(session)
                     if current != self._seen or set(self.tenants) - self.provisioned:
                         await self.apply()
-                except Exception as error:  # the ledger or the server away for a while: the users stay as they were
+                except Exception as error:  # the follow loop's guard: the ledger or the server away, users kept
                     log.warning("bus credentials not reloaded: %r", error)
                 await asyncio.sleep(self.poll_interval)
         finally:

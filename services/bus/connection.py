@@ -15,6 +15,10 @@ from shared.contract import bus_auth
 
 log = logging.getLogger("claimbroker.nats")
 
+# What a call on NATS raises when the bus is away, refuses or does not answer in time: nats-py's errors
+# (JetStream's are among them, its timeouts too) and the OSError of a dropped socket (TimeoutError is one).
+BUS_ERRORS = (nats_errors.Error, OSError)
+
 
 class ConnectionWatch:
     """How every service connects (nats-py's `connect` arguments, also its FastStream broker's): it

@@ -30,6 +30,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from services.bus.cancel import raise_lost_cancel
+from services.bus.connection import BUS_ERRORS
 from services.runtime import metrics
 from services.runtime.outage import Outage, until_done
 from shared.ledger import errors as ledger_errors
@@ -56,7 +57,7 @@ class PullConsumer:
     async def _subscribe(self) -> Any:
         try:
             await self.js.add_consumer(self.stream, self.config)
-        except Exception as error:  # noqa: BLE001 - an existing consumer it cannot change still serves
+        except BUS_ERRORS as error:  # an existing consumer it cannot change still serves
             self.log.warning("could not bring the %s consumer to this service's settings: %s", self.durable, error)
         return await self.js.pull_subscribe(self.subject, durable=self.durable, stream=self.stream, config=self.config)
 
@@ -67,7 +68,7 @@ class PullConsumer:
             messages = list(await self._subscription.fetch(self.batch, timeout=timeout))
         except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing arrived in time
             messages = []
-        except Exception as error:  # noqa: BLE001 - NATS restarting or gone: wait, never exit
+        except Exception as error:  # the consumer loop's guard: NATS restarting or gone, whatever nats-py raises
             await self.outage.failed(error)
             return []
         if not self.nc.is_connected:  # while nats-py reconnects, a fetch only times out
@@ -90,7 +91,7 @@ class PullConsumer:
             while True:
                 await asyncio.sleep(self.config.ack_wait / 3)  # type: ignore[operator]
                 for message in messages:
-                    with contextlib.suppress(Exception):  # acked meanwhile, or the connection is down
+                    with contextlib.suppress(*BUS_ERRORS):  # acked meanwhile, or the connection is down
                         await message.in_progress()
 
         keeper = asyncio.create_task(keep())
@@ -109,7 +110,7 @@ class PullConsumer:
     @staticmethod
     async def nak(message: Msg, delay: float | None) -> None:
         """Ask for a redelivery (after `delay`); with NATS down it comes anyway, after ack_wait."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*BUS_ERRORS):
             await message.nak(delay=delay)
 
 
@@ -205,7 +206,7 @@ class Deliveries:
         while True:
             try:
                 await self.handler.handle(messages)
-            except Exception as error:  # noqa: BLE001 - its kind decides below
+            except Exception as error:  # whatever the handler raises: its kind (kind_of) decides below
                 await self.handler.after_failure(error)
                 if kind_of(error) is Unavailable:
                     if self.holding is not None:
@@ -238,7 +239,7 @@ class Deliveries:
             await self.handler.recovered()
         try:
             await PullConsumer.ack_all(messages)
-        except Exception as error:  # noqa: BLE001 - committed: a redelivery finds them in the inbox
+        except BUS_ERRORS as error:  # committed: a redelivery finds them in the inbox
             self.log.warning("acks of %d committed message(s) failed (%s); their redelivery changes nothing",
                              len(messages), type(error).__name__)
         await self.handler.settled(messages)
@@ -252,11 +253,11 @@ class Deliveries:
                 return
             try:  # the message is at fault only when the work without it commits
                 await self.handler.handle([])
-            except Exception as without:  # noqa: BLE001 - handling itself fails: reported below
+            except Exception as without:  # whatever the handler raises: handling itself fails, reported below
                 error = without
             else:
                 if await self.handler.dead_letter(message, error):
-                    with contextlib.suppress(Exception):  # handled in the inbox: a redelivery changes nothing
+                    with contextlib.suppress(*BUS_ERRORS):  # handled in the inbox: a redelivery changes nothing
                         await message.ack()
                     await self.handler.settled([message])
                     return

@@ -18,7 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, DiscardPolicy, Header, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from services.bus.connection import connect
+from services.bus.connection import BUS_ERRORS, connect
 from shared.contract import subjects
 from shared.contract.events import read_inventory
 from shared.dra.inventory import Fleet
@@ -177,5 +177,5 @@ async def _direct_batch(nc: Client, stream: str, request: dict[str, Any], into: 
                     k: v for k, v in headers.items() if isinstance(k, str) and k.startswith("Nats-")}}
             into[headers["Nats-Subject"]] = message
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*BUS_ERRORS):
             await answers.unsubscribe()

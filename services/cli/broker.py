@@ -179,6 +179,7 @@ def _serve_bus_auth(settings: BrokerSettings) -> None:
     from services.bus.authority import BusAuthority, FileTarget, Provisioner, own_identities, tenant_limits
     from shared.contract import bus_auth
     from shared.ledger.engine import create_engine
+    from shared.ledger.errors import LEDGER_ERRORS
 
     if settings.bus_auth_file is None or not settings.bus_passwords:
         say_error("serve bus-auth needs CLAIMBROKER_BUS_AUTH_FILE and CLAIMBROKER_BUS_PASSWORDS")
@@ -208,7 +209,7 @@ def _serve_bus_auth(settings: BrokerSettings) -> None:
                 try:
                     await authority.apply()
                     break
-                except Exception as error:  # the ledger not there yet (not migrated, not up): keep trying
+                except LEDGER_ERRORS as error:  # the ledger not there yet (not migrated, not up): keep trying
                     log.warning("bus-auth: cannot read the ledger yet: %s", error)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), 2.0)

@@ -78,7 +78,7 @@ def main() -> None:
     except Interrupted as error:
         say_error(f"claimbroker: {error}")
         sys.exit(INTERRUPTED)
-    except Exception as error:
+    except Exception as error:  # the command line's last resort: one line instead of a traceback
         if os.environ.get("CLAIMBROKER_DEBUG"):
             raise
         say_error(f"claimbroker: {type(error).__name__}: {error} (CLAIMBROKER_DEBUG=1 shows where)")

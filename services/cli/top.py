@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from nats.js.api import DeliverPolicy
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from services.bus.connection import BUS_ERRORS, connect
 from shared.admission.flavors import Flavors
 from shared.admission.quota import Flavor, QuotaConfig
 from shared.contract import subjects
@@ -202,10 +204,6 @@ class Gatherer:
     async def start(self, load_timeout: float = 10.0) -> None:
         """Subscribe to inventory (last message per node, then every update) and statuses; wait until the
         stored inventory is read, so the first frame counts the whole fleet."""
-        from nats.js.api import DeliverPolicy
-
-        from services.bus.connection import connect
-
         if not self.nats_url:
             self._loaded.set()
             return
@@ -220,7 +218,7 @@ class Gatherer:
                                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_inventory)
             await self._nc.subscribe(subjects.STATUS_ALL, cb=self._on_status)
             await asyncio.wait_for(self._loaded.wait(), load_timeout)
-        except Exception as error:  # the API's numbers are still worth showing
+        except BUS_ERRORS as error:  # the API's numbers are still worth showing
             from shared.contract.bus_auth import redact
 
             why = f"no answer within {load_timeout:g}s" if isinstance(error, TimeoutError) else repr(error)
@@ -230,7 +228,7 @@ class Gatherer:
         try:
             inventory = read_inventory(json.loads(message.data))
             self.inventories[inventory.node] = inventory
-        except Exception as error:
+        except (ValueError, TypeError, AttributeError) as error:  # not JSON, or no inventory (a field wrong)
             self._problems.append(f"{message.subject}: {error}")
         if message.metadata.num_pending == 0:
             self._loaded.set()
@@ -242,7 +240,7 @@ class Gatherer:
     async def close(self) -> None:
         await self.client.aclose()
         if self._nc is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*BUS_ERRORS):
                 await self._nc.close()
 
     async def _get(self, path: str, **params: Any) -> Any:

@@ -49,7 +49,7 @@ async def serve_health(host: str, port: int, not_ready: Callable[[], str | None]
             pass
         finally:
             writer.close()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError):  # the client went first
                 await writer.wait_closed()
 
     server = await asyncio.start_server(handle, host, port)

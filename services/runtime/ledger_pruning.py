@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.ledger.errors import LEDGER_ERRORS
 from shared.ledger.handles import AsyncSession
 
 Prune = Callable[[AsyncSession, datetime, int], Awaitable[int]]  # (session, before, at most) -> rows gone
@@ -49,7 +50,7 @@ class Pruner:
                     gone = await prune(session, before, self.batch)
                 self.pruned += gone
                 full = full or gone >= self.batch
-        except Exception as error:  # noqa: BLE001 - the ledger away: what is kept waits for the next pass
+        except LEDGER_ERRORS as error:  # the ledger away: what is kept waits for the next pass
             log.warning("pruning the ledger failed (%s: %s); trying again in %.0fs", type(error).__name__, error,
                         self.interval)
         else:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from services.bus.connection import BUS_ERRORS
 from services.bus.publish import publish_json
 from shared.contract import events, subjects
 
@@ -63,7 +64,7 @@ async def until_done(step: Callable[[], Awaitable[T]], outage: Outage,
             result = await step()
         except fatal:
             raise
-        except Exception as error:  # noqa: BLE001 - whatever the dependency raises while it is away
+        except Exception as error:  # a start-up step's guard: whatever its dependency raises while it is away
             await outage.failed(error)
         else:
             outage.ok()
@@ -81,5 +82,5 @@ async def publish_degraded(js: Any, service: str, why: str, log: logging.Logger,
                            first_seen=now, last_seen=now, resolved=resolved)
     try:
         await publish_json(js, subjects.alert("critical", "service-degraded"), payload)
-    except Exception as error:  # noqa: BLE001
+    except BUS_ERRORS as error:
         log.error("could not publish the service-degraded alert (%s): %s", why, error)

@@ -104,7 +104,7 @@ class FileWatcher:
     async def _pass(self, nats: Outage) -> None:
         try:
             await self._publish_changes()
-        except Exception as error:  # noqa: BLE001 - NATS restarting or gone: the next pass tries again
+        except Exception as error:  # the watch loop's guard: NATS restarting or gone, the next pass tries again
             await nats.failed(error)
         else:
             nats.ok()

@@ -144,7 +144,7 @@ class KubeWatcher:
                     version = None
                 else:
                     log.warning("%s: list/watch failed: %s %s", kind, error.status, error.reason)
-            except Exception as error:  # dropped connections, timeouts, a server that is down
+            except Exception as error:  # the watch loop's guard: dropped connections, timeouts, a server down
                 log.warning("%s: watch interrupted (%r); resuming from %s", kind, error, version)
             await asyncio.sleep(backoff.next_delay(gone=gone))
 

@@ -270,7 +270,7 @@ class NvmlWatcher:
                     except nvml.NVMLError as error:  # the driver itself is in trouble: keep trying
                         log.error("NVML read failed: %s", error)
                     await self.publisher.heartbeat()
-                except Exception as error:  # noqa: BLE001 - NATS restarting or gone: the next poll tries again
+                except Exception as error:  # the poll loop's guard: NATS restarting or gone, the next poll tries again
                     await nats.failed(error)
                     continue
                 nats.ok()

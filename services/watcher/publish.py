@@ -28,6 +28,7 @@ from typing import Any
 
 from nats.js import JetStreamContext
 
+from services.bus.connection import BUS_ERRORS
 from services.bus.publish import publish_json
 from services.bus.streams import DUPLICATE_WINDOW_S
 from services.runtime import metrics
@@ -150,7 +151,7 @@ class InventoryPublisher:
         try:
             message = await self.js.get_last_msg(subjects.INVENTORY_STREAM, subjects.inventory(node))
             kept = json.loads(message.data or b"{}")
-        except Exception as error:  # noqa: BLE001 - no such message, NATS away: publishing again is safe
+        except (*BUS_ERRORS, ValueError) as error:  # none kept, NATS away, not JSON: publishing again is safe
             log.debug("last inventory of %s not read (%s); publishing it again", node, type(error).__name__)
             return None
         return kept if isinstance(kept, dict) else None
@@ -164,7 +165,7 @@ async def heartbeat_loop(publisher: InventoryPublisher, *, floor: float = 0.05) 
         await asyncio.sleep(nats.wait if nats.since is not None else max(floor, publisher.due_in()))
         try:
             await publisher.heartbeat()
-        except Exception as error:  # noqa: BLE001 - NATS restarting or gone
+        except Exception as error:  # the heartbeat loop's guard: NATS restarting or gone, it beats on
             await nats.failed(error)
         else:
             nats.ok()

@@ -1,5 +1,5 @@
 """Every claim that waits or runs, read whole, as a decision cycle's input: for what-if, which runs
-rarely (the allocator reads only what changed: services/allocator/ledger_ops.load_queue)."""
+rarely (the allocator reads only what changed: shared/ledger/queue.load_queue)."""
 
 from __future__ import annotations
 

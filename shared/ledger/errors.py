@@ -4,7 +4,12 @@ these what becomes of the messages whose transaction failed."""
 
 from __future__ import annotations
 
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+
+# What a transaction on the ledger raises when it fails: SQLAlchemy's errors (the driver's, wrapped; a pool
+# timeout; a session left unusable), and the OSError of a connection refused or dropped before SQLAlchemy
+# wraps it (TimeoutError is one).
+LEDGER_ERRORS = (SQLAlchemyError, OSError)
 
 # serialization failure, deadlock, lock not available, admin/crash shutdown, cannot connect now, connection
 # failure, connection does not exist

@@ -147,7 +147,7 @@ class EarlyRelease(Base):
     """A release of a claim the ledger has no row of, remembered for a while (not a claim row: a release
     of a name never submitted leaves nothing for good): its submission, published before it but delivered
     after it (redelivered after a crash), then ends Released. Pruned after the inbox's retention, and at
-    most a bounded number per tenant (services/allocator/batch.py)."""
+    most a bounded number per tenant (shared/ledger/intake.write)."""
 
     __tablename__ = "early_releases"
     tenant: Mapped[str] = mapped_column(String(253), primary_key=True)
@@ -291,8 +291,8 @@ OUTSIDE = 1 << 62  # the revision of a claim row written outside a decision tran
 @event.listens_for(Session, "before_flush")
 def _stamp_revision(session: Session, _context: Any, _instances: Any) -> None:
     """Every claim row a flush inserts or changes carries the revision of the transaction that wrote it
-    (what `lock_shard` put in the session's info; OUTSIDE for a writer outside a decision transaction: the
-    allocator's next read takes such rows and stamps them with its own revision)."""
+    (what `UnitOfWork.take_turn` put in the session's info; OUTSIDE for a writer outside a decision
+    transaction: the allocator's next read takes such rows and stamps them with its own revision)."""
     revision = session.info.get(REVISION, OUTSIDE)
     for row in session.new:
         if isinstance(row, Claim):

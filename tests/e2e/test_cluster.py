@@ -53,7 +53,7 @@ async def test_streams_keep_three_replicas_and_a_claim_survives_a_server(
             try:
                 await ensure_streams(js, 3)
                 break
-            except Exception:  # noqa: BLE001 - not ready yet
+            except Exception:  # not ready yet
                 await asyncio.sleep(0.1)
         info = await js.stream_info(subjects.CLAIMS_STREAM)
         assert info.config.num_replicas == 3
@@ -69,7 +69,7 @@ async def test_streams_keep_three_replicas_and_a_claim_survives_a_server(
             try:
                 ack = await publish_json(js, subjects.submit("team"), document, msg_id="survivor")
                 break
-            except Exception:  # noqa: BLE001 - no leader yet
+            except Exception:  # no leader yet
                 await asyncio.sleep(0.1)
         assert ack.stream == subjects.CLAIMS_STREAM
         after = await js.stream_info(subjects.CLAIMS_STREAM)

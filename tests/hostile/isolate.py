@@ -54,10 +54,10 @@ def run_isolated(fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
         try:
             try:
                 answer: Any = fn(*args)
-            except BaseException as error:  # noqa: BLE001 - whatever escapes is the finding
+            except BaseException as error:  # whatever escapes is the finding
                 answer = crash_of(error)
             data = pickle.dumps(answer)
-        except BaseException as error:  # noqa: BLE001 - an answer that cannot be pickled
+        except BaseException as error:  # an answer that cannot be pickled
             data = pickle.dumps(Crash(type(error).__name__, str(error)[:300], "pickling the answer"))
         with os.fdopen(write_end, "wb") as out:
             out.write(data)

@@ -91,7 +91,7 @@ class Run:
             self.allocator.stop()
             try:
                 await asyncio.wait_for(self.task, 20)
-            except Exception as error:  # noqa: BLE001 - reported with the other failures
+            except Exception as error:  # reported with the other failures
                 self.failures.append(f"stopping: the allocator task ended with {error!r}")
 
     def status_of(self, namespace: str, name: str | None) -> list[dict[str, Any]]:
@@ -160,7 +160,7 @@ async def publish(run: Run, js: Any, case: Case, max_payload: int) -> None:
     msg_id = run.ids[case.id] = message_id(case)
     try:
         await js.publish(case.subject, case.payload, headers={"Nats-Msg-Id": msg_id})
-    except Exception as error:  # noqa: BLE001 - the server's refusal is this case's trace, if it had to refuse
+    except Exception as error:  # the server's refusal is this case's trace, if it had to refuse
         if len(case.payload) <= max_payload:
             run.failures.append(f"{case.id}: publish failed: {type(error).__name__}: {error}")
         run.publish_errors[case.id] = f"{type(error).__name__}: {error}"
