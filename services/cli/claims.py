@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,6 +41,19 @@ from services.cli.common import (
 from shared.contract import subjects
 from shared.contract.messages import ClaimStatus
 from shared.dra.claims import INT32_MAX, INT32_MIN
+
+
+def _duration(value: str) -> float:
+    """A duration option (30s, 10m, 2h, or seconds), at least 0."""
+    from shared.settings import parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    if not math.isfinite(seconds):
+        raise typer.BadParameter(f"{value!r} is too long a duration")
+    return seconds
 
 
 def _positive_seconds(value: float | None) -> float | None:
@@ -186,19 +200,26 @@ def simulate(
     = None,
     output: Output = "table",
     tenant: Annotated[str, typer.Option(help="tenant of claims without a namespace")] = "default",
+    min_runtime: Annotated[float, typer.Option(
+        "--min-runtime", parser=_duration, metavar="DURATION",
+        help="minRuntime of tenants without their own in the Quotas file (e.g. 2m; default 0s)")] = 0.0,
 ) -> None:
-    """Run the allocation decisions offline: the same core the allocator runs."""
+    """Run the allocation decisions offline: the same core the allocator runs, on a clock of its own
+    (Advance documents in a claims file let time pass; Release documents release a claim)."""
+    from dataclasses import replace
+
     from shared.admission.quota import QuotaConfig
-    from shared.admission.simulate import read_claim_document, run_waves
+    from shared.admission.simulate import run_waves
+    from shared.admission.wave_documents import read_wave
     from shared.dra.classes import merge_classes
     from shared.dra.inventory import Fleet
     from shared.fleet.sources import InventoryFileError, load_inventory, load_yaml_documents
 
     try:
         documents = load_inventory(inventory)
-        waves = [[read_claim_document(d, tenant) for d in load_yaml_documents(path) if d is not None]
-                 for path in claims]
+        waves = [read_wave(load_yaml_documents(path), tenant, str(path)) for path in claims]
         config = read_quotas_file(quotas) if quotas is not None else QuotaConfig()
+        config = replace(config, default_min_runtime=min_runtime)
     except (InventoryFileError, ValueError) as error:
         say_error(str(error))
         raise typer.Exit(1) from None

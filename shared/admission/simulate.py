@@ -1,22 +1,39 @@
-"""Offline waves through the same decision core the allocator runs (claimbroker simulate)."""
+"""Offline waves through the same decision core the allocator runs (claimbroker simulate), on a clock of
+its own: Advance documents let time pass, so time rules (minRuntime, maxPreemptionsPerMinute) hold as in
+the allocator.
+"""
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from shared.admission.kept import KeptState
-from shared.admission.model import CycleResult, Running, Snapshot, Waiting
+from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.admission.settling import run_until_settled
 from shared.admission.waiting_queue import WaitingQueue
+from shared.admission.wave_documents import Advance, Release, WaveItem, read_claim_document
 from shared.dra import model as dra
-from shared.dra.claims import InvalidClaim, settings_of, with_namespace
+from shared.dra.claims import InvalidClaim, settings_of
 from shared.dra.inventory import Fleet
 from shared.dra.results import Decision, State
 
+__all__ = ["SIMULATION_START", "ClaimOutcome", "SimulationResult", "read_claim_document", "run_waves"]
+
 MAX_CYCLES_PER_WAVE = 8  # a wave settles when a cycle changes nothing; preemption victims retry next cycle
+# Where the simulated clock starts: a fixed instant, so that the same files give the same output.
+SIMULATION_START = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+# Within one Advance, the instants at which a time rule lets go (a minRuntime ends, a preemption leaves the
+# minute maxPreemptionsPerMinute counts) are settled in turn, as the allocator's cycles would meet them; at
+# most this many, then the clock goes on to the Advance's end.
+MAX_INSTANTS_PER_ADVANCE = 1000
+PREEMPTION_WINDOW = 60.0  # maxPreemptionsPerMinute counts the preemptions of the minute before
+RELEASED = Decision(State.RELEASED, reason="released by the tenant")
 
 
 @dataclass(frozen=True)
@@ -40,27 +57,12 @@ class ClaimOutcome:
 class SimulationResult:
     outcomes: list[ClaimOutcome] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
-    # claims of a later wave that reuse a name the run has already: not applied, said on stderr by the CLI
+    # what the run did not apply, said on stderr by the CLI: claims of a later wave that reuse a name the
+    # run has already, Releases of claims that neither wait nor run
     ignored: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"claims": [o.to_json() for o in self.outcomes], "events": self.events}
-
-
-def read_claim_document(document: Any, default_tenant: str) -> dra.ResourceClaim | InvalidClaim:
-    """A claim, or the reason it is not one (an invalid claim is Rejected, it does not stop the run)."""
-    name = None
-    if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
-        name = document["metadata"].get("name")
-        namespace = document["metadata"].get("namespace") or default_tenant
-    else:
-        namespace = default_tenant
-    try:
-        claim = dra.parse_claim(with_namespace(document, default_tenant) if isinstance(document, dict) else document)
-        settings_of(claim)
-        return claim
-    except (dra.DocumentError, InvalidClaim) as error:
-        return InvalidClaim(str(error), name=name if isinstance(name, str) else None, namespace=namespace)
 
 
 def _waiting(claim: dra.ResourceClaim, arrival: int) -> Waiting:
@@ -69,70 +71,151 @@ def _waiting(claim: dra.ResourceClaim, arrival: int) -> Waiting:
                    settings.preemptible, arrival)
 
 
+class _Simulation:
+    """What runs and what waits on the simulated clock, applied from each cycle's result as the allocator
+    applies it to the ledger (allocation times included)."""
+
+    def __init__(self, fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaConfig,
+                 start: float) -> None:
+        self.fleet, self.classes, self.quotas = fleet, classes, quotas
+        self.now = start
+        self.kept = KeptState()  # what one cycle keeps for the next, as the allocator keeps it
+        self.final: dict[ClaimKey, ClaimOutcome] = {}
+        self.result = SimulationResult()
+        self.waiting = WaitingQueue()  # each cycle is handed what came and went since the last
+        self.running: dict[ClaimKey, Running] = {}
+        self.documents: dict[ClaimKey, dra.ResourceClaim] = {}
+        self.displaced: dict[ClaimKey, frozenset[ClaimKey]] = {}
+        self.arrival = 0
+        self.allocated = 0
+        # fair-share and reclaim preemptions (by another tenant's claim): when, and the victim's tenant
+        self.limited = any(t.max_preemptions_per_minute is not None for t in quotas.tenants.values())
+        self.preempted_at: list[tuple[float, str]] = []
+
+    def snapshot(self) -> Snapshot:
+        all_waiting, changes = self.waiting.snapshot()
+        return Snapshot(self.fleet, self.classes, self.quotas, tuple(self.running.values()), all_waiting,
+                        changes=changes, now=self.now, recent_preemptions=self.recent_preemptions())
+
+    def recent_preemptions(self) -> dict[str, int]:
+        """Per tenant, its claims preempted for fair share or reclaim in the minute before now (as the
+        allocator reads them from the ledger)."""
+        if not self.limited:
+            return {}
+        since = self.now - PREEMPTION_WINDOW
+        self.preempted_at = [(at, tenant) for at, tenant in self.preempted_at if at >= since]
+        return dict(Counter(tenant for _, tenant in self.preempted_at))
+
+    def apply(self, cycle: CycleResult) -> bool:
+        changed = bool(cycle.preemptions)
+        for p in cycle.preemptions:  # back to the queue, with the arrival they first had
+            victim = self.running.pop(p.victim)
+            self.displaced[p.victim] = self.displaced.get(p.victim, frozenset()) | {p.by}
+            self.waiting.put(Waiting(victim.tenant, victim.name, self.documents[p.victim], victim.priority,
+                                     victim.preemptible, victim.arrival, displaced_by=self.displaced[p.victim]))
+            self.final[p.victim] = ClaimOutcome(victim.tenant, victim.name,
+                                                Decision(State.PREEMPTED, reason=p.reason))
+            self.result.events.append({"claim": "/".join(p.victim), "state": State.PREEMPTED.value,
+                                       "by": "/".join(p.by), "rule": p.rule, "reason": p.reason})
+            if p.by[0] != p.victim[0]:
+                self.preempted_at.append((self.now, p.victim[0]))
+        for d in cycle.decisions:
+            key = (d.tenant, d.name)
+            self.final[key] = ClaimOutcome(d.tenant, d.name, d.decision)
+            queued = self.waiting.get(key)
+            if d.decision.allocation is not None and queued is not None:
+                self.allocated += 1
+                self.running[key] = Running(queued.tenant, queued.name, d.decision.allocation, queued.priority,
+                                            queued.preemptible, queued.arrival, self.allocated, self.now)
+                self.waiting.pop(key)
+                changed = True
+            elif d.decision.state is State.REJECTED:
+                self.waiting.pop(key)
+            elif queued is not None and not queued.answered:
+                self.waiting.put(replace(queued, answered=True))
+        return changed
+
+    def settle(self) -> None:
+        run_until_settled(self.snapshot, self.kept, self.apply, most_changing=MAX_CYCLES_PER_WAVE)
+
+    def ask_again(self) -> None:
+        """Time passed: every waiting claim is decided again, as the allocator refreshes its answers."""
+        for queued in list(self.waiting.values()):
+            if queued.answered:
+                self.waiting.put(replace(queued, answered=False))
+
+    def pass_time(self, seconds: float) -> None:
+        """Let `seconds` pass: each instant within them at which a time rule lets go is settled in turn."""
+        end = self.now + seconds
+        for _ in range(MAX_INSTANTS_PER_ADVANCE):
+            instant = self.next_instant(end)
+            if instant is None:
+                break
+            self.now = instant
+            self.ask_again()
+            self.settle()
+        self.now = end
+        self.ask_again()
+
+    def next_instant(self, end: float) -> float | None:
+        """The first instant after now and by `end` at which a waiting claim may decide otherwise: a
+        running claim's minRuntime ends, or a preemption leaves the minute maxPreemptionsPerMinute counts."""
+        if not self.waiting:
+            return None
+        instants = [r.allocated_at + least for r in self.running.values()
+                    if r.allocated_at is not None and (least := self.quotas.min_runtime(r.tenant)) > 0]
+        if self.limited:  # counted while at >= now - 60: out of the count just after
+            instants += [math.nextafter(at + PREEMPTION_WINDOW, math.inf) for at, _ in self.preempted_at]
+        return min((t for t in instants if self.now < t <= end), default=None)
+
+    def release(self, release: Release, wave: int) -> None:
+        key = release.key
+        if self.running.pop(key, None) is None and self.waiting.pop(key) is None:
+            self.result.ignored.append(f"wave {wave}: Release of {'/'.join(key)} changes nothing: no claim of that "
+                                       "name waits or runs")
+            return
+        self.documents.pop(key, None)
+        self.displaced.pop(key, None)  # a claim submitted again under its name starts afresh
+        self.final[key] = ClaimOutcome(key[0], key[1], RELEASED)
+
+    def arrive(self, claim: dra.ResourceClaim, wave: int) -> None:
+        self.arrival += 1
+        w = _waiting(claim, self.arrival)
+        if w.key in self.running or w.key in self.waiting:  # claims are immutable: the first one with a name stands
+            self.result.ignored.append(f"wave {wave}: claim {'/'.join(w.key)} is not applied: a claim of that "
+                                       f"name waits or runs already (release it first to change it)")
+            return
+        self.waiting.put(w)
+        self.documents[w.key] = claim
+
+
 def run_waves(
     fleet: Fleet,
     classes: Mapping[str, dra.DeviceClass],
-    waves: Sequence[Sequence[dra.ResourceClaim | InvalidClaim]],
+    waves: Sequence[Sequence[WaveItem]],
     quotas: QuotaConfig | None = None,
+    *,
+    start: float = SIMULATION_START,
 ) -> SimulationResult:
-    """Each wave arrives at once and is settled: admission in fair-share order, preemption, and more
-    cycles while they change anything (victims and earlier claims try again)."""
-    kept = KeptState()  # what one cycle keeps for the next, as the allocator keeps it
-    quotas = quotas or QuotaConfig()
-    final: dict[tuple[str, str], ClaimOutcome] = {}
-    result = SimulationResult()
-    waiting = WaitingQueue()  # each cycle is handed what came and went since the last
-    running: dict[tuple[str, str], Running] = {}
-    documents: dict[tuple[str, str], dra.ResourceClaim] = {}
-    displaced: dict[tuple[str, str], frozenset[tuple[str, str]]] = {}
-    arrival = 0
-    allocated = 0
-
-    def snapshot() -> Snapshot:
-        all_waiting, changes = waiting.snapshot()
-        return Snapshot(fleet, classes, quotas, tuple(running.values()), all_waiting, changes=changes)
-
-    def apply(cycle: CycleResult) -> bool:
-        nonlocal allocated
-        changed = bool(cycle.preemptions)
-        for p in cycle.preemptions:  # back to the queue, with the arrival they first had
-            victim = running.pop(p.victim)
-            displaced[p.victim] = displaced.get(p.victim, frozenset()) | {p.by}
-            waiting.put(Waiting(victim.tenant, victim.name, documents[p.victim], victim.priority,
-                                victim.preemptible, victim.arrival, displaced_by=displaced[p.victim]))
-            final[p.victim] = ClaimOutcome(victim.tenant, victim.name, Decision(State.PREEMPTED, reason=p.reason))
-            result.events.append({"claim": "/".join(p.victim), "state": State.PREEMPTED.value,
-                                  "by": "/".join(p.by), "rule": p.rule, "reason": p.reason})
-        for d in cycle.decisions:
-            key = (d.tenant, d.name)
-            final[key] = ClaimOutcome(d.tenant, d.name, d.decision)
-            queued = waiting.get(key)
-            if d.decision.allocation is not None and queued is not None:
-                allocated += 1
-                running[key] = Running(queued.tenant, queued.name, d.decision.allocation, queued.priority,
-                                       queued.preemptible, queued.arrival, allocated)
-                waiting.pop(key)
-                changed = True
-            elif d.decision.state is State.REJECTED:
-                waiting.pop(key)
-            elif queued is not None and not queued.answered:
-                waiting.put(replace(queued, answered=True))
-        return changed
-
+    """Each wave, in turn: its Advances let time pass (settling whatever a time rule lets go meanwhile),
+    its Releases release, its claims arrive at once, and it is settled: admission in fair-share order,
+    preemption, and more cycles while they change anything (victims and earlier claims try again). The
+    clock starts at `start`; without Advances every wave arrives at that instant."""
+    run = _Simulation(fleet, classes, quotas or QuotaConfig(), start)
     for index, wave in enumerate(waves):
+        number = index + 1
+        seconds = sum(item.seconds for item in wave if isinstance(item, Advance))
+        if seconds > 0:
+            run.pass_time(seconds)
+        for item in wave:
+            if isinstance(item, Release):
+                run.release(item, number)
         for position, item in enumerate(wave):
             if isinstance(item, InvalidClaim):
-                key = (item.namespace or "default", item.name or f"wave-{index + 1}-document-{position + 1}")
-                final[key] = ClaimOutcome(key[0], key[1], Decision(State.REJECTED, reason=str(item)))
-                continue
-            arrival += 1
-            w = _waiting(item, arrival)
-            if w.key in running or w.key in waiting:  # claims are immutable: the first one with a name stands
-                result.ignored.append(f"wave {index + 1}: claim {'/'.join(w.key)} is not applied: a claim of that "
-                                      f"name waits or runs already (release it first to change it)")
-                continue
-            waiting.put(w)
-            documents[w.key] = item
-        run_until_settled(snapshot, kept, apply, most_changing=MAX_CYCLES_PER_WAVE)
-    result.outcomes = list(final.values())
-    return result
+                key = (item.namespace or "default", item.name or f"wave-{number}-document-{position + 1}")
+                run.final[key] = ClaimOutcome(key[0], key[1], Decision(State.REJECTED, reason=str(item)))
+            elif isinstance(item, dra.ResourceClaim):
+                run.arrive(item, number)
+        run.settle()
+    run.result.outcomes = list(run.final.values())
+    return run.result

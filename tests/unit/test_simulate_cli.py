@@ -95,3 +95,74 @@ def test_simulate_says_which_claims_of_a_later_wave_reuse_a_name(tmp_path: Path)
     assert "wave 2: claim vision/train is not applied" in result.stderr
     [train] = json.loads(result.stdout)["claims"]
     assert len(train["allocation"]["devices"]["results"]) == 1  # the first one stands
+
+
+CLOCK_FLEET = "kind: Topology\nnodes:\n- {name: node-01, gpuModel: H100, gpuCount: 2}\n"
+CLOCK_QUOTAS = """kind: Quotas
+cohorts: [{name: lab}]
+tenants:
+- {name: vision, cohort: lab, minRuntime: 30m, quotas: {H100: {nominal: 0}}}
+- {name: nlp, cohort: lab, quotas: {H100: {nominal: 2}}}
+"""
+CLOCK_CLAIM = ("apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: {tenant}}}\n"
+               "spec: {{devices: {{requests: [{{name: gpu, exactly: {{deviceClassName: gpu.nvidia.com, "
+               "count: {n}}}}}]}}}}\n")
+
+
+def test_simulate_scripts_time_with_advance_and_release(tmp_path: Path) -> None:
+    """vision borrows nlp's GPUs at 00:00 with a minRuntime of 30m: nlp's claim at 00:10 waits, and reclaims
+    them at 00:30, within the hour the third wave lets pass; a Release of a claim that is not there is said
+    on stderr and the run goes on."""
+    files = {"fleet.yaml": CLOCK_FLEET, "quotas.yaml": CLOCK_QUOTAS,
+             "w1.yaml": CLOCK_CLAIM.format(name="borrow", tenant="vision", n=2),
+             "w2.yaml": "kind: Advance\nduration: 10m\n---\n" + CLOCK_CLAIM.format(name="own", tenant="nlp", n=1),
+             "w3.yaml": "{kind: Advance, duration: 1h}\n---\n{kind: Release, namespace: vision, name: gone}\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    base = ["simulate", "--inventory", str(tmp_path / "fleet.yaml"), "--quotas", str(tmp_path / "quotas.yaml"),
+            "--claims", str(tmp_path / "w1.yaml"), "--claims", str(tmp_path / "w2.yaml"), "--output", "json"]
+    waiting = runner.invoke(app, base)
+    assert waiting.exit_code == 0, waiting.output
+    claims = {c["name"]: c for c in json.loads(waiting.stdout)["claims"]}
+    assert (claims["borrow"]["state"], claims["own"]["state"]) == ("Allocated", "Pending")
+    assert "reclaim preemption of vision's claims possible from 00:30:00 UTC" in claims["own"]["reason"]
+    later = runner.invoke(app, [*base, "--claims", str(tmp_path / "w3.yaml")])
+    assert later.exit_code == 0, later.output
+    out = json.loads(later.stdout)
+    assert {c["name"]: c["state"] for c in out["claims"]} == {"borrow": "Pending", "own": "Allocated"}
+    assert [(e["claim"], e["by"], e["rule"]) for e in out["events"]] == [("vision/borrow", "nlp/own", "reclaim")]
+    assert "wave 3: Release of vision/gone changes nothing" in later.stderr
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    ("{kind: Advance, duration: soon}", "document 2 (Advance): duration: invalid duration 'soon'"),
+    ("{kind: Release, namespace: vision}", "document 2 (Release): name: required"),
+])
+def test_simulate_refuses_an_invalid_advance_or_release_by_name(tmp_path: Path, document: str, message: str) -> None:
+    (tmp_path / "fleet.yaml").write_text(CLOCK_FLEET)
+    wave = tmp_path / "wave.yaml"
+    wave.write_text(CLOCK_CLAIM.format(name="one", tenant="vision", n=1) + "---\n" + document + "\n")
+    result = runner.invoke(app, ["simulate", "--inventory", str(tmp_path / "fleet.yaml"), "--claims", str(wave)])
+    assert result.exit_code == 1
+    assert f"wave.yaml: {message}" in result.stderr
+
+
+def test_simulate_min_runtime_is_the_default_for_tenants_without_their_own(tmp_path: Path) -> None:
+    """The contract: the broker-wide minRuntime is 0 in simulate unless --min-runtime gives it."""
+    quotas = CLOCK_QUOTAS.replace("minRuntime: 30m, ", "")
+    files = {"fleet.yaml": CLOCK_FLEET, "quotas.yaml": quotas,
+             "w1.yaml": CLOCK_CLAIM.format(name="borrow", tenant="vision", n=2),
+             "w2.yaml": CLOCK_CLAIM.format(name="own", tenant="nlp", n=1)}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    base = ["simulate", "--inventory", str(tmp_path / "fleet.yaml"), "--quotas", str(tmp_path / "quotas.yaml"),
+            "--claims", str(tmp_path / "w1.yaml"), "--claims", str(tmp_path / "w2.yaml"), "-o", "json"]
+    states = {}
+    for extra in ([], ["--min-runtime", "5m"]):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == 0, result.output
+        states[bool(extra)] = {c["name"]: c["state"] for c in json.loads(result.stdout)["claims"]}
+    assert states == {False: {"borrow": "Pending", "own": "Allocated"},
+                      True: {"borrow": "Allocated", "own": "Pending"}}
+    refused = runner.invoke(app, [*base, "--min-runtime", "soon"])
+    assert refused.exit_code == 2 and "invalid duration 'soon'" in refused.output
