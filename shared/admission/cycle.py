@@ -75,8 +75,12 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
     cycle = kept.admission_for(snapshot)
     decided, order = admission_pass(cycle)
     queue = cycle.queue
+    gang_invalid = cycle.gangs.invalid
     for key in sorted(queue.invalid):  # claims Rejected as written, or that their tenant may not send
         waiting = queue.waiting[key]
+        if gang_invalid and (why := gang_invalid.get(key)) is not None:  # its gang annotations do not read
+            decided.append((waiting, Decision(State.REJECTED, reason=why), []))
+            continue
         decided.append((waiting, cycle.trials.decide(waiting, None, explain=False), []))
     for waiting in queue.unprepared.values():  # their selectors cost more than their tenant had left
         if not waiting.answered:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Collection, Iterable, Mapping
 
+from shared.admission.gang_pass import gang_units, gang_units_of, share_after, try_gang
+from shared.admission.gangs import GangUnit
 from shared.admission.groups import GroupId, Heads, WaitingGroups
 from shared.admission.model import UNANSWERED, Block, Waiting, queue_entry
 from shared.admission.preemption import prefilter
@@ -42,8 +44,18 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
     position: dict[tuple[str, int], int] = {}  # per group: claims admitted from it so far
     book = cycle.book
     tenants = [(book.share(t), q[0][0][0], q[0][0][1], t) for t, q in tenant_heads.items() if q]
-    heapq.heapify(tenants)
     decided: list[tuple[Waiting, Decision, list[Block]]] = []
+    # complete gangs, each one entry among the tenants under a name no tenant has ("\0" is in no DNS label)
+    gang_at: dict[str, tuple[GangUnit, float]] = {}
+    if cycle.gangs.members:
+        answered, complete = gang_units(cycle)
+        decided.extend(answered)
+        for unit in complete:
+            units = gang_units_of(cycle, unit)
+            token = f"\0{unit.key[0]}\0{unit.name}"
+            gang_at[token] = (unit, units)
+            tenants.append((share_after(cycle, unit, units), -unit.priority, unit.arrival, token))
+    heapq.heapify(tenants)
     first_seen: dict[str, int] = {}
     admitted = cycle.admitted_now  # so far in this cycle (the kept groups change only in begin())
     groups = waiting_groups.groups
@@ -112,11 +124,20 @@ def admission_pass(cycle: AdmissionState) -> tuple[list[tuple[Waiting, Decision,
     no_room = trials.start_pass()  # failed placements stay failed (see TrialAdmission.shrinking)
     try:
         while tenants:
-            if not open_specs:  # no node has room for any spec: every head left would be dropped
+            if not open_specs and not gang_at:  # no node has room for any spec: every head left would be dropped
                 for *_, tenant in sorted(tenants):
                     first_seen.setdefault(tenant, len(first_seen))
                 break
-            _, _, _, tenant = heapq.heappop(tenants)
+            share, _, _, tenant = heapq.heappop(tenants)
+            if gang_at and (found := gang_at.get(tenant)) is not None:
+                unit, units = found
+                now = share_after(cycle, unit, units)
+                if now > share:  # its tenant admitted more since: its place moved back
+                    heapq.heappush(tenants, (now, -unit.priority, unit.arrival, tenant))
+                else:
+                    del gang_at[tenant]
+                    decided.extend(try_gang(cycle, unit))
+                continue
             first_seen.setdefault(tenant, len(first_seen))
             queue = heads[tenant]
             try:

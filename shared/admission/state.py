@@ -14,6 +14,7 @@ from shared.admission.answers import Answers
 from shared.admission.claim_guard import per_claim
 from shared.admission.explain import Explainer
 from shared.admission.flavors import Flavors
+from shared.admission.gangs import WaitingGangs
 from shared.admission.groups import WaitingGroups
 from shared.admission.holdings import Holdings, VictimTenants
 from shared.admission.model import (
@@ -29,6 +30,7 @@ from shared.admission.quota_room import QuotaRoom
 from shared.admission.trial_admission import TrialAdmission
 from shared.dra.allocation import FleetState
 from shared.dra.budget import BudgetExceeded
+from shared.dra.claims import InvalidClaim, gang_of
 from shared.dra.matching import SelectorMemo
 from shared.dra.plan import Plan
 from shared.dra.results import Allocation, Rejected
@@ -51,6 +53,7 @@ class AdmissionState:
         self.book = QuotaBook(snapshot.quotas, capacity)
         self.holdings = Holdings(self.fleet, placement, self.book, flavors)
         self.queue = WaitingGroups()
+        self.gangs = WaitingGangs()  # gang members wait here, outside the groups
         self.room = QuotaRoom(placement, self.book, flavors)
         self.budget = PlacementBudget(placement, memo, self.queue.unprepared)
         self.trials = TrialAdmission(self.fleet, placement, self.book, flavors, self.room, self.budget)
@@ -84,6 +87,8 @@ class AdmissionState:
             if (before is not None and before.claim is came_back.claim and before.priority == came_back.priority
                     and before.arrival == came_back.arrival):
                 queue.update(came_back)  # the same claim in the same place: only its answer changed
+                if self.gangs.members:
+                    self.gangs.update(came_back)
                 continue
             if before is not None:
                 self._unqueue(before)
@@ -127,6 +132,15 @@ class AdmissionState:
         if plan.admin_access and not self.book.config.tenant(waiting.tenant).admin_access:
             queue.refuse(waiting)  # Rejected as its tenant may not send it (see TrialAdmission.decide)
             return
+        try:
+            gang = gang_of(waiting.claim.metadata.annotations)
+        except InvalidClaim as invalid:
+            self.gangs.invalid[waiting.key] = str(invalid)
+            queue.refuse(waiting)
+            return
+        if gang is not None:  # decided with its gang, as one unit (shared.admission.gang_pass)
+            self.gangs.add(waiting, gang)
+            return
         queue.add(waiting, plan, facts)
 
     def _unqueue(self, waiting: Waiting) -> None:
@@ -134,6 +148,8 @@ class AdmissionState:
             if (found := kept.get(id(waiting.claim))) is not None and found[0] is waiting.claim:
                 del kept[id(waiting.claim)]
         self.answers.left(waiting)
+        if self.gangs.members or self.gangs.invalid:
+            self.gangs.remove(waiting)
         plan = self.queue.remove(waiting)
         if plan is not None:
             self._forget(plan)
@@ -153,6 +169,12 @@ class AdmissionState:
                            waiting.arrival, next(self.order)))
         self.admitted_now.add(waiting.key)
         self._victim_view = None  # shares moved
+
+    def withdraw(self, waiting: Waiting) -> None:
+        """A claim admitted in this cycle runs no more: its gang could not be admitted whole."""
+        self.holdings.drop(self.holdings.running[waiting.key])
+        self.admitted_now.discard(waiting.key)
+        self._victim_view = None
 
     def victim_tenants(self) -> VictimTenants:
         """The tenants that run preemptible claims as preemption sees them: the same for every attempt

@@ -3,10 +3,19 @@ each a table row driven through public entry points."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+from typing import Any
+
 import pytest
 
+from shared.admission.cycle import run_cycle
+from shared.admission.kept import KeptState
+from shared.admission.model import CycleResult, Running, Snapshot, Waiting
+from shared.admission.quota import QuotaConfig, parse_quotas
 from shared.dra.claims import GangSettings, InvalidClaim, settings_of
-from tests.builders import a_claim
+from shared.dra.classes import BUILTIN_CLASSES
+from shared.dra.inventory import Fleet
+from tests.builders import a_claim, fleet, node
 
 
 @pytest.mark.parametrize(("annotations", "gang"), [
@@ -60,3 +69,166 @@ def test_bad_gang_annotations_reject_the_claim_naming_annotation_and_value(annot
         settings_of(claim)
     for name in names:
         assert name in str(raised.value)
+
+
+# ---- the cycle: all or nothing ----------------------------------------------------------------------------
+
+def member(name: str, gang: str = "g", size: int | str = 2, *, tenant: str = "t", count: int = 1,
+           priority: int = 0, arrival: int = 0, topology: str | None = None, selectors: tuple[str, ...] = ()
+           ) -> Waiting:
+    claim = a_claim(name, tenant).request(count=count, selectors=selectors).gang(gang, size, topology=topology).build()
+    return Waiting(tenant, name, claim, priority, True, arrival)
+
+
+def plain(name: str, *, tenant: str = "t", count: int = 1, priority: int = 0, arrival: int = 0) -> Waiting:
+    claim = a_claim(name, tenant).request(count=count).build()
+    return Waiting(tenant, name, claim, priority, True, arrival)
+
+
+def quotas(*tenants: dict[str, Any]) -> QuotaConfig:
+    return parse_quotas({"kind": "Quotas", "tenants": list(tenants)})
+
+
+def cycle(f: Fleet, waiting: list[Waiting], config: QuotaConfig | None = None,
+          running: tuple[Running, ...] = ()) -> CycleResult:
+    return run_cycle(Snapshot(f, BUILTIN_CLASSES, config or QuotaConfig(), running, tuple(waiting)))
+
+
+def states(result: CycleResult) -> dict[str, str]:
+    return {d.name: d.decision.state.value for d in result.decisions}
+
+
+def reasons(result: CycleResult) -> dict[str, str]:
+    return {d.name: d.decision.reason or "" for d in result.decisions}
+
+
+@dataclass
+class GangCase:
+    fleet: Fleet
+    waiting: list[Waiting]
+    expect: dict[str, str]  # claim name -> state
+    reason: dict[str, str] = field(default_factory=dict)  # claim name -> a substring of its reason
+    quotas: QuotaConfig = field(default_factory=QuotaConfig)
+    same_node: tuple[str, ...] = ()  # claims allocated on one node
+
+
+TWO_NODES = fleet(*node("n1", "H100", 4), *node("n2", "H100", 4))
+GANG_CASES = {
+    "incomplete-gang-holds-nothing": GangCase(
+        TWO_NODES, [member("a", size=3, count=4), member("b", size=3, count=4, arrival=1),
+                    plain("solo", count=4, arrival=2), plain("solo2", count=4, arrival=3)],
+        {"a": "Pending", "b": "Pending", "solo": "Allocated", "solo2": "Allocated"},
+        {"a": "gang g: 2 of 3 members received", "b": "gang g: 2 of 3 members received"}),
+    "complete-gang-admitted-whole": GangCase(
+        TWO_NODES, [member("a", count=4), member("b", count=4, arrival=1)], {"a": "Allocated", "b": "Allocated"}),
+    "members-share-a-node-with-room": GangCase(
+        TWO_NODES, [member("a", count=2), member("b", count=2, arrival=1)], {"a": "Allocated", "b": "Allocated"},
+        same_node=("a", "b")),
+    "a-gang-that-does-not-fit-holds-nothing": GangCase(
+        fleet(*node("n1", "H100", 4), *node("n2", "H100", 2)),
+        [member("a", count=4), member("b", count=4, arrival=1), plain("solo", count=4, arrival=2)],
+        {"a": "Pending", "b": "Pending", "solo": "Allocated"},  # solo first: the gang ranks at its share after
+        {"a": "gang g: member a does not fit: Insufficient nvidia.com/gpu: requested 4, free 2",
+         "b": "gang g: member a does not fit: "}),
+    "a-gang-that-does-not-fit-leaves-its-devices-to-others": GangCase(
+        fleet(*node("n1", "H100", 4), *node("n2", "H100", 2)),
+        [member("a", count=4), member("b", count=4, arrival=1), plain("solo", tenant="u", count=4, arrival=2)],
+        {"a": "Pending", "b": "Pending", "solo": "Allocated"}),
+    "quota-counts-every-member": GangCase(
+        TWO_NODES, [member("a", count=3), member("b", count=3, arrival=1)], {"a": "Pending", "b": "Pending"},
+        {"a": "gang g: member b does not fit: Quota", "b": "gang g: member b does not fit: Quota"},
+        quotas({"name": "t", "quotas": {"H100": {"nominal": 4, "borrowingLimit": 0}}})),
+    "a-member-with-another-size-is-rejected": GangCase(
+        TWO_NODES, [member("a"), member("b", size=3, arrival=1)], {"a": "Pending", "b": "Rejected"},
+        {"b": "gang g: its gang-size 3 disagrees with 2 stated by its first member a", "a": "1 of 2"}),
+    "one-member-too-many-is-rejected": GangCase(
+        TWO_NODES, [member("a"), member("b", arrival=1), member("c", arrival=2)],
+        {"a": "Allocated", "b": "Allocated", "c": "Rejected"}, {"c": "one more than its gang-size"}),
+    "a-topology-key-on-some-members-only-is-rejected": GangCase(
+        TWO_NODES, [member("a"), member("b", topology="rack", arrival=1)], {"a": "Pending", "b": "Rejected"},
+        {"b": "its gang-topology rack disagrees with (none)"}),
+    "the-same-gang-name-in-two-tenants-is-two-gangs": GangCase(
+        TWO_NODES, [member("a", tenant="x"), member("b", tenant="y", arrival=1)], {"a": "Pending", "b": "Pending"},
+        {"a": "1 of 2", "b": "1 of 2"}),
+    "two-interleaved-gangs-that-fit-one-at-a-time": GangCase(
+        TWO_NODES, [member("a1", "ga", count=4), member("b1", "gb", count=4, arrival=1),
+                    member("a2", "ga", count=4, arrival=2), member("b2", "gb", count=4, arrival=3)],
+        {"a1": "Allocated", "a2": "Allocated", "b1": "Pending", "b2": "Pending"},
+        {"b1": "gang gb: member b", "b2": "gang gb: member b"}),
+    "a-gang-of-one": GangCase(TWO_NODES, [member("a", size=1, count=4)], {"a": "Allocated"}),
+    "invalid-gang-annotation-rejects-in-the-core-too": GangCase(
+        TWO_NODES, [member("a", size=0)], {"a": "Rejected"}, {"a": "gang-size"}),
+}
+
+
+@pytest.mark.parametrize("case", GANG_CASES.values(), ids=GANG_CASES.keys())
+def test_gang_cycle(case: GangCase) -> None:
+    result = cycle(case.fleet, case.waiting, case.quotas)
+    assert states(result) == case.expect, reasons(result)
+    for name, part in case.reason.items():
+        assert part in reasons(result)[name], reasons(result)[name]
+    if case.same_node:
+        nodes = {d.decision.allocation.node for d in result.decisions
+                 if d.name in case.same_node and d.decision.allocation is not None}
+        assert len(nodes) == 1
+
+
+def test_two_interleaved_gangs_of_two_tenants_never_hold_half_each() -> None:
+    """Whatever the arrival order and tenants, one gang is whole and the other holds nothing."""
+    waiting = [member("a1", "ga", tenant="x", count=4), member("b1", "gb", tenant="y", count=4, arrival=1),
+               member("b2", "gb", tenant="y", count=4, arrival=2), member("a2", "ga", tenant="x", count=4, arrival=3)]
+    result = cycle(TWO_NODES, waiting)
+    allocated = {d.name for d in result.decisions if d.decision.allocation is not None}
+    assert allocated in ({"a1", "a2"}, {"b1", "b2"}), states(result)
+    assert allocated == {"b1", "b2"}  # gb was complete first (fair share ties; then arrival of its last member)
+
+
+def test_a_gang_is_placed_at_its_tenants_share_after_admitting_it_whole() -> None:
+    """Tenants x and y both at share 0: x's gang of 2 x 2 H100 ranks at share 8 (four H100 of 2 units),
+    so y's claim of 1 H100 goes first and the gang no longer fits on the node of 4."""
+    config = quotas({"name": "x"}, {"name": "y"})
+    f = fleet(*node("n1", "H100", 4))
+    waiting = [member("a", tenant="x", count=2), member("b", tenant="x", count=2, arrival=1),
+               plain("solo", tenant="y", arrival=5)]
+    result = cycle(f, waiting, config)
+    assert states(result) == {"a": "Pending", "b": "Pending", "solo": "Allocated"}, reasons(result)
+
+
+def test_a_gangs_priority_is_its_highest_members() -> None:
+    """Two gangs of one tenant that fit one at a time: the one with a high-priority member goes first."""
+    waiting = [member("a1", "ga", count=4), member("a2", "ga", count=4, arrival=1),
+               member("b1", "gb", count=4, arrival=2), member("b2", "gb", count=4, priority=5, arrival=3)]
+    result = cycle(TWO_NODES, waiting)
+    assert states(result) == {"a1": "Pending", "a2": "Pending", "b1": "Allocated", "b2": "Allocated"}
+
+
+def test_an_incomplete_gang_is_told_again_only_when_its_count_changes() -> None:
+    kept = KeptState()
+    a = member("a", size=3)
+    first = run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), (), (a,)), kept)
+    assert reasons(first) == {"a": "gang g: 1 of 3 members received"}
+    a = replace(a, answered=True)
+    again = run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), (), (a,)), kept)
+    assert again.decisions == ()
+    b = member("b", size=3, arrival=1)
+    more = run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), (), (a, b)), kept)
+    assert reasons(more) == {"a": "gang g: 2 of 3 members received", "b": "gang g: 2 of 3 members received"}
+
+
+def test_a_gang_that_fails_gives_back_what_its_earlier_members_took() -> None:
+    """The gang (share 12 after) goes before u (share 16): a takes 3 of n1, b finds no node with 3, so a's
+    devices are given back in the same pass and u's claim of 4 gets n1."""
+    f = fleet(*node("n1", "H100", 4), *node("n2", "H100", 2), *node("n3", "H100", 8))
+    big = plain("big", tenant="u", count=8)
+    kept = KeptState()
+    first = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), (big,)), kept)
+    [allocated] = first.decisions
+    assert allocated.decision.allocation is not None
+    running = (Running("u", "big", allocated.decision.allocation, arrival=0, allocated_order=1),)
+    waiting = (member("a", count=3, arrival=1), member("b", count=3, arrival=2),
+               plain("solo", tenant="u", count=4, arrival=3))
+    result = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running, waiting), kept)
+    assert states(result) == {"a": "Pending", "b": "Pending", "solo": "Allocated"}, reasons(result)
+    assert reasons(result)["a"].startswith("gang g: member b does not fit: Insufficient nvidia.com/gpu")
+    [solo] = [d for d in result.decisions if d.name == "solo"]
+    assert solo.decision.allocation is not None and solo.decision.allocation.node == "n1"

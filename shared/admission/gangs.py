@@ -1,0 +1,123 @@
+"""The waiting members of gangs (claims admitted all or nothing), by tenant and gang name, kept across
+cycles, and what each gang is as a unit: its members that agree, those that disagree, whether it is
+complete. A claim without a gang never reaches this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.admission.model import ClaimKey, Waiting
+from shared.dra.claims import GangSettings
+
+GangKey = tuple[str, str]  # tenant, gang name
+
+
+@dataclass(frozen=True)
+class GangUnit:
+    """A gang as the cycle decides it: its members that agree on its settings, in trial order."""
+
+    key: GangKey
+    settings: GangSettings
+    members: tuple[Waiting, ...]
+
+    @property
+    def name(self) -> str:
+        return self.key[1]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.members) == self.settings.size
+
+    @property
+    def priority(self) -> int:
+        """Its highest member's."""
+        return max(m.priority for m in self.members)
+
+    @property
+    def arrival(self) -> int:
+        """When it became complete: its last member's arrival."""
+        return max(m.arrival for m in self.members)
+
+
+class WaitingGangs:
+    """The gang members that wait, per gang, brought up to date with each snapshot by the admission state,
+    and the last reason each was told (a member is answered again only when its reason changes)."""
+
+    def __init__(self) -> None:
+        self.gangs: dict[GangKey, dict[str, tuple[Waiting, GangSettings]]] = {}
+        self.members: dict[ClaimKey, GangKey] = {}
+        self.invalid: dict[ClaimKey, str] = {}  # claims whose gang annotations do not read: why
+        self.told: dict[ClaimKey, str] = {}
+
+    def add(self, waiting: Waiting, settings: GangSettings) -> None:
+        key = (waiting.tenant, settings.name)
+        self.gangs.setdefault(key, {})[waiting.name] = (waiting, settings)
+        self.members[waiting.key] = key
+
+    def update(self, now: Waiting) -> None:
+        """A member rebuilt with the same spec, priority and arrival (it was answered)."""
+        key = self.members.get(now.key)
+        if key is not None:
+            members = self.gangs[key]
+            members[now.name] = (now, members[now.name][1])
+
+    def remove(self, waiting: Waiting) -> None:
+        self.invalid.pop(waiting.key, None)
+        self.told.pop(waiting.key, None)
+        key = self.members.pop(waiting.key, None)
+        if key is None:
+            return
+        members = self.gangs[key]
+        del members[waiting.name]
+        if not members:
+            del self.gangs[key]
+
+    def due(self, waiting: Waiting, reason: str) -> bool:
+        """Whether a member is to be told `reason` (it has no answer yet, or another one)."""
+        if waiting.answered and self.told.get(waiting.key) == reason:
+            return False
+        self.told[waiting.key] = reason
+        return True
+
+    def units(self) -> tuple[list[GangUnit], list[tuple[Waiting, str]]]:
+        """Each gang as a unit, in tenant and name order, and the members that disagree with it, with why.
+        The first member to arrive states the gang's settings; a member that states another size or
+        topology, or one more than the size, disagrees (the others go on waiting)."""
+        units, disagree = [], []
+        for key in sorted(self.gangs):
+            ordered = sorted(self.gangs[key].values(), key=lambda m: (m[0].arrival, m[0].name))
+            first, stated = ordered[0][0], ordered[0][1]
+            agreed: list[Waiting] = []
+            for waiting, settings in ordered:
+                problem = _disagreement(key[1], first, stated, settings)
+                if problem is None and len(agreed) == stated.size:
+                    problem = (f"gang {key[1]}: it has its {stated.size} members already "
+                               f"({', '.join(m.name for m in agreed[:4])}{', ...' if stated.size > 4 else ''}); "
+                               "this claim is one more than its gang-size")
+                if problem is not None:
+                    disagree.append((waiting, problem))
+                else:
+                    agreed.append(waiting)
+            units.append(GangUnit(key, stated, tuple(agreed)))
+        return units, disagree
+
+
+def _disagreement(gang: str, first: Waiting, stated: GangSettings, settings: GangSettings) -> str | None:
+    """Why a member's gang settings disagree with those its first member stated, if they do."""
+    for field, mine, theirs in (("gang-size", settings.size, stated.size),
+                                ("gang-topology", settings.topology, stated.topology),
+                                ("gang-topology-mode", settings.mode, stated.mode),
+                                ("gang-topology-wait", settings.wait, stated.wait)):
+        if mine != theirs:
+            return (f"gang {gang}: its {field} {_shown(mine)} disagrees with {_shown(theirs)} stated by "
+                    f"its first member {first.name}")
+    return None
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, float):
+        return f"{value:g}s"
+    return str(value)
