@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.dra import model as dra
+from shared.dra.names import label_value_problem, qualified_name_problem
 
 DRIVER = "gpu.nvidia.com"
 DRIVER_VERSION = "580.105.8"
@@ -312,5 +313,92 @@ def topology_to_resource_slices(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return slices
 
 
+@dataclass(frozen=True)
+class LabelGroup:
+    """`groupLabels: {KEY: {every: N, prefix: P, start: S}}` on a node entry: its nodes, in order, get KEY's
+    value per group of N (racks, NVLink cliques): P and the group's number from S, two digits as node
+    names have (P01 for the first N nodes, P02 for the next, ...)."""
+
+    every: int
+    prefix: str = ""
+    start: int = 1
+
+    def value(self, position: int) -> str:
+        return f"{self.prefix}{self.start + position // self.every:02d}"
+
+
+_GROUP_FIELDS = ("every", "prefix", "start")
+
+
+def _label_groups(raw: Any, where: str) -> dict[str, LabelGroup]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: a map of label key to {{every: N, prefix: P}}")
+    groups = {}
+    for key, spec in raw.items():
+        at = f"{where}[{key}]"
+        if (problem := qualified_name_problem(str(key))) is not None:
+            raise ValueError(f"{where}: key {dra.shown(str(key))} {problem}")
+        if not isinstance(spec, dict):
+            raise ValueError(f"{at}: expected {{every: N, prefix: P}} (N nodes share each value)")
+        unknown = sorted(str(k) for k in spec if k not in _GROUP_FIELDS)
+        if unknown:
+            raise ValueError(f"{at}.{unknown[0]}: unknown field (it takes every, prefix and start)")
+        every, prefix, start = spec.get("every"), spec.get("prefix", ""), spec.get("start", 1)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"{at}.every: how many nodes share a value, a positive integer, got {dra.shown(every)}")
+        if not isinstance(prefix, str):
+            raise ValueError(f"{at}.prefix: must be a string, got {dra.shown(prefix)}")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"{at}.start: the first group's number, a non-negative integer, got {dra.shown(start)}")
+        groups[str(key)] = LabelGroup(every, prefix, start)
+    return groups
+
+
+def _label_value(value: Any, where: str) -> str:
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str | int | float):
+        text = str(value)
+    else:
+        raise ValueError(f"{where}: {dra.shown(value)} is not a label value (a string)")
+    if (problem := label_value_problem(text)) is not None:
+        raise ValueError(f"{where}: {dra.shown(text)} {problem}")
+    return text
+
+
+def _own_labels(raw: Any, where: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: a map of label key to value")
+    labels = {}
+    for key, value in raw.items():
+        if (problem := qualified_name_problem(str(key))) is not None:
+            raise ValueError(f"{where}: key {dra.shown(str(key))} {problem}")
+        labels[str(key)] = _label_value(value, f"{where}[{key}]")
+    return labels
+
+
 def topology_node_labels(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
-    return {name: {str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()} for name, spec, _ in _nodes(doc)}
+    """Each node's labels, as Kubernetes node labels: its entry's `nodeLabels`, and per `groupLabels` key
+    its group's value (`LabelGroup`), so that the nodes of one `namePrefix`/`count` entry fall into racks
+    or cliques the core can group by."""
+    out: dict[str, dict[str, str]] = {}
+    entries: dict[int, tuple[dict[str, str], dict[str, LabelGroup]]] = {}
+    position: dict[int, int] = {}
+    for name, spec, index in _nodes(doc):
+        if index not in entries:
+            own = _own_labels(spec.get("nodeLabels"), f"nodes[{index}].nodeLabels")
+            groups = _label_groups(spec.get("groupLabels"), f"nodes[{index}].groupLabels")
+            if both := sorted(own.keys() & groups.keys()):
+                raise ValueError(f"nodes[{index}].groupLabels[{both[0]}]: also in nodeLabels; give it in one")
+            entries[index] = own, groups
+        own, groups = entries[index]
+        n = position[index] = position.get(index, -1) + 1
+        labels = dict(own)
+        for key, group in groups.items():
+            labels[key] = _label_value(group.value(n), f"nodes[{index}].groupLabels[{key}]")
+        out[name] = labels
+    return out
