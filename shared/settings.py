@@ -1,13 +1,24 @@
-"""Typed settings, read once at the edge (CLI or service entry point) and passed in."""
+"""Typed settings, read once at the edge (CLI or service entry point) and passed in.
+
+`BrokerSettings` reads them all: the environment (CLAIMBROKER_*) and the CLI's options. Each service takes
+its own group of them (`BusSettings`, `AllocatorSettings`, `NotifierSettings`, `WatcherSettings`,
+`AdminApiSettings`), which the composition roots get from `BrokerSettings`' properties of the same names:
+a service's constructor says what it reads. A group's fields are named as BrokerSettings' (and so as their
+variables), their values the same."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
 
@@ -36,6 +47,118 @@ class Webhook(BaseModel):
         if value.startswith("slack:"):
             return cls(url=value.removeprefix("slack:"), format="slack")
         return cls(url=value)
+
+
+@dataclasses.dataclass(frozen=True)
+class BusSettings:
+    """Where NATS is and how the contract's streams are kept; the embedded server's sync and TLS; bus auth and
+    each tenant's account limits."""
+
+    nats_url: str | None
+    tls_ca: Path | None
+    nats_sync: str
+    nats_tls_cert: Path | None
+    nats_tls_key: Path | None
+    stream_replicas: int
+    tenant_backlog: int
+    insecure: bool
+    bus_auth_poll_interval: float
+    bus_auth_file: Path | None
+    nats_pid_file: Path | None
+    bus_passwords: Mapping[str, str]
+    tenant_connections: int
+    tenant_subscriptions: int
+    tenant_consumers: int
+    tenant_status_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatorSettings:
+    """The allocator's: its batches and deliveries, the decision cycle's limits, the inbox's retention, and
+    the inventory files its device classes come from."""
+
+    tls_ca: Path | None
+    inventory: list[Path]
+    allocator_batch: int
+    allocator_ack_wait: float
+    max_deliver: int
+    inventory_ttl: float
+    reason_refresh: float
+    min_runtime: float
+    tenant_placement_budget: int
+    placement_continue_after: float
+    inbox_retention: float
+    early_releases_per_tenant: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NotifierSettings:
+    """The notifier's: its status consumer, the alerts (when, how often, where: webhooks), the usage checks
+    and the MIG advice."""
+
+    tls_ca: Path | None
+    ack_wait: float
+    max_deliver: int
+    inbox_retention: float
+    inventory_ttl: float
+    pending_alert_after: float
+    alert_fold_window: float
+    alert_rate_per_key: float
+    alert_rate_per_tenant: float
+    webhooks: list[Webhook]
+    webhook_attempts: int
+    webhook_base_delay: float
+    usage_check_interval: float
+    mig_advice_min: int
+    mig_advice_window: float
+
+
+@dataclasses.dataclass(frozen=True)
+class WatcherSettings:
+    """The watcher's: its inventory source (the cluster, this host's GPUs, else files) and how often it
+    looks and republishes."""
+
+    tls_ca: Path | None
+    kube: bool
+    kubeconfig: Path | None
+    nvml: bool
+    node_name: str | None
+    nvml_poll_interval: float
+    inventory: list[Path]
+    inventory_poll_interval: float
+    heartbeat_interval: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminApiSettings:
+    """The admin API's: where it listens (and its TLS), how it judges alerts and nodes, and what its heavy
+    requests may spend."""
+
+    tls_ca: Path | None
+    api_host: str
+    api_port: int
+    api_tls_cert: Path | None
+    api_tls_key: Path | None
+    pending_alert_after: float
+    inventory_ttl: float
+    admin_jobs: int
+    admin_queue: int
+    admin_job_timeout: float
+    admin_job_memory: int
+    admin_max_body: int
+    whatif_max_nodes: int
+    whatif_max_devices: int
+    quota_import_max_tenants: int
+    quota_import_max_quotas: int
+
+
+_Group = TypeVar("_Group", bound="DataclassInstance")
+
+
+def _group(group: type[_Group], settings: Any) -> _Group:
+    """The group's fields, each the value of the settings' field of its name."""
+    return group(**{field.name: getattr(settings, field.name)
+                    for field in dataclasses.fields(group)})
 
 
 class BrokerSettings(BaseSettings):
@@ -216,3 +339,23 @@ class BrokerSettings(BaseSettings):
     @classmethod
     def _admin_duration(cls, value: str | float) -> float:
         return parse_duration(value)
+
+    @property
+    def bus(self) -> BusSettings:
+        return _group(BusSettings, self)
+
+    @property
+    def allocator(self) -> AllocatorSettings:
+        return _group(AllocatorSettings, self)
+
+    @property
+    def notifier(self) -> NotifierSettings:
+        return _group(NotifierSettings, self)
+
+    @property
+    def watcher(self) -> WatcherSettings:
+        return _group(WatcherSettings, self)
+
+    @property
+    def admin_api(self) -> AdminApiSettings:
+        return _group(AdminApiSettings, self)

@@ -42,7 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.admin_api.common import PROBLEM, Problem, phrase, problem
 from services.runtime.logs import mask_last_resort
 from shared.ledger.handles import SessionFactory
-from shared.settings import BrokerSettings
+from shared.settings import AdminApiSettings, BrokerSettings
 
 log = logging.getLogger("claimbroker.admin")
 
@@ -67,7 +67,7 @@ class Limits:
     import_max_quotas: int
 
     @classmethod
-    def of(cls, settings: BrokerSettings) -> Limits:
+    def of(cls, settings: AdminApiSettings) -> Limits:
         return cls(jobs=settings.admin_jobs, queue=settings.admin_queue, timeout=settings.admin_job_timeout,
                    memory=settings.admin_job_memory, max_body=settings.admin_max_body,
                    whatif_max_nodes=settings.whatif_max_nodes, whatif_max_devices=settings.whatif_max_devices,
@@ -77,7 +77,7 @@ class Limits:
     @classmethod
     def defaults(cls) -> Limits:
         """The settings' defaults, without reading the environment (an app built without settings)."""
-        return cls.of(BrokerSettings.model_construct())
+        return cls.of(BrokerSettings.model_construct().admin_api)
 
 
 @dataclass(frozen=True)

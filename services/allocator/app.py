@@ -11,7 +11,7 @@ from services.runtime.service_app import ServiceApp
 from shared.dra.classes import merge_classes
 from shared.fleet.sources import load_inventory
 from shared.ledger.handles import AsyncEngine
-from shared.settings import BrokerSettings
+from shared.settings import AllocatorSettings
 
 
 def allocator_app(nats_url: str, allocator: Allocator, tls_ca: Path | None = None) -> ServiceApp:
@@ -19,7 +19,7 @@ def allocator_app(nats_url: str, allocator: Allocator, tls_ca: Path | None = Non
                       service=allocator, not_ready=allocator.not_ready, tls_ca=tls_ca)
 
 
-def create_app(settings: BrokerSettings, engine: AsyncEngine, nats_url: str) -> ServiceApp:
+def create_app(settings: AllocatorSettings, engine: AsyncEngine, nats_url: str) -> ServiceApp:
     classes = merge_classes(load_inventory(settings.inventory).classes)
     return allocator_app(nats_url, Allocator(
         engine, classes, batch=settings.allocator_batch, ack_wait=settings.allocator_ack_wait,

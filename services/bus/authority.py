@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +29,7 @@ from shared.contract import bus_auth, subjects
 from shared.ledger.bus_credentials import active_users, credential_tenants, hash_password, new_password, revision
 from shared.ledger.engine import sessions
 from shared.ledger.handles import AsyncEngine
-from shared.settings import BrokerSettings
+from shared.settings import BusSettings
 
 log = logging.getLogger("claimbroker.bus-auth")
 
@@ -264,13 +264,13 @@ class BusAuthority:
                 await self.provisioner.close()
 
 
-def tenant_limits(settings: BrokerSettings) -> bus_auth.TenantLimits:
+def tenant_limits(settings: BusSettings) -> bus_auth.TenantLimits:
     return bus_auth.TenantLimits(connections=settings.tenant_connections, subscriptions=settings.tenant_subscriptions,
                                  consumers=settings.tenant_consumers, status_bytes=settings.tenant_status_bytes,
                                  replicas=settings.stream_replicas)
 
 
-def own_identities(passwords: dict[str, str]) -> list[bus_auth.BusUser]:
+def own_identities(passwords: Mapping[str, str]) -> list[bus_auth.BusUser]:
     """The services' and the admin's users, from their passwords (named by service, and "admin")."""
     users = []
     for name, password in passwords.items():

@@ -181,16 +181,17 @@ def _serve_bus_auth(settings: BrokerSettings) -> None:
     from shared.ledger.engine import create_engine
     from shared.ledger.errors import LEDGER_ERRORS
 
-    if settings.bus_auth_file is None or not settings.bus_passwords:
+    bus = settings.bus
+    if bus.bus_auth_file is None or not bus.bus_passwords:
         say_error("serve bus-auth needs CLAIMBROKER_BUS_AUTH_FILE and CLAIMBROKER_BUS_PASSWORDS")
         raise typer.Exit(2)
-    target = FileTarget(settings.bus_auth_file, settings.nats_pid_file)
-    own = own_identities(settings.bus_passwords)
-    limits = tenant_limits(settings)
+    target = FileTarget(bus.bus_auth_file, bus.nats_pid_file)
+    own = own_identities(bus.bus_passwords)
+    limits = tenant_limits(bus)
     provisioner = None  # tenant accounts' status streams, as the bus admin, through the server's client port
-    if settings.nats_url and "admin" in settings.bus_passwords:
-        admin = bus_auth.url_with_user(settings.nats_url, bus_auth.admin_user(), settings.bus_passwords["admin"])
-        provisioner = Provisioner(admin, limits, settings.tls_ca)
+    if bus.nats_url and "admin" in bus.bus_passwords:
+        admin = bus_auth.url_with_user(bus.nats_url, bus_auth.admin_user(), bus.bus_passwords["admin"])
+        provisioner = Provisioner(admin, limits, bus.tls_ca)
     else:
         log.warning("bus-auth: no CLAIMBROKER_NATS_URL or no admin password: tenants' status streams are not "
                     "provisioned (tenants cannot read their statuses)")
@@ -199,10 +200,10 @@ def _serve_bus_auth(settings: BrokerSettings) -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        if not settings.bus_auth_file or not settings.bus_auth_file.exists():
+        if not bus.bus_auth_file or not bus.bus_auth_file.exists():
             target(bus_auth.render_accounts(own, [], limits))  # the server can start before the ledger answers
         engine = create_engine(settings.database_url())
-        authority = BusAuthority(engine, own, target, settings.bus_auth_poll_interval, limits, provisioner)
+        authority = BusAuthority(engine, own, target, bus.bus_auth_poll_interval, limits, provisioner)
         authority.served = bus_auth.served_tenants(target.path.read_text())  # what the running server has
         try:
             while not stop.is_set():

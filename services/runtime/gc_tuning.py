@@ -1,4 +1,4 @@
-"""Process settings for the broker's long-running services.
+"""The garbage collector's settings for the broker's long-running services.
 
 A decision cycle allocates many short-lived objects (trial placements, answers, heap entries). With
 CPython's default thresholds the youngest generation is collected every 700 allocations, hundreds of

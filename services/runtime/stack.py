@@ -27,7 +27,7 @@ from shared.dra.inventory import Fleet
 from shared.ledger.bus_credentials import new_password
 from shared.ledger.engine import create_engine, migrate
 from shared.ledger.handles import AsyncEngine, LedgerError, masked_url
-from shared.settings import BrokerSettings
+from shared.settings import AdminApiSettings, BrokerSettings
 
 log = logging.getLogger("claimbroker")
 
@@ -167,9 +167,9 @@ def _app(stack: Stack, name: str, settings: BrokerSettings) -> ServiceApp:
     """The service's app, from its app factory."""
     url = stack.service_urls.get(name, stack.nats_url)
     if name == "watcher":
-        return watcher_app.create_app(settings, url)
+        return watcher_app.create_app(settings.watcher, url)
     if name == "allocator":
-        return allocator_app.create_app(settings, stack.engine, url)
+        return allocator_app.create_app(settings.allocator, stack.engine, url)
     if name == "notifier":
         return notifier_app.create_app(settings, stack.engine, url)
     raise ValueError(f"unknown service {name!r}")
@@ -179,7 +179,7 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
     """Start one service as a task of this process: a FastStream app on its own connection, or the admin
     API's ASGI app."""
     if name == "admin-api":
-        runner: Coroutine[Any, Any, None] = _serve_api(stack, settings)
+        runner: Coroutine[Any, Any, None] = _serve_api(stack, settings.admin_api)
     else:
         app = _app(stack, name, settings)
         if isinstance(app.service, Allocator):
@@ -189,7 +189,7 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
     stack.tasks[name] = asyncio.create_task(runner, name=name)
 
 
-async def _serve_api(stack: Stack, settings: BrokerSettings) -> None:
+async def _serve_api(stack: Stack, settings: AdminApiSettings) -> None:
     import uvicorn
 
     from services.admin_api.app import create_app
@@ -275,31 +275,32 @@ async def running_stack(
     server asks every client for a credential unless settings say `insecure`: the services and the data
     folder's admin get identities of their own, tenants theirs from the ledger (services/bus/authority.py)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    bus = settings.bus
     db_url = settings.database_url()
     await _migrate_or_refuse(db_url)
     engine = create_engine(db_url)
     embedded = authority = None
     identities: dict[str, Identity] = {}
-    nats_url = settings.nats_url
+    nats_url = bus.nats_url
     if not nats_url:
-        embedded = EmbeddedNats(Path(settings.data_dir) / "nats", sync=settings.nats_sync,
-                                tls_cert=settings.nats_tls_cert, tls_key=settings.nats_tls_key)
-        if not settings.insecure:
+        embedded = EmbeddedNats(Path(settings.data_dir) / "nats", sync=bus.nats_sync,
+                                tls_cert=bus.nats_tls_cert, tls_key=bus.nats_tls_key)
+        if not bus.insecure:
             identities = {name: Identity(bus_auth.service_user(name), new_password(), "service")
                           for name in bus_auth.SERVICES}
             identities["admin"] = Identity(bus_auth.admin_user(), admin_password(settings.data_dir), "admin")
             own = await asyncio.to_thread(lambda: [identity.bus_user() for identity in identities.values()])
-            authority = BusAuthority(engine, own, embedded.reload_accounts, settings.bus_auth_poll_interval,
-                                     tenant_limits(settings))
+            authority = BusAuthority(engine, own, embedded.reload_accounts, bus.bus_auth_poll_interval,
+                                     tenant_limits(bus))
             embedded.accounts = authority.applied = await authority.render()
         nats_url = _start_embedded(embedded, settings.data_dir / "nats.url")
     urls = {name: bus_auth.url_with_user(nats_url, i.user, i.password) for name, i in identities.items()}
     if authority is not None:  # tenant accounts' status streams, as the bus admin, once the server runs
-        authority.provisioner = Provisioner(urls["admin"], authority.limits, settings.tls_ca)
+        authority.provisioner = Provisioner(urls["admin"], authority.limits, bus.tls_ca)
     stack = Stack(nats_url=nats_url, db_url=db_url, engine=engine, embedded=embedded, authority=authority,
                   admin_url=urls.pop("admin", nats_url), service_urls=urls)
-    nc = await connect(stack.admin_url, name="claimbroker-setup", tls_ca=settings.tls_ca)
-    await ensure_streams(nc.jetstream(), settings.stream_replicas, settings.tenant_backlog)
+    nc = await connect(stack.admin_url, name="claimbroker-setup", tls_ca=bus.tls_ca)
+    await ensure_streams(nc.jetstream(), bus.stream_replicas, bus.tenant_backlog)
     await nc.close()
     try:
         if authority is not None:

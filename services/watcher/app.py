@@ -12,10 +12,10 @@ from nats.aio.client import Client
 from services.bus import channels
 from services.runtime.service_app import ServiceApp
 from services.watcher.publish import InventoryPublisher
-from shared.settings import BrokerSettings
+from shared.settings import WatcherSettings
 
 
-def create_app(settings: BrokerSettings, nats_url: str) -> ServiceApp:
+def create_app(settings: WatcherSettings, nats_url: str) -> ServiceApp:
     async def main(nc: Client, subscribe: Callable[[], Awaitable[object]]) -> None:
         await subscribe()  # no subscribers: it starts the app's publishers
         js = nc.jetstream()
