@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared.dra import model as dra
@@ -94,3 +94,8 @@ def fleet(*devices: FleetDevice) -> Fleet:
 
 def node(name: str, model: str, count: int, *, numa_nodes: int = 1) -> list[FleetDevice]:
     return [gpu(name, i, model, numa=i * numa_nodes // count) for i in range(count)]
+
+
+def labelled(f: Fleet, labels: dict[str, dict[str, str]]) -> Fleet:
+    """The fleet with node labels (node -> label -> value) added to its nodes."""
+    return Fleet({n: replace(inv, labels={**inv.labels, **labels.get(n, {})}) for n, inv in f.nodes.items()})

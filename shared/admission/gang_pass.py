@@ -5,6 +5,9 @@ is admitted in this cycle or none is (what the earlier members took is given bac
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from shared.admission.gang_topology import confined, free_per_value, ordered_values
 from shared.admission.gangs import GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
 from shared.admission.state import AdmissionState
@@ -47,29 +50,98 @@ def share_after(cycle: AdmissionState, unit: GangUnit, units: float) -> float:
 
 
 def try_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
-    """Every member placed in turn on the fleet as the earlier members left it, under its tenant's quota
-    with the earlier members counted: all admitted, or none (the earlier ones given back) with the reason
-    of the member that does not fit. Placements that fail here are not kept as failed for the rest of the
-    pass (what a gang took is given back), so the trial runs outside the pass's shrinking cache."""
+    """All members admitted, or none with the reason of the member that does not fit. With a topology key,
+    on the nodes of one value of it, the values with the most free tried first; `preferred` splits across
+    values once no value fits and its wait is over (best effort: one value if any fits, else anywhere).
+
+    Placements that fail here are not kept as failed for the rest of the pass (what a gang took is given
+    back), so the trial runs outside the pass's shrinking cache."""
     trials = cycle.trials
     shrinking, trials.shrinking = trials.shrinking, None
-    placed: list[tuple[Waiting, Allocation]] = []
     try:
         members = sorted(unit.members, key=lambda m: (-(cycle.room.claim_facts(m).least or 0), m.arrival, m.name))
-        for member in members:
-            decision, blocks = trials.try_admit(member)
-            if decision.allocation is None:
-                decision, blocks = _why(cycle, member, decision, blocks)
-                for earlier, _ in reversed(placed):
-                    cycle.withdraw(earlier)
-                return _refused(cycle, unit, member, decision, blocks)
-            cycle.admit(member, decision.allocation)
-            placed.append((member, decision.allocation))
+        key = unit.settings.topology
+        if key is None:
+            outcome = _place(cycle, members)
+        else:
+            outcome = _place_on_one_value(cycle, unit, members, key)
+            if isinstance(outcome, Refusal) and _may_split(cycle, unit):
+                outcome = _place(cycle, members)
     finally:
         trials.shrinking = shrinking
-    for member, _ in placed:
+    if isinstance(outcome, Refusal):
+        return _refused(cycle, unit, outcome)
+    for member, _ in outcome:
         cycle.gangs.told.pop(member.key, None)
-    return [(m, Decision(State.ALLOCATED, allocation), []) for m, allocation in placed]
+    return [(m, Decision(State.ALLOCATED, allocation), []) for m, allocation in outcome]
+
+
+class Refusal(NamedTuple):
+    """Why a gang is not admitted: the reason, and the member's decision and quota blocks behind it."""
+
+    reason: str
+    decision: Decision
+    blocks: list[Block]
+
+
+def _place(cycle: AdmissionState, members: list[Waiting]) -> list[tuple[Waiting, Allocation]] | Refusal:
+    """Every member placed in turn on the fleet as the earlier members left it, under its tenant's quota
+    with the earlier members counted; on the first that does not fit, the earlier ones are given back."""
+    placed: list[tuple[Waiting, Allocation]] = []
+    for member in members:
+        decision, blocks = cycle.trials.try_admit(member)
+        if decision.allocation is None:
+            decision, blocks = _why(cycle, member, decision, blocks)
+            for earlier, _ in reversed(placed):
+                cycle.withdraw(earlier)
+            return Refusal(f"member {member.name} does not fit: {decision.reason}", decision, blocks)
+        cycle.admit(member, decision.allocation)
+        placed.append((member, decision.allocation))
+    return placed
+
+
+def _place_on_one_value(cycle: AdmissionState, unit: GangUnit, members: list[Waiting], key: str
+                        ) -> list[tuple[Waiting, Allocation]] | Refusal:
+    """The members on the nodes of one value of node label `key`, the values with the most free devices
+    (that the first member's first request accepts) tried first; those with fewer than the gang needs
+    are not tried when every member has the same spec."""
+    domains = cycle.gangs.domains.of(cycle.fleet, key)
+    need = sum(cycle.room.claim_facts(m).least or 0 for m in members)
+    if not domains:
+        return Refusal(f"gang {unit.name} needs {need} GPUs on one {key}; no node has the label {key}",
+                       UNANSWERED, [])
+    free = free_per_value(cycle.placement, members[0], domains)
+    alike = len({id(m.claim) for m in members}) == 1 or len({_spec(cycle, m) for m in members}) == 1
+    most = max(free.values())
+    last: Refusal | None = None
+    for value in ordered_values(free):
+        if alike and free[value] < need:
+            break  # the rest have fewer still
+        with confined(cycle.placement, cycle.fleet, domains[value]):
+            outcome = _place(cycle, members)
+        if not isinstance(outcome, Refusal):
+            return outcome
+        last = outcome if last is None else last
+    reason = f"gang {unit.name} needs {need} GPUs on one {key}; the most free on one is {most}"
+    if last is not None:
+        reason += f" ({last.reason} on the one with the most)"
+    return Refusal(reason, last.decision if last else UNANSWERED, last.blocks if last else [])
+
+
+def _spec(cycle: AdmissionState, member: Waiting) -> int:
+    return id(cycle.placement.plan(member.claim))
+
+
+def _may_split(cycle: AdmissionState, unit: GangUnit) -> bool:
+    """With `preferred`, a gang may be split across values once it has waited its gang-topology-wait
+    for room in one since it was complete (at once without a clock: simulate's every wait is over)."""
+    if unit.settings.mode != "preferred":
+        return False
+    now = cycle.snapshot.now
+    if now is None or unit.settings.wait <= 0:
+        return True
+    since = cycle.gangs.complete_since.setdefault(unit.key, now)
+    return now - since >= unit.settings.wait
 
 
 def _why(cycle: AdmissionState, member: Waiting, decision: Decision, blocks: list[Block]
@@ -80,10 +152,11 @@ def _why(cycle: AdmissionState, member: Waiting, decision: Decision, blocks: lis
     return decision, blocks
 
 
-def _refused(cycle: AdmissionState, unit: GangUnit, member: Waiting, decision: Decision, blocks: list[Block]
-             ) -> list[Decided]:
-    """Every member's answer when `member` does not fit: Pending, naming it and its reason."""
-    reason = f"gang {unit.name}: member {member.name} does not fit: {decision.reason}"
+def _refused(cycle: AdmissionState, unit: GangUnit, refusal: Refusal) -> list[Decided]:
+    """Every member's answer when the gang is not admitted: Pending, with the reason."""
+    reason, decision, blocks = refusal
+    if not reason.startswith(f"gang {unit.name} "):
+        reason = f"gang {unit.name}: {reason}"
     told = Decision(State.PENDING, reason=reason, unsatisfiable=decision.unsatisfiable, cut=decision.cut)
     gangs = cycle.gangs
     return [(m, told, blocks) for m in unit.members if decision.cut or gangs.due(m, reason)]

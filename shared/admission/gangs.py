@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.admission.gang_topology import Domains
 from shared.admission.model import ClaimKey, Waiting
 from shared.dra.claims import GangSettings
 
@@ -49,6 +50,8 @@ class WaitingGangs:
         self.members: dict[ClaimKey, GangKey] = {}
         self.invalid: dict[ClaimKey, str] = {}  # claims whose gang annotations do not read: why
         self.told: dict[ClaimKey, str] = {}
+        self.complete_since: dict[GangKey, float] = {}  # when a gang waiting to split was first seen complete
+        self.domains = Domains()  # the nodes per value of each topology key
 
     def add(self, waiting: Waiting, settings: GangSettings) -> None:
         key = (waiting.tenant, settings.name)
@@ -70,6 +73,7 @@ class WaitingGangs:
             return
         members = self.gangs[key]
         del members[waiting.name]
+        self.complete_since.pop(key, None)
         if not members:
             del self.gangs[key]
 

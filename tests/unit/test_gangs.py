@@ -15,7 +15,7 @@ from shared.admission.quota import QuotaConfig, parse_quotas
 from shared.dra.claims import GangSettings, InvalidClaim, settings_of
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
-from tests.builders import a_claim, fleet, node
+from tests.builders import a_claim, fleet, labelled, node
 
 
 @pytest.mark.parametrize(("annotations", "gang"), [
@@ -232,3 +232,83 @@ def test_a_gang_that_fails_gives_back_what_its_earlier_members_took() -> None:
     assert reasons(result)["a"].startswith("gang g: member b does not fit: Insufficient nvidia.com/gpu")
     [solo] = [d for d in result.decisions if d.name == "solo"]
     assert solo.decision.allocation is not None and solo.decision.allocation.node == "n1"
+
+
+# ---- topology ------------------------------------------------------------------------------------------
+
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+def cliques(*groups: tuple[str, list[tuple[str, int]]]) -> Fleet:
+    """Nodes of H100s per clique: (clique, [(node, GPUs), ...])."""
+    f = fleet(*(d for _, nodes in groups for name, count in nodes for d in node(name, "H100", count)))
+    return labelled(f, {name: {CLIQUE: clique} for clique, nodes in groups for name, _ in nodes})
+
+
+def on_nodes(result: CycleResult) -> dict[str, str]:
+    return {d.name: d.decision.allocation.node for d in result.decisions if d.decision.allocation is not None}
+
+
+def test_required_topology_puts_every_member_on_one_value() -> None:
+    f = cliques(("A", [("a1", 4), ("a2", 2)]), ("B", [("b1", 4), ("b2", 4)]))
+    result = cycle(f, [member("m1", count=4, topology=CLIQUE), member("m2", count=4, topology=CLIQUE, arrival=1)])
+    assert set(on_nodes(result).values()) == {"b1", "b2"}, reasons(result)
+
+
+def test_required_topology_tries_the_value_with_the_most_free_first() -> None:
+    f = cliques(("A", [("a1", 4), ("a2", 4)]), ("B", [("b1", 4), ("b2", 4), ("b3", 4)]))
+    result = cycle(f, [member("m1", count=4, topology=CLIQUE), member("m2", count=4, topology=CLIQUE, arrival=1)])
+    assert {n[0] for n in on_nodes(result).values()} == {"b"}
+
+
+def test_required_topology_that_no_value_holds_names_the_numbers() -> None:
+    f = cliques(("A", [("a1", 4), ("a2", 2)]), ("B", [("b1", 4), ("b2", 2)]))
+    waiting = [member("m1", count=4, topology=CLIQUE), member("m2", count=4, topology=CLIQUE, arrival=1)]
+    result = cycle(f, waiting)
+    assert states(result) == {"m1": "Pending", "m2": "Pending"}
+    assert reasons(result)["m1"] == "gang g needs 8 GPUs on one nvidia.com/gpu.clique; the most free on one is 6"
+
+
+def test_required_topology_without_the_label_on_any_node() -> None:
+    waiting = [member("m1", count=1, topology="rack"), member("m2", count=1, topology="rack", arrival=1)]
+    result = cycle(TWO_NODES, waiting)
+    assert reasons(result)["m1"] == "gang g needs 2 GPUs on one rack; no node has the label rack"
+
+
+def test_a_value_with_room_whose_nodes_cannot_hold_a_member_is_explained() -> None:
+    """Clique A has 8 free but on nodes of 2: a member of 4 does not fit there."""
+    f = cliques(("A", [("a1", 2), ("a2", 2), ("a3", 2), ("a4", 2)]))
+    waiting = [member("m1", count=4, topology=CLIQUE), member("m2", count=4, topology=CLIQUE, arrival=1)]
+    reason = reasons(cycle(f, waiting))["m1"]
+    assert reason.startswith("gang g needs 8 GPUs on one nvidia.com/gpu.clique; the most free on one is 8 "
+                             "(member m1 does not fit: Insufficient nvidia.com/gpu"), reason
+
+
+def preferred(name: str, wait: str | None = None, arrival: int = 0) -> Waiting:
+    claim = a_claim(name, "t").request(count=4).gang("g", 2, topology=CLIQUE, mode="preferred", wait=wait).build()
+    return Waiting("t", name, claim, 0, True, arrival)
+
+
+def test_preferred_topology_with_no_wait_splits_when_no_value_holds_the_gang() -> None:
+    f = cliques(("A", [("a1", 4), ("a2", 2)]), ("B", [("b1", 4), ("b2", 2)]))
+    result = cycle(f, [preferred("m1"), preferred("m2", arrival=1)])
+    assert states(result) == {"m1": "Allocated", "m2": "Allocated"}
+
+
+def test_preferred_topology_keeps_to_one_value_when_one_holds_it() -> None:
+    f = cliques(("A", [("a1", 4), ("a2", 2)]), ("B", [("b1", 4), ("b2", 4)]))
+    result = cycle(f, [preferred("m1"), preferred("m2", arrival=1)])
+    assert set(on_nodes(result).values()) == {"b1", "b2"}
+
+
+def test_preferred_topology_waits_its_wait_before_splitting() -> None:
+    f = cliques(("A", [("a1", 4), ("a2", 2)]), ("B", [("b1", 4), ("b2", 2)]))
+    kept = KeptState()
+    waiting = (preferred("m1", "1h"), preferred("m2", "1h", arrival=1))
+    first = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), waiting, now=1000.0), kept)
+    assert states(first) == {"m1": "Pending", "m2": "Pending"}
+    assert "the most free on one is 6" in reasons(first)["m1"]
+    later = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), waiting, now=1000.0 + 3599), kept)
+    assert all(d.decision.allocation is None for d in later.decisions)
+    split = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), waiting, now=1000.0 + 3600), kept)
+    assert states(split) == {"m1": "Allocated", "m2": "Allocated"}

@@ -1,0 +1,77 @@
+"""Where a gang with `gang-topology: K` may go: the nodes per value of node label K (a clique, a rack), the
+values ordered by what they have free for the gang, and a trial confined to one value's nodes.
+
+A trial is confined by holding, for its length, the free devices of every other node (as the admission
+pass holds what it admits), and giving them back after: the placement rules stay those of one claim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+
+from shared.admission.model import Waiting
+from shared.dra.allocation import FleetState
+from shared.dra.inventory import Fleet
+from shared.dra.results import Allocation, DeviceResult, Rejected
+
+CONFINED = "gang-topology"  # the request name of what a confined trial holds (never given to a claim)
+
+
+class Domains:
+    """The nodes per value of a node label, worked out once per fleet and key."""
+
+    def __init__(self) -> None:
+        self._fleet: Fleet | None = None
+        self._by_key: dict[str, dict[str, tuple[str, ...]]] = {}
+
+    def of(self, fleet: Fleet, key: str) -> Mapping[str, tuple[str, ...]]:
+        if fleet is not self._fleet:
+            self._fleet, self._by_key = fleet, {}
+        found = self._by_key.get(key)
+        if found is None:
+            nodes: dict[str, list[str]] = defaultdict(list)
+            for name in sorted(fleet.nodes):
+                value = fleet.nodes[name].labels.get(key)
+                if value is not None:
+                    nodes[value].append(name)
+            found = self._by_key[key] = {v: tuple(n) for v, n in sorted(nodes.items())}
+        return found
+
+
+def free_per_value(placement: FleetState, member: Waiting, domains: Mapping[str, tuple[str, ...]]
+                   ) -> dict[str, int]:
+    """Per label value, the free devices the member's first request accepts on its nodes."""
+    try:
+        index = placement.index(placement.plan(member.claim).variants[0][0])
+    except (Rejected, IndexError):
+        return dict.fromkeys(domains, 0)
+    return {value: sum(len(index.free_on(n)) for n in nodes) for value, nodes in domains.items()}
+
+
+def ordered_values(free: Mapping[str, int]) -> list[str]:
+    """The values with the most free first (then by name: a fixed order)."""
+    return sorted(free, key=lambda v: (-free[v], v))
+
+
+@contextlib.contextmanager
+def confined(placement: FleetState, fleet: Fleet, nodes: Sequence[str]) -> Iterator[None]:
+    """Placements made inside use only `nodes`: every other node's free devices are held meanwhile."""
+    inside = set(nodes)
+    in_use = placement.in_use
+    held = []
+    for name, inventory in fleet.nodes.items():
+        if name in inside:
+            continue
+        free = tuple(DeviceResult(CONFINED, d.driver, d.pool, d.name) for d in inventory.devices
+                     if d.key not in in_use)
+        if free:
+            allocation = Allocation(name, free)
+            placement.take(allocation)
+            held.append(allocation)
+    try:
+        yield
+    finally:
+        for allocation in held:
+            placement.give_back(allocation)
