@@ -27,6 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from services.admin_api.common import PROBLEMS, Caller, Principal
+from services.bus.connection import BUS_ERRORS
 from shared.contract import subjects
 from shared.contract.messages import UnreadableStatus, read_status
 from shared.ledger.tokens import still_usable
@@ -169,7 +170,7 @@ async def events(request: Request, token: Caller) -> StreamingResponse:
         raise HTTPException(503, "this API process has no view of the bus (run it with the broker, or with NATS)")
     try:
         listener = await feed.listen(token.tenant)
-    except Exception as error:
+    except (*BUS_ERRORS, TimeoutError) as error:
         log.warning("live feed unavailable: %s", error)
         raise HTTPException(503, "the bus does not answer; the page falls back to polling") from None
     return StreamingResponse(_stream(request, feed, listener, token), media_type="text/event-stream",

@@ -1,5 +1,5 @@
 """The intake of claim messages: each fetched batch goes to the decision transaction through the consumer
-shell (services/consumer.Deliveries), which acks it once committed and otherwise does what the error's
+shell (services/bus/consumer.Deliveries), which acks it once committed and otherwise does what the error's
 kind says. What is the allocator's own is here: a batch held while the ledger is away, a message that
 fails alone while the cycle without it commits set aside in the dead letters with an alert, and the
 service-degraded alert while decision cycles fail."""
@@ -20,6 +20,7 @@ from services.allocator.transaction import DecisionTransaction
 from services.bus.consumer import Deliveries
 from services.runtime.outage import Outage
 from shared.ledger import inbox
+from shared.ledger.errors import LEDGER_ERRORS
 from shared.ledger.handles import AsyncSession
 from shared.ledger.unit_of_work import unit_of_work
 
@@ -28,7 +29,7 @@ Report = Callable[[str, bool], Awaitable[None]]  # (why, resolved): the allocato
 
 
 class ClaimIntake:
-    """The consumer shell's handler for the claims stream (services/consumer.Handler). `report` raises and
+    """The consumer shell's handler for the claims stream (services/bus/consumer.Handler). `report` raises and
     resolves the allocator's service-degraded alert; `cycle_due` is called after every failed try (a
     cycle runs again soon)."""
 
@@ -79,7 +80,7 @@ class ClaimIntake:
                         "message-dead-lettered", message_id, f"alert:dead:{message_id}",
                         f"a message on {subject[:200]} could not be committed and was set aside: {reason[:300]}",
                         {"messageId": message_id, "subject": subject, "error": reason}))
-        except Exception as write_error:  # noqa: BLE001 - whatever keeps it from the ledger: redelivered
+        except LEDGER_ERRORS as write_error:  # the ledger refuses or is away: the message is redelivered
             log.error("could not dead-letter message %s: %s", message_id, write_error)
             return False
         return True

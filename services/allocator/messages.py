@@ -72,7 +72,7 @@ def read_message(subject: str, data: bytes, message_id: str, sequence: int = 0) 
     tenant = parts[4] if len(parts) > 4 else ""
     try:
         return _read(subject, data, message_id, sequence)
-    except Exception as error:  # noqa: BLE001 - whatever it was, the message is invalid, not the service
+    except Exception as error:  # the one guard per message: whatever it was, the message is invalid, not the service
         problem = InvalidClaim(f"message could not be read: {type(error).__name__}: {error}")
         return ClaimMessage(message_id, "" if tenant_problem(tenant) else tenant, invalid=problem, sequence=sequence)
 

@@ -9,7 +9,7 @@ from services.bus import channels
 from services.notifier.service import Notifier
 from services.runtime.service_app import ServiceApp
 from shared.ledger.handles import AsyncEngine
-from shared.settings import BrokerSettings
+from shared.settings import NotifierSettings
 
 
 def notifier_app(nats_url: str, notifier: Notifier, tls_ca: Path | None = None) -> ServiceApp:
@@ -17,5 +17,5 @@ def notifier_app(nats_url: str, notifier: Notifier, tls_ca: Path | None = None) 
                       service=notifier, not_ready=notifier.not_ready, tls_ca=tls_ca)
 
 
-def create_app(settings: BrokerSettings, engine: AsyncEngine, nats_url: str) -> ServiceApp:
+def create_app(settings: NotifierSettings, engine: AsyncEngine, nats_url: str) -> ServiceApp:
     return notifier_app(nats_url, Notifier(engine, settings), settings.tls_ca)

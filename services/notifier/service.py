@@ -3,7 +3,7 @@ claimbroker.v1.alerts.<severity>.<kind>, into the ledger's alert history and to 
 
 Rules (shared/alerts/rules.py) turn inputs into raise/resolve actions; the AlertBook (shared/alerts/book.py)
 folds repeats, rate-limits floods and decides what is published. Statuses come from a durable pull
-consumer through the consumer shell (services/consumer.Deliveries): a batch is acked only after the alert
+consumer through the consumer shell (services/bus/consumer.Deliveries): a batch is acked only after the alert
 history and the messages' inbox ids are committed (a redelivery finds its id and changes nothing), held
 while the ledger is away, and handled one status at a time when it fails otherwise. Messages go out after
 the commit with a Nats-Msg-Id made from their content, and on start rows written within JetStream's
@@ -30,6 +30,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from services.bus.connection import BUS_ERRORS
 from services.bus.consumer import Deliveries, PullConsumer, Unavailable
 from services.bus.publish import publish_json
 from services.bus.streams import DUPLICATE_WINDOW_S, ensure_streams
@@ -59,9 +60,10 @@ from shared.dra.classes import merge_classes
 from shared.ledger import alerts, inbox, pending, tenants, usage_history
 from shared.ledger.claims_read import read_claims
 from shared.ledger.engine import sessions
+from shared.ledger.errors import LEDGER_ERRORS
 from shared.ledger.handles import AsyncEngine
 from shared.ledger.quota_store import load_quota_config
-from shared.settings import BrokerSettings, parse_duration
+from shared.settings import NotifierSettings, parse_duration
 
 log = logging.getLogger("claimbroker.notifier")
 CONSUMER = "notifier"
@@ -73,7 +75,7 @@ class Notifier:
     def __init__(
         self,
         engine: AsyncEngine,
-        settings: BrokerSettings,
+        settings: NotifierSettings,
         *,
         clock: Callable[[], float] = time.time,
         check_interval: float | None = None,
@@ -121,7 +123,7 @@ class Notifier:
 
     async def run(self, nc: Client, subscribe: Callable[[], Awaitable[object]]) -> None:
         """Restore open alerts from the ledger, then serve until cancelled. `subscribe` starts the app's
-        inventory subscriber (services/channels.py), which calls on_inventory."""
+        inventory subscriber (services/bus/channels.py), which calls on_inventory."""
         self.nc, self.js = nc, nc.jetstream()
         await until_done(lambda: ensure_streams(self.js), self.nats_outage)
         await until_done(self._restore, self.startup_outage)
@@ -149,7 +151,8 @@ class Notifier:
                         await self.tick()
                         await self._usage_if_due()
                         await self.pruner.run_if_due()  # the inbox's ids past their retention
-                    except Exception as error:  # noqa: BLE001 - the ledger or NATS down: next check
+                    except Exception as error:  # the loop's guard: a failed pass (the ledger or NATS away, or a
+                        # rule's bug) must not end the notifier; the next check runs as planned
                         log.warning("alert checks failed (%s: %s); they run again in %.0fs", type(error).__name__,
                                     error, self.check_interval)
         finally:
@@ -191,7 +194,7 @@ class Notifier:
                 await inbox.record(session, CONSUMER, recorded, datetime.fromtimestamp(self.clock(), UTC))
             await self._publish(sent)
 
-    # what the status consumer's shell asks of it (services/consumer.Handler)
+    # what the status consumer's shell asks of it (services/bus/consumer.Handler)
 
     async def after_failure(self, error: Exception) -> None:
         self._memory_stale = True
@@ -229,7 +232,7 @@ class Notifier:
             async with self._lock:
                 now = self.clock()
                 await self._commit_and_publish(apply(self.book, self.fleet.on_inventory(payload, now), now))
-        except Exception:
+        except Exception:  # the subscriber's guard: one node's inventory must not stop the others'
             log.exception("inventory of node %s not processed", inventory.node)
         await self._handled()
 
@@ -283,7 +286,7 @@ class Notifier:
         try:
             async with self.sessions() as session, session.begin():
                 await usage_history.record(session, self.clock(), figures.used, nominal, figures.capacity)
-        except Exception:
+        except LEDGER_ERRORS:
             log.exception("usage sample not written; the next pass tries again")
 
     async def _mig_advice(self) -> list[Action]:
@@ -304,7 +307,7 @@ class Notifier:
             return
         try:
             await self.check_usage()
-        except Exception:
+        except LEDGER_ERRORS:
             log.exception("quota usage not checked; trying again in %.0fs", self.usage_interval)
 
     async def _evaluate(self, actions: Sequence[Action]) -> list[Message]:
@@ -333,7 +336,7 @@ class Notifier:
             try:
                 await publish_json(self.js, subjects.alert(alert.severity, alert.kind, alert.tenant), message.payload,
                                    msg_id=message.msg_id)
-            except Exception:
+            except BUS_ERRORS:
                 log.exception("alert %s not published; will retry", message.msg_id)
                 self._unpublished.extend(sent[index:])
                 return
@@ -362,7 +365,7 @@ class Notifier:
             async with self.sessions() as session:
                 self.claims.thresholds = await tenants.pending_alert_after(session)
             self._tenants_read_at = now
-        except Exception:
+        except LEDGER_ERRORS:
             log.exception("tenant thresholds not read; keeping the last ones")
 
     async def _rebuild_memory(self) -> bool:
@@ -374,7 +377,7 @@ class Notifier:
             self.claims.thresholds = claims.thresholds  # per tenant, read from the ledger on their own cadence
             try:
                 await self._load_memory()
-            except Exception as error:  # noqa: BLE001 - the ledger is away: try again with the next batch
+            except LEDGER_ERRORS as error:  # the ledger is away: try again with the next batch
                 self.book, self.claims = book, claims
                 log.warning("alert state not rebuilt from the ledger yet (%s)", type(error).__name__)
                 return False

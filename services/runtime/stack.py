@@ -171,7 +171,7 @@ def _app(stack: Stack, name: str, settings: BrokerSettings) -> ServiceApp:
     if name == "allocator":
         return allocator_app.create_app(settings.allocator, stack.engine, url)
     if name == "notifier":
-        return notifier_app.create_app(settings, stack.engine, url)
+        return notifier_app.create_app(settings.notifier, stack.engine, url)
     raise ValueError(f"unknown service {name!r}")
 
 

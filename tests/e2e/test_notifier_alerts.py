@@ -97,7 +97,7 @@ async def start(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> Async
         settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data",
                                   **{"pending_alert_after": 600, "inventory_ttl": 90, **overrides})
         clock = FakeClock()
-        notifier = Notifier(engine, settings, clock=clock)
+        notifier = Notifier(engine, settings.notifier, clock=clock)
         task = asyncio.create_task(notifier_app(nats_server.url, notifier).run())
         tasks.append(task)
         await asyncio.wait_for(notifier.ready.wait(), 20)

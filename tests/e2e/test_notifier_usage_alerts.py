@@ -107,7 +107,7 @@ async def start(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> Async
     async def _start() -> Harness:
         settings = BrokerSettings(nats_url=nats_server.url, data_dir=tmp_path / "data", usage_check_interval=30.0)
         clock = FakeClock()  # advanced only by tests: the loop's own next pass is due at T0 + 30
-        notifier = Notifier(engine, settings, clock=clock, check_interval=0.05)
+        notifier = Notifier(engine, settings.notifier, clock=clock, check_interval=0.05)
         tasks.append(asyncio.create_task(notifier_app(nats_server.url, notifier).run()))
         await asyncio.wait_for(notifier.ready.wait(), 20)
         assert notifier.usage_checks == 1  # the pass at start, before ready

@@ -39,7 +39,7 @@ async def test_the_allocator_app_routes_each_node_inventory_to_its_fleet() -> No
 
 
 async def test_the_notifier_app_routes_inventory_to_its_rules(tmp_path: Path) -> None:
-    notifier = Notifier(create_engine("sqlite+aiosqlite://"), BrokerSettings(data_dir=tmp_path))
+    notifier = Notifier(create_engine("sqlite+aiosqlite://"), BrokerSettings(data_dir=tmp_path).notifier)
     app = notifier_app(URL, notifier)
     node, payload = next(iter(built_in_fleet().items()))
     async with TestNatsBroker(app.broker) as broker:
