@@ -76,6 +76,7 @@ class Holdings:
         # instead of scanning every running claim
         self.priorities: dict[str, Counter[int]] = defaultdict(Counter)
         self.last_order = 0  # the most recent allocated_order seen: a cycle's admissions come after it
+        self.gangs: dict[tuple[str, str], dict[ClaimKey, Running]] = {}  # running gang members per tenant, gang
         self._held: set[Running] = set()  # every running claim counted here
         self._holdings: dict[ClaimKey, Holding] = {}  # per running claim (dropped with it)
 
@@ -115,6 +116,18 @@ class Holdings:
             self._unlist(running, self.holding(running))
         del self.running[running.key]
         self._holdings.pop(running.key, None)
+        if running.gang is not None:
+            mates = self.gangs[(running.tenant, running.gang)]
+            mates.pop(running.key, None)
+            if not mates:
+                del self.gangs[(running.tenant, running.gang)]
+
+    def gang_of(self, running: Running) -> list[Running]:
+        """The claim and the other running members of its gang (itself alone when it has none)."""
+        if running.gang is None:
+            return [running]
+        return [running, *(r for k, r in sorted(self.gangs[(running.tenant, running.gang)].items())
+                           if k != running.key)]
 
     def count(self, running: Running, sign: int) -> None:
         """Count the claim's usage in the quota book (`sign` 1), or take it out (-1), and nothing else."""
@@ -155,6 +168,10 @@ class Holdings:
             self.last_order = running.allocated_order
         self._held.add(running)
         self.running[running.key] = running
+        if kept is not None and kept.gang is not None and kept.gang != running.gang:
+            self.gangs[(kept.tenant, kept.gang)].pop(kept.key, None)
+        if running.gang is not None:
+            self.gangs.setdefault((running.tenant, running.gang), {})[running.key] = running
         if running.preemptible:
             self.priorities[running.tenant][running.priority] += 1
             victim = Victim(running, running.allocation.node, holding.units)

@@ -14,6 +14,7 @@ from shared.admission.flavors import flavor_deltas
 from shared.admission.holdings import NO_VICTIMS, allocated_devices
 from shared.admission.model import (
     MAX_PREEMPTION_NODES,
+    ClaimKey,
     Preemption,
     Running,
     Waiting,
@@ -106,6 +107,8 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
             if runs_until and victim.allocated_at is not None and victim.allocated_at > runs_until:
                 state.answers.note_wait(preemptor, tenant, rule, victim.allocated_at + quotas.min_runtime(tenant))
                 continue
+            if victim.gang is not None and not _gang_movable(state, victim, spared, runs_until):
+                continue  # a member whose gang cannot be preempted whole
             found = on_hosts.get(node)
             if found is None:
                 on_hosts[node] = [(victim, rule)]
@@ -113,6 +116,17 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
                 found.append((victim, rule))
             units_on[node] += units
     return on_hosts, units_on
+
+
+def _gang_movable(state: AdmissionState, victim: Running, spared: Collection[Any], runs_until: float) -> bool:
+    """Whether every other running member of the victim's gang may be preempted with it: preemptible, not
+    spared, past its tenant's minRuntime where that applies."""
+    for mate in state.holdings.gang_of(victim)[1:]:
+        if not mate.preemptible or mate.key in spared:
+            return False
+        if runs_until and mate.allocated_at is not None and mate.allocated_at > runs_until:
+            return False
+    return True
 
 
 def _rate_left(state: AdmissionState, tenant: str) -> int | None:
@@ -132,7 +146,8 @@ def _rate_spent(state: AdmissionState, tenant: str) -> bool:
 
 def _within_rates(state: AdmissionState, victims: Sequence[tuple[Running, str]]) -> bool:
     """Whether preempting `victims` keeps every tenant within its maxPreemptionsPerMinute."""
-    per_tenant = Counter(victim.tenant for victim, rule in victims if rule != "priority")
+    per_tenant = Counter(moved.tenant for victim, rule in victims if rule != "priority"
+                         for moved in _moved(state, victim))
     return all((left := _rate_left(state, tenant)) is None or count <= left for tenant, count in per_tenant.items())
 
 
@@ -272,7 +287,8 @@ def _try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
             best = (score, victims, allocation)
     if best is None:
         return None
-    _, victims, allocation = best
+    _, chosen, allocation = best
+    victims = [(moved, rule) for victim, rule in chosen for moved in _moved(state, victim)]  # whole gangs
     for victim, _ in victims:
         _evict(state, victim)
     state.admit(waiting, allocation)
@@ -291,8 +307,16 @@ def _accepted_on(state: AdmissionState, index: Any, node: str) -> frozenset[Devi
     return found
 
 
+def _moved(state: AdmissionState, victim: Running) -> list[Running]:
+    """What preempting the victim moves: itself, and every other running member of its gang."""
+    return [victim] if victim.gang is None else state.holdings.gang_of(victim)
+
+
 def _units(state: AdmissionState, r: Running) -> float:
-    return state.holdings.holding(r).units
+    """The GPU units preempting the claim frees: its gang's, for a gang member."""
+    if r.gang is None:
+        return state.holdings.holding(r).units
+    return sum(state.holdings.holding(m).units for m in state.holdings.gang_of(r))
 
 
 def _victim_order(state: AdmissionState, r: Running) -> tuple[float, int, int]:
@@ -307,6 +331,16 @@ def _evict(state: AdmissionState, victim: Running) -> None:
 def _restore(state: AdmissionState, victim: Running) -> None:
     state.holdings.hold(victim)
     state.preempted.discard(victim.key)
+
+
+def _evict_all(state: AdmissionState, moved: list[Running]) -> None:
+    for victim in moved:
+        _evict(state, victim)
+
+
+def _restore_all(state: AdmissionState, moved: list[Running]) -> None:
+    for victim in moved:
+        _restore(state, victim)
 
 
 def _fits_with(state: AdmissionState, waiting: Waiting, victims: Sequence[tuple[Running, str]]) -> Allocation | None:
@@ -332,20 +366,28 @@ def _fits_with(state: AdmissionState, waiting: Waiting, victims: Sequence[tuple[
 
 def _victims_on(state: AdmissionState, waiting: Waiting, candidates: list[tuple[Running, str]]
                 ) -> tuple[list[tuple[Running, str]], Allocation] | None:
-    """Greedy on one node until the claim fits, then drop every victim it does not need.
+    """Greedy on one node until the claim fits, then drop every victim it does not need. A gang member
+    moves with its whole gang (`_moved`): a mate that is a candidate too is not taken twice.
 
     A victim is first taken out of the quota book only: while the claim's quota, or the idle devices
     of the flavors it has room in, still keep it out (`quota_short`), no placement can pass, so the
     fleet is not touched (the outcome is the same, for less)."""
     taken: list[tuple[Running, str]] = []
+    moved_of: dict[ClaimKey, list[Running]] = {}  # per candidate taken: what it moves
+    gone: set[ClaimKey] = set()  # moved by a candidate taken
     in_book_only: list[Running] = []
     allocation = None
     facts = state.room.claim_facts(waiting)
     quota_short, count = state.room.quota_short, state.holdings.count
     try:
         for candidate in candidates:
-            count(candidate[0], -1)
-            in_book_only.append(candidate[0])
+            if candidate[0].key in gone:
+                continue
+            moved = moved_of[candidate[0].key] = _moved(state, candidate[0])
+            for victim in moved:
+                count(victim, -1)
+                in_book_only.append(victim)
+                gone.add(victim.key)
             taken.append(candidate)
             if quota_short(waiting.tenant, facts, idle=True) is not None:
                 continue
@@ -359,24 +401,27 @@ def _victims_on(state: AdmissionState, waiting: Waiting, candidates: list[tuple[
         if allocation is None:
             return None
         for candidate in list(reversed(taken))[1:]:  # the last one was needed, by construction
-            _restore(state, candidate[0])
+            _restore_all(state, moved_of[candidate[0].key])
             rest = [c for c in taken if c is not candidate]
             again = _fits_with(state, waiting, rest)
             if again is not None:
                 taken, allocation = rest, again
             else:
-                _evict(state, candidate[0])
+                _evict_all(state, moved_of[candidate[0].key])
         return list(taken), allocation
     finally:
-        for victim, _ in taken:
-            if victim in in_book_only:
-                count(victim, 1)
-            else:
-                _restore(state, victim)
+        for candidate in taken:
+            for victim in moved_of[candidate[0].key]:
+                if victim in in_book_only:
+                    count(victim, 1)
+                else:
+                    _restore(state, victim)
 
 
 def _preempt_reason(state: AdmissionState, waiting: Waiting, victim: Running, rule: str) -> str:
     by = f"{waiting.tenant}/{waiting.name}"
+    if victim.gang is not None:
+        by = f"{by} with every member of its gang {victim.gang}"
     if rule == "priority":
         return f"preempted by {by}, priority {waiting.priority} over {victim.priority} in tenant {victim.tenant}"
     if rule == "reclaim":

@@ -165,8 +165,10 @@ class AdmissionState:
 
     def admit(self, waiting: Waiting, allocation: Allocation) -> None:
         """The claim runs from now on, in this cycle's order."""
+        gangs = self.gangs.members
+        gang = gangs[waiting.key][1] if gangs and waiting.key in gangs else None
         self.holdings.hold(Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
-                           waiting.arrival, next(self.order)))
+                           waiting.arrival, next(self.order), gang=gang))
         self.admitted_now.add(waiting.key)
         self._victim_view = None  # shares moved
 

@@ -137,7 +137,8 @@ def what_if(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaC
     (a drained node's claims, and preemption victims, go back to the queue). `unusable`: nodes the
     allocator places nothing on, and why (stale inventory), as it has them today."""
     now_running = [_Running(r.tenant, r.name, r.allocation, r.priority, r.preemptible, r.arrival,
-                            r.allocated_order, r.allocated_at, documents.get(r.key)) for r in running]
+                            r.allocated_order, r.allocated_at, gang=r.gang, claim=documents.get(r.key))
+                   for r in running]
     now_waiting = list(waiting)
     before = settle(fleet, classes, quotas, now_running, now_waiting, unusable)
 

@@ -312,3 +312,48 @@ def test_preferred_topology_waits_its_wait_before_splitting() -> None:
     assert all(d.decision.allocation is None for d in later.decisions)
     split = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), waiting, now=1000.0 + 3600), kept)
     assert states(split) == {"m1": "Allocated", "m2": "Allocated"}
+
+
+# ---- preemption of whole gangs -------------------------------------------------------------------------
+
+def running_gang(f: Fleet, members: list[Waiting], *, orders: tuple[int, ...] = (),
+                 not_preemptible: tuple[str, ...] = ()) -> tuple[Running, ...]:
+    """The members admitted by a cycle, as the shell would run them (their gang read from their documents)."""
+    result = cycle(f, members)
+    by_name = {m.name: m for m in members}
+    out = []
+    for i, d in enumerate(result.decisions):
+        assert d.decision.allocation is not None, reasons(result)
+        gang = settings_of(by_name[d.name].claim).gang
+        out.append(Running(d.tenant, d.name, d.decision.allocation, 0, d.name not in not_preemptible,
+                           allocated_order=orders[i] if orders else i + 1, gang=gang.name if gang else None))
+    return tuple(out)
+
+
+def test_preempting_one_member_preempts_its_whole_gang() -> None:
+    gang = running_gang(TWO_NODES, [member("m1", count=4), member("m2", count=4, arrival=1)])
+    result = cycle(TWO_NODES, [plain("urgent", count=4, priority=10, arrival=5)], running=gang)
+    assert states(result) == {"urgent": "Allocated"}
+    assert sorted((p.victim[1], p.rule) for p in result.preemptions) == [("m1", "priority"), ("m2", "priority")]
+    assert all("with every member of its gang g" in p.reason for p in result.preemptions)
+
+
+def test_a_victim_sets_cost_counts_the_whole_gang() -> None:
+    """A gang member and a plain claim hold 4 GPUs each on their nodes: the gang frees 8 in all, so the
+    plain claim is the cheaper victim, though the gang's members were allocated more recently."""
+    f = fleet(*node("n1", "H100", 4), *node("n2", "H100", 4), *node("n3", "H100", 4))
+    first = cycle(f, [plain("p", count=4), member("m1", count=4, arrival=1), member("m2", count=4, arrival=2)])
+    allocations = {d.name: d.decision.allocation for d in first.decisions if d.decision.allocation is not None}
+    assert len(allocations) == 3, reasons(first)
+    running = (Running("t", "p", allocations["p"], allocated_order=1),
+               Running("t", "m1", allocations["m1"], allocated_order=5, gang="g"),
+               Running("t", "m2", allocations["m2"], allocated_order=6, gang="g"))
+    result = cycle(f, [plain("urgent", count=4, priority=10, arrival=9)], running=running)
+    assert [p.victim[1] for p in result.preemptions] == ["p"]
+
+
+def test_a_gang_with_a_member_that_may_not_be_preempted_is_no_victim() -> None:
+    gang = running_gang(TWO_NODES, [member("m1", count=4), member("m2", count=4, arrival=1)],
+                        not_preemptible=("m2",))
+    result = cycle(TWO_NODES, [plain("urgent", count=4, priority=10, arrival=5)], running=gang)
+    assert states(result) == {"urgent": "Pending"} and result.preemptions == ()
