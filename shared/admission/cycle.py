@@ -34,6 +34,7 @@ from dataclasses import replace
 
 from shared.admission.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault_decision
 from shared.admission.explain import Alike
+from shared.admission.gang_pass import preempt_for_gang
 from shared.admission.holdings import allocated_devices
 from shared.admission.kept import KeptState
 from shared.admission.model import MAX_PREEMPTION_ATTEMPTS, ClaimDecision, ClaimKey, CycleResult, Snapshot
@@ -89,6 +90,8 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
         preempted = try_preempt(cycle, waiting)
         if preempted is not None:
             decided.append((waiting, preempted, []))
+    for unit in cycle.gangs.refused_now[:MAX_PREEMPTION_ATTEMPTS]:  # gangs preempt whole, or not at all
+        decided.extend(preempt_for_gang(cycle, unit))
     final = {w.key: (w, d, b) for w, d, b in decided}  # a claim admitted by preemption: its last answer
     results = []
     alike = Alike(cycle.holdings.preemptible())  # preemptible claims running

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from shared.admission.gang_topology import confined, free_per_value, ordered_values
 from shared.admission.gangs import GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
+from shared.admission.preemption import try_preempt
 from shared.admission.state import AdmissionState
 from shared.dra.results import Allocation, Decision, State
 
@@ -70,10 +71,51 @@ def try_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     finally:
         trials.shrinking = shrinking
     if isinstance(outcome, Refusal):
+        if key is None:
+            cycle.gangs.refused_now.append(unit)  # it may preempt, after the pass
         return _refused(cycle, unit, outcome)
     for member, _ in outcome:
         cycle.gangs.told.pop(member.key, None)
     return [(m, Decision(State.ALLOCATED, allocation), []) for m, allocation in outcome]
+
+
+def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
+    """A gang refused in the pass, with victims: each member admitted where it fits, else with the victims
+    the preemption search finds for it (whole gangs, by the usual rules), and kept only if every member is
+    then admitted; otherwise every victim is restored and every member given back (nothing is preempted
+    for a gang that would still not be whole). Gangs with a topology key do not preempt."""
+    trials = cycle.trials
+    mark = len(cycle.preemptions)
+    placed: list[tuple[Waiting, Allocation]] = []
+    members = sorted(unit.members, key=lambda m: (-(cycle.room.claim_facts(m).least or 0), m.arrival, m.name))
+    for member in members:
+        decision, _ = trials.try_admit(member)
+        if decision.allocation is not None:
+            cycle.admit(member, decision.allocation)
+        else:
+            preempted = try_preempt(cycle, member)
+            if preempted is None or preempted.allocation is None:
+                _undo(cycle, placed, mark)
+                return []
+            decision = preempted
+        assert decision.allocation is not None
+        placed.append((member, decision.allocation))
+    for member, _ in placed:
+        cycle.gangs.told.pop(member.key, None)
+    return [(m, Decision(State.ALLOCATED, allocation), []) for m, allocation in placed]
+
+
+def _undo(cycle: AdmissionState, placed: list[tuple[Waiting, Allocation]], mark: int) -> None:
+    """Give back what the members took and restore the claims preempted for them since `mark`."""
+    for member, _ in reversed(placed):
+        cycle.withdraw(member)
+    undone = cycle.preemptions[mark:]
+    if undone:
+        was_running = {r.key: r for r in cycle.snapshot.running}
+        for preemption in undone:
+            cycle.preempted.discard(preemption.victim)
+            cycle.holdings.hold(was_running[preemption.victim])
+        del cycle.preemptions[mark:]
 
 
 class Refusal(NamedTuple):

@@ -52,6 +52,7 @@ class WaitingGangs:
         self.told: dict[ClaimKey, str] = {}
         self.complete_since: dict[GangKey, float] = {}  # when a gang waiting to split was first seen complete
         self.domains = Domains()  # the nodes per value of each topology key
+        self.refused_now: list[GangUnit] = []  # complete gangs the cycle's pass could not admit
 
     def add(self, waiting: Waiting, settings: GangSettings) -> None:
         key = (waiting.tenant, settings.name)

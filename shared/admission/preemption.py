@@ -107,7 +107,10 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
             if runs_until and victim.allocated_at is not None and victim.allocated_at > runs_until:
                 state.answers.note_wait(preemptor, tenant, rule, victim.allocated_at + quotas.min_runtime(tenant))
                 continue
-            if victim.gang is not None and not _gang_movable(state, victim, spared, runs_until):
+            if victim.gang is not None and not _gang_movable(state, victim, spared, runs_until,
+                                                             preemptor.priority if rule == "priority" else None,
+                                                             share - _units(state, victim) / weight < mine
+                                                             if rule == "fair-share" else False):
                 continue  # a member whose gang cannot be preempted whole
             found = on_hosts.get(node)
             if found is None:
@@ -118,11 +121,16 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
     return on_hosts, units_on
 
 
-def _gang_movable(state: AdmissionState, victim: Running, spared: Collection[Any], runs_until: float) -> bool:
+def _gang_movable(state: AdmissionState, victim: Running, spared: Collection[Any], runs_until: float,
+                  below: int | None, share_too_low: bool) -> bool:
     """Whether every other running member of the victim's gang may be preempted with it: preemptible, not
-    spared, past its tenant's minRuntime where that applies."""
+    spared, of a priority under `below` (priority rule), past its tenant's minRuntime where that applies;
+    and under fair share the victim's tenant's share stays at or above the preemptor's without the whole
+    gang (`share_too_low` says it does not)."""
+    if share_too_low:
+        return False
     for mate in state.holdings.gang_of(victim)[1:]:
-        if not mate.preemptible or mate.key in spared:
+        if not mate.preemptible or mate.key in spared or (below is not None and mate.priority >= below):
             return False
         if runs_until and mate.allocated_at is not None and mate.allocated_at > runs_until:
             return False

@@ -107,6 +107,7 @@ class AdmissionState:
             self.trials.clear()
             self.room.clear()
         self.admitted_now = set()
+        self.gangs.refused_now = []
         self.answers.new_cycle()
         self._victim_view = None
         self.preemptions, self.preempted = [], set()

@@ -217,14 +217,14 @@ def test_an_incomplete_gang_is_told_again_only_when_its_count_changes() -> None:
 
 def test_a_gang_that_fails_gives_back_what_its_earlier_members_took() -> None:
     """The gang (share 12 after) goes before u (share 16): a takes 3 of n1, b finds no node with 3, so a's
-    devices are given back in the same pass and u's claim of 4 gets n1."""
+    devices are given back in the same pass and u's claim of 4 gets n1 (u's big claim may not be preempted)."""
     f = fleet(*node("n1", "H100", 4), *node("n2", "H100", 2), *node("n3", "H100", 8))
     big = plain("big", tenant="u", count=8)
     kept = KeptState()
     first = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), (big,)), kept)
     [allocated] = first.decisions
     assert allocated.decision.allocation is not None
-    running = (Running("u", "big", allocated.decision.allocation, arrival=0, allocated_order=1),)
+    running = (Running("u", "big", allocated.decision.allocation, preemptible=False, allocated_order=1),)
     waiting = (member("a", count=3, arrival=1), member("b", count=3, arrival=2),
                plain("solo", tenant="u", count=4, arrival=3))
     result = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), running, waiting), kept)
@@ -357,3 +357,32 @@ def test_a_gang_with_a_member_that_may_not_be_preempted_is_no_victim() -> None:
                         not_preemptible=("m2",))
     result = cycle(TWO_NODES, [plain("urgent", count=4, priority=10, arrival=5)], running=gang)
     assert states(result) == {"urgent": "Pending"} and result.preemptions == ()
+
+
+def test_a_gang_with_a_member_of_higher_priority_than_the_preemptor_is_no_victim() -> None:
+    gang = running_gang(TWO_NODES, [member("m1", count=4), member("m2", count=4, arrival=1)])
+    gang = (gang[0], replace(gang[1], priority=20))
+    result = cycle(TWO_NODES, [plain("urgent", count=4, priority=10, arrival=5)], running=gang)
+    assert states(result) == {"urgent": "Pending"} and result.preemptions == ()
+
+
+def two_running(*, second_preemptible: bool = True) -> tuple[Running, ...]:
+    first = cycle(TWO_NODES, [plain("p1", count=4), plain("p2", count=4, arrival=1)])
+    done = {d.name: d.decision.allocation for d in first.decisions if d.decision.allocation is not None}
+    return (Running("t", "p1", done["p1"], allocated_order=1),
+            Running("t", "p2", done["p2"], preemptible=second_preemptible, allocated_order=2))
+
+
+def test_a_waiting_gang_preempts_when_every_member_then_fits() -> None:
+    gang = [member("m1", count=4, priority=10, arrival=5), member("m2", count=4, priority=10, arrival=6)]
+    result = cycle(TWO_NODES, gang, running=two_running())
+    assert states(result) == {"m1": "Allocated", "m2": "Allocated"}, reasons(result)
+    assert sorted(p.victim[1] for p in result.preemptions) == ["p1", "p2"]
+
+
+def test_a_waiting_gang_that_would_not_be_whole_preempts_nothing() -> None:
+    gang = [member("m1", count=4, priority=10, arrival=5), member("m2", count=4, priority=10, arrival=6)]
+    result = cycle(TWO_NODES, gang, running=two_running(second_preemptible=False))
+    assert states(result) == {"m1": "Pending", "m2": "Pending"}
+    assert result.preemptions == ()
+    assert reasons(result)["m1"].startswith("gang g: member m")
