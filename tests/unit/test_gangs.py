@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.admission.cycle import run_cycle
 from shared.admission.kept import KeptState
@@ -15,6 +17,7 @@ from shared.admission.quota import QuotaConfig, parse_quotas
 from shared.dra.claims import GangSettings, InvalidClaim, settings_of
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
+from shared.dra.results import State
 from tests.builders import a_claim, fleet, labelled, node
 
 
@@ -386,3 +389,80 @@ def test_a_waiting_gang_that_would_not_be_whole_preempts_nothing() -> None:
     assert states(result) == {"m1": "Pending", "m2": "Pending"}
     assert result.preemptions == ()
     assert reasons(result)["m1"].startswith("gang g: member m")
+
+
+# ---- property: no gang is ever half admitted -----------------------------------------------------------
+
+@st.composite
+def gang_scenarios(draw: st.DrawFn) -> tuple[Fleet, list[list[Waiting]]]:
+    sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    f = fleet(*(d for i, count in enumerate(sizes) for d in node(f"n{i}", "H100", count)))
+    claims: list[Waiting] = []
+    for g in range(draw(st.integers(0, 3))):
+        size = draw(st.integers(1, 3))
+        tenant = draw(st.sampled_from(["x", "y"]))
+        for m in range(size):
+            claims.append(member(f"g{g}m{m}", f"g{g}", size, tenant=tenant, count=draw(st.integers(1, 3)),
+                                 priority=draw(st.integers(0, 2))))
+    for p in range(draw(st.integers(0, 4))):
+        claims.append(plain(f"p{p}", tenant=draw(st.sampled_from(["x", "y"])), count=draw(st.integers(1, 3)),
+                            priority=draw(st.integers(0, 2))))
+    claims = draw(st.permutations(claims))
+    cuts = sorted(draw(st.lists(st.integers(0, len(claims)), max_size=2)))
+    waves = [claims[a:b] for a, b in zip([0, *cuts], [*cuts, len(claims)], strict=True)]
+    return f, waves
+
+
+@settings(max_examples=60, deadline=None)
+@given(gang_scenarios())
+def test_no_gang_is_ever_half_admitted_or_half_preempted(scenario: tuple[Fleet, list[list[Waiting]]]) -> None:
+    f, waves = scenario
+    kept = KeptState()
+    running: dict[tuple[str, str], Running] = {}
+    queue: dict[tuple[str, str], Waiting] = {}
+    gang_of = {w.key: settings_of(w.claim).gang for wave in waves for w in wave}
+    arrival = 0
+    for wave in waves:
+        for w in wave:
+            arrival += 1
+            queue[w.key] = replace(w, arrival=arrival)
+        for _ in range(3):
+            result = run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), tuple(running.values()),
+                                        tuple(queue.values())), kept)
+            allocated = {(d.tenant, d.name) for d in result.decisions if d.decision.allocation is not None}
+            by_gang: dict[tuple[str, str], set[tuple[str, str]]] = {}
+            for key in allocated:
+                if (gang := gang_of[key]) is not None:
+                    by_gang.setdefault((key[0], gang.name), set()).add(key)
+            for (tenant, name), got in by_gang.items():
+                size = next(g.size for k, g in gang_of.items() if g is not None and (k[0], g.name) == (tenant, name))
+                assert len(got) == size, (name, got)
+            victims = {p.victim: p.by for p in result.preemptions}
+            for key in victims:
+                if (gang := gang_of[key]) is not None:
+                    mates = {k for k, r in running.items() if r.gang == gang.name and k[0] == key[0]}
+                    assert mates <= set(victims), (key, mates, victims)
+            for key in victims:
+                victim = running.pop(key)
+                queue[key] = replace(_original(waves, key), arrival=victim.arrival,
+                                     displaced_by=frozenset({victims[key]}))
+            for d in result.decisions:
+                key = (d.tenant, d.name)
+                if key not in queue:
+                    continue
+                w = queue[key]
+                if d.decision.allocation is not None:
+                    gang = gang_of[key]
+                    running[key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, True, w.arrival,
+                                           len(running) + arrival, gang=gang.name if gang else None)
+                    del queue[key]
+                elif d.decision.state is State.REJECTED:
+                    del queue[key]
+                else:
+                    queue[key] = replace(w, answered=True)
+            held = [k for r in running.values() for k in r.allocation.keys]
+            assert len(held) == len(set(held))
+
+
+def _original(waves: list[list[Waiting]], key: tuple[str, str]) -> Waiting:
+    return next(w for wave in waves for w in wave if w.key == key)
