@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from shared.admission.claim_guard import MAX_FAULTS_PER_CYCLE, ClaimFault, fault_decision
 from shared.admission.explain import Alike
-from shared.admission.gang_pass import preempt_for_gang
+from shared.admission.gang_pass import preempt_for_gang, release_reserved
 from shared.admission.holdings import allocated_devices
 from shared.admission.kept import KeptState
 from shared.admission.model import MAX_PREEMPTION_ATTEMPTS, ClaimDecision, ClaimKey, CycleResult, Snapshot
@@ -106,4 +106,6 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
             for d in allocated_devices(cycle.fleet, decision.allocation):
                 flavors[d.key] = (cycle.flavors.name_of(d), cycle.flavors.units_of(d))
         results.append(ClaimDecision(waiting.tenant, waiting.name, decision, detail))
+    if cycle.gangs.held_now:
+        release_reserved(cycle)
     return CycleResult(tuple(results), tuple(cycle.preemptions), flavors, cycle.budget.deferred)

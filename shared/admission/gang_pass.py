@@ -12,7 +12,9 @@ from shared.admission.gangs import GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
 from shared.admission.preemption import try_preempt
 from shared.admission.state import AdmissionState
-from shared.dra.results import Allocation, Decision, State
+from shared.dra.results import Allocation, Decision, DeviceResult, Rejected, State
+
+RESERVED = "gang-reserve"  # the request name of the devices a starving gang holds (never given to a claim)
 
 Decided = tuple[Waiting, Decision, list[Block]]
 
@@ -73,10 +75,71 @@ def try_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     if isinstance(outcome, Refusal):
         if key is None:
             cycle.gangs.refused_now.append(unit)  # it may preempt, after the pass
+        if _reserving(cycle, unit):
+            _reserve(cycle, unit, members)
         return _refused(cycle, unit, outcome)
+    cycle.gangs.first_since.pop(unit.key, None)
     for member, _ in outcome:
         cycle.gangs.told.pop(member.key, None)
     return [(m, Decision(State.ALLOCATED, allocation), []) for m, allocation in outcome]
+
+
+def _reserving(cycle: AdmissionState, unit: GangUnit) -> bool:
+    """Whether the gang keeps the devices it needs: it has been first in its tenant's order (no waiting
+    claim of its tenant of a higher priority, or as high and earlier) for its tenant's gangReserveAfter.
+    Without a clock, or with gangReserveAfter 0s, never."""
+    tenant, now = unit.key[0], cycle.snapshot.now
+    after = cycle.snapshot.quotas.gang_reserve_after(tenant)
+    first_since = cycle.gangs.first_since
+    if now is None or after <= 0:
+        return False
+    heads = cycle.queue.tenant_heads.get(tenant)
+    if heads and heads[0][0] < (-unit.priority, unit.arrival, ""):
+        first_since.pop(unit.key, None)  # a claim of its tenant comes before it
+        return False
+    return now - first_since.setdefault(unit.key, now) >= after
+
+
+def _reserve(cycle: AdmissionState, unit: GangUnit, members: list[Waiting]) -> None:
+    """Hold, until the cycle ends, the free devices the members would take on the nodes with the most
+    free of what each member's first request accepts (one node per member, as many as it takes at
+    least): claims that fair share places after the gang cannot take them, and the nodes fill for it as
+    devices free (with a topology key, within the value with the most free)."""
+    placement = cycle.placement
+    allowed: frozenset[str] | None = None
+    if unit.settings.topology is not None:
+        domains = cycle.gangs.domains.of(cycle.fleet, unit.settings.topology)
+        if not domains:
+            return
+        free = free_per_value(placement, members[0], domains)
+        allowed = frozenset(domains[ordered_values(free)[0]])
+    for member in members:
+        try:
+            index = placement.index(placement.plan(member.claim).variants[0][0])
+        except (Rejected, IndexError):
+            continue
+        want = cycle.room.claim_facts(member).least or 1
+        best: tuple[int, str] | None = None
+        for node in sorted(index.nodes):
+            if allowed is not None and node not in allowed:
+                continue
+            count = len(index.free_on(node))
+            if count and (best is None or count > best[0]):
+                best = (count, node)
+        if best is None:
+            continue
+        devices = index.free_on(best[1])[:want]
+        held = Allocation(best[1], tuple(DeviceResult(RESERVED, d.driver, d.pool, d.name) for d in devices))
+        placement.take(held)
+        cycle.gangs.held_now.append(held)
+
+
+def release_reserved(cycle: AdmissionState) -> None:
+    """The cycle ends: what gangs held for themselves is free again (they take it again at their turn)."""
+    held = cycle.gangs.held_now
+    for allocation in reversed(held):
+        cycle.placement.give_back(allocation)
+    held.clear()
 
 
 def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:

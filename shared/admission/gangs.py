@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from shared.admission.gang_topology import Domains
 from shared.admission.model import ClaimKey, Waiting
 from shared.dra.claims import GangSettings
+from shared.dra.results import Allocation
 
 GangKey = tuple[str, str]  # tenant, gang name
 
@@ -53,6 +54,8 @@ class WaitingGangs:
         self.complete_since: dict[GangKey, float] = {}  # when a gang waiting to split was first seen complete
         self.domains = Domains()  # the nodes per value of each topology key
         self.refused_now: list[GangUnit] = []  # complete gangs the cycle's pass could not admit
+        self.first_since: dict[GangKey, float] = {}  # when a gang was first seen first in its tenant's order
+        self.held_now: list[Allocation] = []  # devices starving gangs hold until the cycle ends
 
     def add(self, waiting: Waiting, settings: GangSettings) -> None:
         key = (waiting.tenant, settings.name)
@@ -75,6 +78,7 @@ class WaitingGangs:
         members = self.gangs[key]
         del members[waiting.name]
         self.complete_since.pop(key, None)
+        self.first_since.pop(key, None)
         if not members:
             del self.gangs[key]
 

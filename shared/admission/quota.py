@@ -71,6 +71,9 @@ class TenantQuota:
     # max_preemptions_per_minute of them a minute (None: no limit).
     min_runtime: float | None = None
     max_preemptions_per_minute: int | None = None
+    # A gang first in the tenant's order for this many seconds keeps the devices it needs as they free
+    # (0: never; None: the broker's default).
+    gang_reserve_after: float | None = None
 
     def limit(self, flavor: str) -> QuotaLimit | None:
         return self.quotas.get(flavor)
@@ -90,6 +93,8 @@ class TenantQuota:
             out["minRuntime"] = f"{self.min_runtime:g}s"
         if self.max_preemptions_per_minute is not None:
             out["maxPreemptionsPerMinute"] = self.max_preemptions_per_minute
+        if self.gang_reserve_after is not None:
+            out["gangReserveAfter"] = f"{self.gang_reserve_after:g}s"
         out["quotas"] = {flavor: limit.to_json() for flavor, limit in sorted(self.quotas.items())}
         return out
 
@@ -148,11 +153,19 @@ class QuotaConfig:
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     listed_flavors: tuple[Flavor, ...] = ()  # the ones the admin wrote, for export
     default_min_runtime: float = 0.0  # for tenants without a minRuntime: the broker's setting
+    default_gang_reserve_after: float = 300.0  # for tenants without a gangReserveAfter (the contract's 5m)
 
     def min_runtime(self, tenant: str) -> float:
         """Seconds a claim of `tenant` runs before fair share or reclaim may preempt it."""
         own = self.tenants.get(tenant)
         return own.min_runtime if own is not None and own.min_runtime is not None else self.default_min_runtime
+
+    def gang_reserve_after(self, tenant: str) -> float:
+        """Seconds a gang of `tenant` is first in its order before the devices it needs are kept for it (0: off)."""
+        own = self.tenants.get(tenant)
+        if own is not None and own.gang_reserve_after is not None:
+            return own.gang_reserve_after
+        return self.default_gang_reserve_after
 
     def preemptions_per_minute(self, tenant: str) -> int | None:
         own = self.tenants.get(tenant)
@@ -264,10 +277,15 @@ def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
             min_runtime_s = parse_duration(min_runtime) if min_runtime is not None else None
         except ValueError as error:
             raise QuotaFileError(f"{at}.minRuntime: {error}") from None
+        reserve = raw.get("gangReserveAfter")
+        try:
+            reserve_s = parse_duration(reserve) if reserve is not None else None
+        except ValueError as error:
+            raise QuotaFileError(f"{at}.gangReserveAfter: {error}") from None
         most = raw.get("maxPreemptionsPerMinute")
         if most is not None and (isinstance(most, bool) or not isinstance(most, int) or not 0 <= most <= 2**31 - 1):
             raise QuotaFileError(f"{at}.maxPreemptionsPerMinute: expected a whole number of claims, 0 or more")
         tenants[name] = TenantQuota(name, cohort, float(_number(raw.get("weight", 1.0), f"{at}.weight",
                                                                 minimum=0.001)), pending_s, quotas, admin_access,
-                                    max_pending, min_runtime_s, most)
+                                    max_pending, min_runtime_s, most, reserve_s)
     return QuotaConfig(flavors, tuple(cohorts), tenants, tuple(listed))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from shared.admission.cycle import run_cycle
 from shared.admission.kept import KeptState
 from shared.admission.model import CycleResult, Running, Snapshot, Waiting
-from shared.admission.quota import QuotaConfig, parse_quotas
+from shared.admission.quota import QuotaConfig, QuotaFileError, parse_quotas
 from shared.dra.claims import GangSettings, InvalidClaim, settings_of
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
@@ -466,3 +466,60 @@ def test_no_gang_is_ever_half_admitted_or_half_preempted(scenario: tuple[Fleet, 
 
 def _original(waves: list[list[Waiting]], key: tuple[str, str]) -> Waiting:
     return next(w for wave in waves for w in wave if w.key == key)
+
+
+# ---- gangReserveAfter ----------------------------------------------------------------------------------
+
+def starving(reserve_after: str, ticks: int = 40) -> int | None:
+    """A full fleet of y's 1-GPU claims (not preemptible), one finishing and one more arriving every 100 s
+    (round the nodes), and x's gang of 2 x 4 GPUs: the tick its gang is admitted at, or None."""
+    f = fleet(*(d for i in range(4) for d in node(f"n{i}", "H100", 4)))
+    config = quotas({"name": "x", "gangReserveAfter": reserve_after}, {"name": "y"})
+    kept = KeptState()
+    queue = {w.key: w for w in [plain(f"y{i}", tenant="y", arrival=i) for i in range(16)]}
+    running: dict[tuple[str, str], Running] = {}
+    gang = [member("m1", tenant="x", count=4, arrival=100), member("m2", tenant="x", count=4, arrival=101)]
+    now, arrival = 0.0, 200
+    for tick in range(ticks):
+        result = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, tuple(running.values()), tuple(queue.values()),
+                                    now=now), kept)
+        for d in result.decisions:
+            w = queue.get((d.tenant, d.name))
+            if w is not None and d.decision.allocation is not None:
+                running[w.key] = Running(w.tenant, w.name, d.decision.allocation, preemptible=w.tenant == "x",
+                                         allocated_order=arrival, gang="g" if w.tenant == "x" else None)
+                del queue[w.key]
+            elif w is not None:
+                queue[w.key] = replace(w, answered=True)
+        if ("x", "m1") in running:
+            assert ("x", "m2") in running
+            return tick
+        if tick == 0:
+            queue.update({m.key: m for m in gang})
+            continue
+        node_name = f"n{tick % 4}"  # one of y's claims on this node finishes; another arrives
+        done = next((k for k, r in sorted(running.items()) if k[0] == "y" and r.allocation.node == node_name), None)
+        if done is not None:
+            del running[done]
+        arrival += 1
+        queue[("y", f"more{tick}")] = plain(f"more{tick}", tenant="y", arrival=arrival)
+        now += 100.0
+    return None
+
+
+def test_a_gang_behind_a_stream_of_small_claims_waits_forever_without_gang_reserve_after() -> None:
+    assert starving("0s") is None
+
+
+def test_with_gang_reserve_after_the_gang_keeps_what_frees_and_is_admitted() -> None:
+    tick = starving("5m")
+    assert tick is not None and tick <= 30, tick
+
+
+def test_gang_reserve_after_is_read_from_the_quotas_file() -> None:
+    config = quotas({"name": "x", "gangReserveAfter": "10m"}, {"name": "y"}, {"name": "z", "gangReserveAfter": "0s"})
+    assert (config.gang_reserve_after("x"), config.gang_reserve_after("y"), config.gang_reserve_after("z")) == (
+        600.0, 300.0, 0.0)
+    assert config.tenants["x"].to_json()["gangReserveAfter"] == "600s"
+    with pytest.raises(QuotaFileError, match="gangReserveAfter"):
+        quotas({"name": "x", "gangReserveAfter": "soon"})
