@@ -25,12 +25,15 @@ def gang_units(cycle: AdmissionState) -> tuple[list[Decided], list[GangUnit]]:
     gangs = cycle.gangs
     units, disagree = gangs.units()
     decided: list[Decided] = [(w, Decision(State.REJECTED, reason=why), []) for w, why in disagree]
+    for waiting, _ in disagree:
+        gangs.lose(waiting, gangs.members[waiting.key][1])
     complete = []
     for unit in units:
         if unit.complete:
             complete.append(unit)
             continue
-        reason = f"gang {unit.name}: {len(unit.members)} of {unit.settings.size} members received"
+        reason = (f"gang {unit.name}: {len(unit.members)} of {unit.settings.size} members received"
+                  f"{gangs.missing(unit.key)}")
         decided.extend((m, Decision(State.PENDING, reason=reason), []) for m in unit.members if gangs.due(m, reason))
     return decided, complete
 

@@ -56,6 +56,9 @@ class WaitingGangs:
         self.refused_now: list[GangUnit] = []  # complete gangs the cycle's pass could not admit
         self.first_since: dict[GangKey, float] = {}  # when a gang was first seen first in its tenant's order
         self.held_now: list[Allocation] = []  # devices starving gangs hold until the cycle ends
+        # per gang, its claims Rejected on their own (their spec, or disagreeing): named to the others until
+        # the gang has no member left waiting
+        self.lost: dict[GangKey, dict[str, None]] = {}
 
     def add(self, waiting: Waiting, settings: GangSettings) -> None:
         key = (waiting.tenant, settings.name)
@@ -69,11 +72,27 @@ class WaitingGangs:
             members = self.gangs[key]
             members[now.name] = (now, members[now.name][1])
 
+    def lose(self, waiting: Waiting, gang: str) -> None:
+        """A claim of the gang is Rejected on its own: the members left waiting say so."""
+        self.lost.setdefault((waiting.tenant, gang), {})[waiting.name] = None
+
+    def missing(self, key: GangKey) -> str:
+        """What the reason of a gang that waits for members adds about those Rejected, if any."""
+        names = [n for n in self.lost.get(key, ()) if n not in self.gangs.get(key, ())]
+        if not names:
+            return ""
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        return f" ({shown} Rejected: a member with its name has to be submitted again)"
+
     def remove(self, waiting: Waiting) -> None:
         self.invalid.pop(waiting.key, None)
         self.told.pop(waiting.key, None)
         key = self.members.pop(waiting.key, None)
         if key is None:
+            if self.lost:  # a lost claim leaves: its record goes with the gang's last member
+                for gang, names in list(self.lost.items()):
+                    if gang[0] == waiting.tenant and waiting.name in names and gang not in self.gangs:
+                        del self.lost[gang]
             return
         members = self.gangs[key]
         del members[waiting.name]
@@ -81,6 +100,7 @@ class WaitingGangs:
         self.first_since.pop(key, None)
         if not members:
             del self.gangs[key]
+            self.lost.pop(key, None)
 
     def due(self, waiting: Waiting, reason: str) -> bool:
         """Whether a member is to be told `reason` (it has no answer yet, or another one)."""

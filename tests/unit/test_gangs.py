@@ -523,3 +523,19 @@ def test_gang_reserve_after_is_read_from_the_quotas_file() -> None:
     assert config.tenants["x"].to_json()["gangReserveAfter"] == "600s"
     with pytest.raises(QuotaFileError, match="gangReserveAfter"):
         quotas({"name": "x", "gangReserveAfter": "soon"})
+
+
+def test_a_member_rejected_by_its_own_cel_is_named_to_the_others() -> None:
+    broken = a_claim("b", "t").request(selectors=("device.attributes['gpu.nvidia.com'].nosuch == 1",)).gang("g", 2)
+    kept = KeptState()
+    a = member("a")
+    b = Waiting("t", "b", broken.build(), arrival=1)
+    first = run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), (), (a, b)), kept)
+    assert states(first) == {"a": "Pending", "b": "Rejected"}, reasons(first)
+    assert reasons(first)["a"].startswith("gang g: 1 of 2 members received (b Rejected")
+    later = run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), (), (replace(a, answered=True),)), kept)
+    assert later.decisions == ()  # the same answer: not given again
+    state = kept.admission
+    assert state is not None
+    run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), (), ()), kept)
+    assert state.gangs.lost == {} and state.gangs.gangs == {}  # nothing kept once the gang has left
