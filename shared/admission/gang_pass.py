@@ -21,16 +21,15 @@ Decided = tuple[Waiting, Decision, list[Block]]
 
 def gang_units(cycle: AdmissionState) -> tuple[list[Decided], list[GangUnit]]:
     """The answers of members that disagree with their gang (Rejected) and of incomplete gangs (Pending,
-    only where the answer changed), and the complete gangs to try."""
+    only where the answer changed), both only for the gangs that changed, and the complete gangs to try."""
     gangs = cycle.gangs
-    units, disagree = gangs.units()
-    decided: list[Decided] = [(w, Decision(State.REJECTED, reason=why), []) for w, why in disagree]
-    for waiting, _ in disagree:
-        gangs.lose(waiting, gangs.members[waiting.key][1])
-    complete = []
-    for unit in units:
+    complete, changed = gangs.units()
+    decided: list[Decided] = []
+    for unit, disagree in changed:
+        for waiting, why in disagree:
+            decided.append((waiting, Decision(State.REJECTED, reason=why), []))
+            gangs.lose(waiting, unit.name)
         if unit.complete:
-            complete.append(unit)
             continue
         reason = (f"gang {unit.name}: {len(unit.members)} of {unit.settings.size} members received"
                   f"{gangs.missing(unit.key)}")

@@ -59,11 +59,17 @@ class WaitingGangs:
         # per gang, its claims Rejected on their own (their spec, or disagreeing): named to the others until
         # the gang has no member left waiting
         self.lost: dict[GangKey, dict[str, None]] = {}
+        # each gang as a unit, worked out again only when a member came, went or was answered: a cycle
+        # reads the gangs that changed and the complete ones, not every incomplete gang
+        self._units: dict[GangKey, tuple[GangUnit, list[tuple[Waiting, str]]]] = {}
+        self._complete: set[GangKey] = set()
+        self._changed: set[GangKey] = set()
 
     def add(self, waiting: Waiting, settings: GangSettings) -> None:
         key = (waiting.tenant, settings.name)
         self.gangs.setdefault(key, {})[waiting.name] = (waiting, settings)
         self.members[waiting.key] = key
+        self._changed.add(key)
 
     def update(self, now: Waiting) -> None:
         """A member rebuilt with the same spec, priority and arrival (it was answered)."""
@@ -71,10 +77,14 @@ class WaitingGangs:
         if key is not None:
             members = self.gangs[key]
             members[now.name] = (now, members[now.name][1])
+            self._changed.add(key)
 
     def lose(self, waiting: Waiting, gang: str) -> None:
         """A claim of the gang is Rejected on its own: the members left waiting say so."""
-        self.lost.setdefault((waiting.tenant, gang), {})[waiting.name] = None
+        names = self.lost.setdefault((waiting.tenant, gang), {})
+        if waiting.name not in names:
+            names[waiting.name] = None
+            self._changed.add((waiting.tenant, gang))
 
     def missing(self, key: GangKey) -> str:
         """What the reason of a gang that waits for members adds about those Rejected, if any."""
@@ -96,6 +106,7 @@ class WaitingGangs:
             return
         members = self.gangs[key]
         del members[waiting.name]
+        self._changed.add(key)
         self.complete_since.pop(key, None)
         self.first_since.pop(key, None)
         if not members:
@@ -109,27 +120,43 @@ class WaitingGangs:
         self.told[waiting.key] = reason
         return True
 
-    def units(self) -> tuple[list[GangUnit], list[tuple[Waiting, str]]]:
-        """Each gang as a unit, in tenant and name order, and the members that disagree with it, with why.
-        The first member to arrive states the gang's settings; a member that states another size or
-        topology, or one more than the size, disagrees (the others go on waiting)."""
-        units, disagree = [], []
-        for key in sorted(self.gangs):
-            ordered = sorted(self.gangs[key].values(), key=lambda m: (m[0].arrival, m[0].name))
-            first, stated = ordered[0][0], ordered[0][1]
-            agreed: list[Waiting] = []
-            for waiting, settings in ordered:
-                problem = _disagreement(key[1], first, stated, settings)
-                if problem is None and len(agreed) == stated.size:
-                    problem = (f"gang {key[1]}: it has its {stated.size} members already "
-                               f"({', '.join(m.name for m in agreed[:4])}{', ...' if stated.size > 4 else ''}); "
-                               "this claim is one more than its gang-size")
-                if problem is not None:
-                    disagree.append((waiting, problem))
-                else:
-                    agreed.append(waiting)
-            units.append(GangUnit(key, stated, tuple(agreed)))
-        return units, disagree
+    def units(self) -> tuple[list[GangUnit], list[tuple[GangUnit, list[tuple[Waiting, str]]]]]:
+        """The complete gangs, in tenant and name order, and each gang that changed since the last call
+        with the members that disagree with it (and why)."""
+        changed = []
+        for key in sorted(self._changed):
+            if key not in self.gangs:
+                self._units.pop(key, None)
+                self._complete.discard(key)
+                continue
+            found = self._units[key] = self._unit(key)
+            changed.append(found)
+            if found[0].complete:
+                self._complete.add(key)
+            else:
+                self._complete.discard(key)
+        self._changed.clear()
+        return [self._units[k][0] for k in sorted(self._complete)], changed
+
+    def _unit(self, key: GangKey) -> tuple[GangUnit, list[tuple[Waiting, str]]]:
+        """The gang as a unit, and its members that disagree with it. The first member to arrive states the
+        gang's settings; a member that states another size or topology, or one more than the size,
+        disagrees (the others go on waiting)."""
+        ordered = sorted(self.gangs[key].values(), key=lambda m: (m[0].arrival, m[0].name))
+        first, stated = ordered[0][0], ordered[0][1]
+        agreed: list[Waiting] = []
+        disagree = []
+        for waiting, settings in ordered:
+            problem = _disagreement(key[1], first, stated, settings)
+            if problem is None and len(agreed) == stated.size:
+                problem = (f"gang {key[1]}: it has its {stated.size} members already "
+                           f"({', '.join(m.name for m in agreed[:4])}{', ...' if stated.size > 4 else ''}); "
+                           "this claim is one more than its gang-size")
+            if problem is not None:
+                disagree.append((waiting, problem))
+            else:
+                agreed.append(waiting)
+        return GangUnit(key, stated, tuple(agreed)), disagree
 
 
 def _disagreement(gang: str, first: Waiting, stated: GangSettings, settings: GangSettings) -> str | None:

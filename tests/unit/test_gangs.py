@@ -539,3 +539,17 @@ def test_a_member_rejected_by_its_own_cel_is_named_to_the_others() -> None:
     assert state is not None
     run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), (), ()), kept)
     assert state.gangs.lost == {} and state.gangs.gangs == {}  # nothing kept once the gang has left
+
+
+def test_incomplete_gangs_that_did_not_change_cost_a_cycle_nothing() -> None:
+    """2,000 incomplete gangs: once answered, a cycle reads no gang (none changed) and answers none."""
+    f = fleet(*node("n", "H100", 8))
+    waiting = tuple(member(f"m{i}", f"g{i}", 2, tenant=f"t{i % 20}", arrival=i) for i in range(2000))
+    kept = KeptState()
+    assert len(run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), waiting), kept).decisions) == 2000
+    waiting = tuple(replace(w, answered=True) for w in waiting)
+    assert run_cycle(Snapshot(f, BUILTIN_CLASSES, QuotaConfig(), (), waiting), kept).decisions == ()
+    state = kept.admission
+    assert state is not None
+    complete, changed = state.gangs.units()
+    assert (complete, changed) == ([], [])
