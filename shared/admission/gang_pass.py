@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from shared.admission.gang_topology import confined, free_per_value, ordered_values
-from shared.admission.gangs import GangUnit
+from shared.admission.gangs import GangKey, GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
 from shared.admission.preemption import try_preempt
 from shared.admission.state import AdmissionState
@@ -133,15 +133,21 @@ def _reserve(cycle: AdmissionState, unit: GangUnit, members: list[Waiting]) -> N
         devices = index.free_on(best[1])[:want]
         held = Allocation(best[1], tuple(DeviceResult(RESERVED, d.driver, d.pool, d.name) for d in devices))
         placement.take(held)
-        cycle.gangs.held_now.append(held)
+        cycle.gangs.held_now.setdefault(unit.key, []).append(held)
 
 
 def release_reserved(cycle: AdmissionState) -> None:
     """The cycle ends: what gangs held for themselves is free again (they take it again at their turn)."""
-    held = cycle.gangs.held_now
+    for key in list(cycle.gangs.held_now):
+        _give_back_held(cycle, key)
+
+
+def _give_back_held(cycle: AdmissionState, key: GangKey) -> list[Allocation]:
+    """What the gang held for itself in this cycle, free again; returned so it may be held again."""
+    held = cycle.gangs.held_now.pop(key, [])
     for allocation in reversed(held):
         cycle.placement.give_back(allocation)
-    held.clear()
+    return held
 
 
 def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
@@ -151,6 +157,7 @@ def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     for a gang that would still not be whole). Gangs with a topology key do not preempt."""
     trials = cycle.trials
     mark = len(cycle.preemptions)
+    held = _give_back_held(cycle, unit.key)  # what it keeps for itself is its own to use
     placed: list[tuple[Waiting, Allocation]] = []
     members = sorted(unit.members, key=lambda m: (-(cycle.room.claim_facts(m).least or 0), m.arrival, m.name))
     for member in members:
@@ -161,6 +168,10 @@ def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
             preempted = try_preempt(cycle, member)
             if preempted is None or preempted.allocation is None:
                 _undo(cycle, placed, mark)
+                for allocation in held:  # kept for it again until the cycle ends
+                    cycle.placement.take(allocation)
+                if held:
+                    cycle.gangs.held_now[unit.key] = held
                 return []
             decision = preempted
         assert decision.allocation is not None

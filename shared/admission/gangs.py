@@ -55,7 +55,7 @@ class WaitingGangs:
         self.domains = Domains()  # the nodes per value of each topology key
         self.refused_now: list[GangUnit] = []  # complete gangs the cycle's pass could not admit
         self.first_since: dict[GangKey, float] = {}  # when a gang was first seen first in its tenant's order
-        self.held_now: list[Allocation] = []  # devices starving gangs hold until the cycle ends
+        self.held_now: dict[GangKey, list[Allocation]] = {}  # what starving gangs hold until the cycle ends
         # per gang, its claims Rejected on their own (their spec, or disagreeing): named to the others until
         # the gang has no member left waiting
         self.lost: dict[GangKey, dict[str, None]] = {}
