@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from shared.admission.gang_topology import confined, free_per_value, ordered_values
+from shared.admission.gang_topology import confined, free_per_value, ordered_values, usable_nodes
 from shared.admission.gangs import GangKey, GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
 from shared.admission.preemption import try_preempt
@@ -232,10 +232,11 @@ def _place_on_one_value(cycle: AdmissionState, unit: GangUnit, members: list[Wai
     alike = len({id(m.claim) for m in members}) == 1 or len({_spec(cycle, m) for m in members}) == 1
     most = max(free.values())
     last: Refusal | None = None
+    usable = usable_nodes(cycle.placement, members)
     for value in ordered_values(free):
         if alike and free[value] < need:
             break  # the rest have fewer still
-        with confined(cycle.placement, cycle.fleet, domains[value]):
+        with confined(cycle.placement, cycle.fleet, domains[value], usable):
             outcome = _place(cycle, members)
         if not isinstance(outcome, Refusal):
             return outcome

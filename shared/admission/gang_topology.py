@@ -55,14 +55,34 @@ def ordered_values(free: Mapping[str, int]) -> list[str]:
     return sorted(free, key=lambda v: (-free[v], v))
 
 
+def usable_nodes(placement: FleetState, members: Sequence[Waiting]) -> frozenset[str]:
+    """The nodes with a device some request (or firstAvailable alternative) of some member accepts: the
+    only ones a confined trial has to close."""
+    nodes: set[str] = set()
+    for member in members:
+        try:
+            requests = placement.plan(member.claim).requests
+        except Rejected:
+            continue
+        for _, alternatives in requests:
+            for alternative in alternatives:
+                try:
+                    nodes |= placement.index(alternative).nodes
+                except Rejected:
+                    continue
+    return frozenset(nodes)
+
+
 @contextlib.contextmanager
-def confined(placement: FleetState, fleet: Fleet, nodes: Sequence[str]) -> Iterator[None]:
-    """Placements made inside use only `nodes`: every other node's free devices are held meanwhile."""
+def confined(placement: FleetState, fleet: Fleet, nodes: Sequence[str], usable: frozenset[str]) -> Iterator[None]:
+    """Placements made inside use only `nodes`: the free devices of every other node in `usable` (where the
+    claims placed could go at all) are held meanwhile."""
     inside = set(nodes)
     in_use = placement.in_use
     held = []
-    for name, inventory in fleet.nodes.items():
-        if name in inside:
+    for name in sorted(usable):
+        inventory = fleet.nodes.get(name)
+        if name in inside or inventory is None:
             continue
         free = tuple(DeviceResult(CONFINED, d.driver, d.pool, d.name) for d in inventory.devices
                      if d.key not in in_use)

@@ -553,3 +553,17 @@ def test_incomplete_gangs_that_did_not_change_cost_a_cycle_nothing() -> None:
     assert state is not None
     complete, changed = state.gangs.units()
     assert (complete, changed) == ([], [])
+
+
+def test_required_topology_with_members_of_different_specs_keeps_them_all_on_one_value() -> None:
+    """Clique B has the most free H100s but too few B200s for m2: both go to clique A."""
+    b200 = 'device.attributes["gpu.nvidia.com"].productName == "B200"'
+    f = labelled(fleet(*node("h1", "H100", 4), *node("b1", "B200", 4), *node("h2", "H100", 4),
+                       *node("h3", "H100", 4), *node("b2", "B200", 2)),
+                 {"h1": {CLIQUE: "A"}, "b1": {CLIQUE: "A"}, "h2": {CLIQUE: "B"}, "h3": {CLIQUE: "B"},
+                  "b2": {CLIQUE: "B"}})
+    h100 = 'device.attributes["gpu.nvidia.com"].productName == "H100"'
+    waiting = [member("m1", count=4, topology=CLIQUE, selectors=(h100,)),
+               member("m2", count=4, topology=CLIQUE, selectors=(b200,), arrival=1)]
+    result = cycle(f, waiting)
+    assert on_nodes(result) == {"m1": "h1", "m2": "b1"}, reasons(result)
