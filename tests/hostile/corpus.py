@@ -474,6 +474,25 @@ def _db_values(corpus: _Corpus) -> None:
                                ("false-upper", "False", "accepted"), ("true", "true", "accepted")):
         corpus.claim(f"db-preemptible-{key}", expect, DB_VALUES,  # type: ignore[arg-type]
                      annotations={"claimbroker.io/preemptible": value})
+    # Gangs (claimbroker.io/gang...): what does not read is refused with the annotation named, never a gang
+    # that could not complete; a lone member of a valid gang waits, holding nothing.
+    gang = "claimbroker.io/gang"
+    for key, written in (
+        ("size-0", {gang: "g", f"{gang}-size": "0"}), ("size-257", {gang: "g", f"{gang}-size": "257"}),
+        ("size-abc", {gang: "g", f"{gang}-size": "abc"}), ("size-negative", {gang: "g", f"{gang}-size": "-1"}),
+        ("size-missing", {gang: "g"}), ("size-float", {gang: "g", f"{gang}-size": "2.0"}),
+        ("name-underscore", {gang: "train_7", f"{gang}-size": "2"}),
+        ("name-64", {gang: "g" * 64, f"{gang}-size": "2"}), ("name-empty", {gang: "", f"{gang}-size": "2"}),
+        ("size-without-gang", {f"{gang}-size": "2"}),
+        ("topology-without-gang", {f"{gang}-topology": "nvidia.com/gpu.clique"}),
+        ("topology-bad-key", {gang: "g", f"{gang}-size": "2", f"{gang}-topology": "not a key!"}),
+        ("mode-unknown", {gang: "g", f"{gang}-size": "2", f"{gang}-topology": "rack", f"{gang}-topology-mode": "x"}),
+        ("wait-unreadable", {gang: "g", f"{gang}-size": "2", f"{gang}-topology": "rack",
+                             f"{gang}-topology-mode": "preferred", f"{gang}-topology-wait": "soon"}),
+    ):
+        corpus.claim(f"db-gang-{key}", "invalid", DB_VALUES, alternatives=("rejected",), annotations=written)
+    corpus.claim("db-gang-lone-member-of-256", "accepted", DB_VALUES,
+                 annotations={gang: "g", f"{gang}-size": "256"}, note="waits for 255 more, holding nothing")
     for key, payload, expect, name in (
         ("number", {"name": 5}, "invalid", None), ("list", [], "invalid", None), ("object", {}, "invalid", None),
         ("null", None, "invalid", None), ("string", "x", "invalid", None),
