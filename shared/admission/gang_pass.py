@@ -5,7 +5,7 @@ is admitted in this cycle or none is (what the earlier members took is given bac
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from shared.admission.gang_topology import confined, free_per_value, ordered_values, usable_nodes
 from shared.admission.gangs import GangKey, GangUnit
@@ -66,8 +66,13 @@ def try_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     try:
         members = sorted(unit.members, key=lambda m: (-(cycle.room.claim_facts(m).least or 0), m.arrival, m.name))
         key = unit.settings.topology
-        if key is None:
+        failed = cycle.gangs.failed_at.get(unit.key) if key is None else None
+        if failed is not None and failed[0] == _stamp(cycle, unit):
+            outcome = failed[1]  # nothing it reads changed since it did not fit
+        elif key is None:
             outcome = _place(cycle, members)
+            if isinstance(outcome, Refusal) and not outcome.decision.cut:
+                cycle.gangs.failed_at[unit.key] = (_stamp(cycle, unit), outcome)
         else:
             outcome = _place_on_one_value(cycle, unit, members, key)
             if isinstance(outcome, Refusal) and _may_split(cycle, unit):
@@ -84,6 +89,14 @@ def try_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     for member, _ in outcome:
         cycle.gangs.told.pop(member.key, None)
     return [(m, Decision(State.ALLOCATED, allocation), []) for m, allocation in outcome]
+
+
+def _stamp(cycle: AdmissionState, unit: GangUnit) -> tuple[Any, ...]:
+    """What a gang's trial reads: its members' capacity versions (a placement under a flavor reads a
+    subset of the devices) and the quota versions of its tenant's cohort and the free capacity."""
+    placement, book = cycle.placement, cycle.book
+    return (tuple(placement.capacity_version(placement.plan(m.claim)) for m in unit.members),
+            book.cohort_version(unit.key[0]), book.free_version)
 
 
 def _reserving(cycle: AdmissionState, unit: GangUnit) -> bool:
@@ -172,6 +185,8 @@ def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
                     cycle.placement.take(allocation)
                 if held:
                     cycle.gangs.held_now[unit.key] = held
+                if (failed := cycle.gangs.failed_at.get(unit.key)) is not None:  # as the trial left it
+                    cycle.gangs.failed_at[unit.key] = (_stamp(cycle, unit), failed[1])
                 return []
             decision = preempted
         assert decision.allocation is not None

@@ -6,6 +6,7 @@ complete. A claim without a gang never reaches this module.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from shared.admission.gang_topology import Domains
 from shared.admission.model import ClaimKey, Waiting
@@ -64,6 +65,10 @@ class WaitingGangs:
         self._units: dict[GangKey, tuple[GangUnit, list[tuple[Waiting, str]]]] = {}
         self._complete: set[GangKey] = set()
         self._changed: set[GangKey] = set()
+        # per complete gang without a topology key that did not fit: what its trial read (its members'
+        # capacity versions, its cohort's and the free capacity's quota versions) and its refusal; while
+        # they are the same its trial would be too (Any: shared.admission.gang_pass's Refusal)
+        self.failed_at: dict[GangKey, tuple[tuple[Any, ...], Any]] = {}
 
     def add(self, waiting: Waiting, settings: GangSettings) -> None:
         key = (waiting.tenant, settings.name)
@@ -125,11 +130,15 @@ class WaitingGangs:
         with the members that disagree with it (and why)."""
         changed = []
         for key in sorted(self._changed):
+            before = self._units.get(key)
             if key not in self.gangs:
                 self._units.pop(key, None)
                 self._complete.discard(key)
+                self.failed_at.pop(key, None)
                 continue
             found = self._units[key] = self._unit(key)
+            if before is None or [m.key for m in before[0].members] != [m.key for m in found[0].members]:
+                self.failed_at.pop(key, None)  # other members: its trial is another one
             changed.append(found)
             if found[0].complete:
                 self._complete.add(key)

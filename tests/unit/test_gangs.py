@@ -567,3 +567,18 @@ def test_required_topology_with_members_of_different_specs_keeps_them_all_on_one
                member("m2", count=4, topology=CLIQUE, selectors=(b200,), arrival=1)]
     result = cycle(f, waiting)
     assert on_nodes(result) == {"m1": "h1", "m2": "b1"}, reasons(result)
+
+
+def test_a_gang_that_did_not_fit_is_tried_again_once_devices_free() -> None:
+    kept = KeptState()
+    busy = cycle(TWO_NODES, [plain("p", tenant="u", count=4)]).decisions[0].decision.allocation
+    assert busy is not None
+    running = (Running("u", "p", busy, preemptible=False),)
+    gang = (member("a", count=4), member("b", count=4, arrival=1))
+    first = run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), running, gang), kept)
+    assert states(first) == {"a": "Pending", "b": "Pending"}
+    answered = tuple(replace(m, answered=True) for m in gang)
+    again = run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), running, answered), kept)
+    assert again.decisions == ()
+    freed = run_cycle(Snapshot(TWO_NODES, BUILTIN_CLASSES, QuotaConfig(), (), answered), kept)
+    assert states(freed) == {"a": "Allocated", "b": "Allocated"}
