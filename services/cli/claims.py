@@ -203,6 +203,9 @@ def simulate(
     min_runtime: Annotated[float, typer.Option(
         "--min-runtime", parser=_duration, metavar="DURATION",
         help="minRuntime of tenants without their own in the Quotas file (e.g. 2m; default 0s)")] = 0.0,
+    gang_reserve_after: Annotated[float, typer.Option(
+        "--gang-reserve-after", parser=_duration, metavar="DURATION",
+        help="gangReserveAfter of tenants without their own in the Quotas file (e.g. 5m; default 0s: off)")] = 0.0,
 ) -> None:
     """Run the allocation decisions offline: the same core the allocator runs, on a clock of its own
     (Advance documents in a claims file let time pass; Release documents release a claim)."""
@@ -219,7 +222,7 @@ def simulate(
         documents = load_inventory(inventory)
         waves = [read_wave(load_yaml_documents(path), tenant, str(path)) for path in claims]
         config = read_quotas_file(quotas) if quotas is not None else QuotaConfig()
-        config = replace(config, default_min_runtime=min_runtime)
+        config = replace(config, default_min_runtime=min_runtime, default_gang_reserve_after=gang_reserve_after)
     except (InventoryFileError, ValueError) as error:
         say_error(str(error))
         raise typer.Exit(1) from None

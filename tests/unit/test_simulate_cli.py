@@ -166,3 +166,16 @@ def test_simulate_min_runtime_is_the_default_for_tenants_without_their_own(tmp_p
                       True: {"borrow": "Allocated", "own": "Pending"}}
     refused = runner.invoke(app, [*base, "--min-runtime", "soon"])
     assert refused.exit_code == 2 and "invalid duration 'soon'" in refused.output
+
+
+def test_simulate_takes_gang_reserve_after_as_a_duration(tmp_path: Path) -> None:
+    """The contract: the broker-wide gangReserveAfter is 0 in simulate unless --gang-reserve-after gives it."""
+    fleet, claims = tmp_path / "fleet.yaml", tmp_path / "w1.yaml"
+    fleet.write_text(CLOCK_FLEET)
+    claims.write_text(CLOCK_CLAIM.format(name="one", tenant="vision", n=1))
+    base = ["simulate", "--inventory", str(fleet), "--claims", str(claims), "-o", "json"]
+    accepted = runner.invoke(app, [*base, "--gang-reserve-after", "5m"])
+    assert accepted.exit_code == 0, accepted.output
+    assert [c["state"] for c in json.loads(accepted.stdout)["claims"]] == ["Allocated"]
+    refused = runner.invoke(app, [*base, "--gang-reserve-after", "soon"])
+    assert refused.exit_code == 2 and "invalid duration 'soon'" in refused.output
