@@ -85,6 +85,7 @@ class AllocatorSettings:
     inventory_ttl: float
     reason_refresh: float
     min_runtime: float
+    gang_reserve_after: float
     tenant_placement_budget: int
     placement_continue_after: float
     inbox_retention: float
@@ -236,6 +237,9 @@ class BrokerSettings(BaseSettings):
     # its tenant's minRuntime (Quotas) says otherwise: preemption that does not thrash. Priority preemption
     # within a tenant is not held back.
     min_runtime: float = 120.0
+    # A gang first in its tenant's fair-share order this long keeps the devices it needs as they free, unless
+    # its tenant's gangReserveAfter (Quotas) says otherwise (0: off): no gang waits forever behind small claims.
+    gang_reserve_after: float = Field(default=300.0, ge=0.0)
     # What one tenant's claims may spend on placement per decision cycle (the units of shared/dra/budget.py,
     # about 4 us each): a claim whose search costs more goes on in later cycles, so a tenant's expensive
     # claims wait their turn while other tenants' claims are decided beside them.
@@ -252,7 +256,8 @@ class BrokerSettings(BaseSettings):
     # releases of names never submitted cannot grow the ledger, and costs only its own tenant.
     early_releases_per_tenant: int = Field(default=1000, ge=1)
 
-    @field_validator("pending_alert_after", "reason_refresh", "min_runtime", "inbox_retention", mode="before")
+    @field_validator("pending_alert_after", "reason_refresh", "min_runtime", "gang_reserve_after", "inbox_retention",
+                     mode="before")
     @classmethod
     def _duration(cls, value: str | float) -> float:
         return parse_duration(value)

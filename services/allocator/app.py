@@ -25,6 +25,7 @@ def create_app(settings: AllocatorSettings, engine: AsyncEngine, nats_url: str) 
         engine, classes, batch=settings.allocator_batch, ack_wait=settings.allocator_ack_wait,
         max_deliver=settings.max_deliver, inventory_ttl=settings.inventory_ttl,
         reason_refresh=settings.reason_refresh, min_runtime=settings.min_runtime,
+        gang_reserve_after=settings.gang_reserve_after,
         tenant_budget=settings.tenant_placement_budget, continue_after=settings.placement_continue_after,
         inbox_retention=settings.inbox_retention, early_releases_per_tenant=settings.early_releases_per_tenant),
         settings.tls_ca)

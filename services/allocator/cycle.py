@@ -22,7 +22,7 @@ from services.runtime.gc_tuning import CollectorPacing
 from shared.admission.cycle import run_cycle
 from shared.admission.kept import KeptState
 from shared.admission.model import Snapshot, Waiting
-from shared.admission.quota import QuotaConfig
+from shared.admission.quota import DEFAULT_GANG_RESERVE_AFTER, QuotaConfig
 from shared.contract import events, subjects
 from shared.dra import model as dra
 from shared.dra.budget import TENANT_BUDGET
@@ -48,7 +48,8 @@ class DecisionCycle:
     placement work short (the next one comes soon)."""
 
     def __init__(self, classes: Mapping[str, dra.DeviceClass], inventory: Inventory, metrics: DecisionMetrics, *,
-                 reason_refresh: float = 60.0, min_runtime: float = 0.0, tenant_budget: int = TENANT_BUDGET,
+                 reason_refresh: float = 60.0, min_runtime: float = 0.0,
+                 gang_reserve_after: float = DEFAULT_GANG_RESERVE_AFTER, tenant_budget: int = TENANT_BUDGET,
                  clock: Callable[[], float] = time.time) -> None:
         self.classes = dict(classes)
         self.inventory = inventory
@@ -59,6 +60,7 @@ class DecisionCycle:
         self.reasons = ReasonRefresh(reason_refresh, clock)
         self.set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
         self.min_runtime = min_runtime  # for tenants without a minRuntime of their own
+        self.gang_reserve_after = gang_reserve_after  # for tenants without a gangReserveAfter of their own
         self.tenant_budget = tenant_budget  # placement work per tenant and cycle (shared/dra/budget.py)
         self.clock = clock
         self.waiting = True
@@ -88,8 +90,10 @@ class DecisionCycle:
         waiting, changes = held.waiting.snapshot()
         if self.set_aside:  # compared in full, not by the changes recorded
             waiting = self._without_set_aside(waiting, held)
-        if config.default_min_runtime != self.min_runtime:
-            config = replace(config, default_min_runtime=self.min_runtime)
+        if (config.default_min_runtime, config.default_gang_reserve_after) != (self.min_runtime,
+                                                                               self.gang_reserve_after):
+            config = replace(config, default_min_runtime=self.min_runtime,
+                             default_gang_reserve_after=self.gang_reserve_after)
         cycle_at = self.clock()
         limited = any(t.max_preemptions_per_minute is not None for t in config.tenants.values())
         recent = await queue.recent_preemptions(work, cycle_at - 60.0) if limited else {}

@@ -36,6 +36,7 @@ from services.bus.consumer import PullConsumer
 from services.bus.streams import ensure_streams
 from services.runtime.ledger_pruning import Pruner
 from services.runtime.outage import Outage, publish_degraded, until_done
+from shared.admission.quota import DEFAULT_GANG_RESERVE_AFTER
 from shared.contract import subjects
 from shared.contract.messages import NodeInventory
 from shared.dra import model as dra
@@ -63,6 +64,7 @@ class Allocator:
         depth_interval: float = 1.0,
         shard: str = "default",
         min_runtime: float = 0.0,
+        gang_reserve_after: float = DEFAULT_GANG_RESERVE_AFTER,
         tenant_budget: int = TENANT_BUDGET,
         continue_after: float = 0.1,
         clock: Callable[[], float] = time.time,
@@ -80,7 +82,8 @@ class Allocator:
         self.inventory = Inventory(inventory_ttl, clock)
         metrics = DecisionMetrics(depth_interval)
         self.cycle = DecisionCycle(classes, self.inventory, metrics, reason_refresh=reason_refresh,
-                                   min_runtime=min_runtime, tenant_budget=tenant_budget, clock=clock)
+                                   min_runtime=min_runtime, gang_reserve_after=gang_reserve_after,
+                                   tenant_budget=tenant_budget, clock=clock)
         self.transaction = DecisionTransaction(
             self.sessions, self.cycle, metrics, shard=shard, holder=f"{socket.gethostname()}:{id(self):x}",
             cycle_interval=cycle_interval, clock=clock, early_releases_per_tenant=early_releases_per_tenant,

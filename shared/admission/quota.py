@@ -29,6 +29,9 @@ class QuotaFileError(ValueError):
     """A Quotas document that cannot be used; the message names the field."""
 
 
+DEFAULT_GANG_RESERVE_AFTER = 300.0  # seconds: the contract's 5m, for tenants without a gangReserveAfter
+
+
 @dataclass(frozen=True)
 class Flavor:
     name: str
@@ -153,7 +156,7 @@ class QuotaConfig:
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     listed_flavors: tuple[Flavor, ...] = ()  # the ones the admin wrote, for export
     default_min_runtime: float = 0.0  # for tenants without a minRuntime: the broker's setting
-    default_gang_reserve_after: float = 300.0  # for tenants without a gangReserveAfter (the contract's 5m)
+    default_gang_reserve_after: float = DEFAULT_GANG_RESERVE_AFTER  # for tenants without a gangReserveAfter
 
     def min_runtime(self, tenant: str) -> float:
         """Seconds a claim of `tenant` runs before fair share or reclaim may preempt it."""
