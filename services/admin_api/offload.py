@@ -178,15 +178,36 @@ def _work(answers: Connection, job: Job, reach: Reach, limits: Limits, args: tup
     _second_to_the_broker(limits.memory)
     try:
         answer = asyncio.run(_answer(job, reach, limits, args))
-    except MemoryError:
-        answer = problem_answer(503, "admin work out of memory", (
-            f"the job needed more than {limits.memory / 2**20:,.0f} MiB (CLAIMBROKER_ADMIN_JOB_MEMORY) and was "
-            "stopped: propose less (fewer nodes, tenants or quotas)"))
-    except Exception:  # the worker's last resort: whatever the job raised, the request gets an answer
-        log.exception("admin job %s failed", getattr(job, "__name__", job))
-        answer = problem_answer(500, "Internal Server Error", "the server failed; see its log")
+    except Exception as error:  # the worker's last resort: whatever the job raised, the request gets an answer
+        answer = _failed(job, limits, error)
     answers.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
     answers.close()
+
+
+def _failed(job: Job, limits: Limits, error: Exception) -> Answer:
+    """The answer to a job that raised. Out of memory is said as such: a MemoryError, or any error raised
+    with the address space at its limit (an allocation that fails inside C code may surface as another
+    error, SystemError "error return without exception set" among them)."""
+    if isinstance(error, MemoryError) or _at_memory_limit(max(64 * 2**20, limits.memory // 4)):
+        return problem_answer(503, "admin work out of memory", (
+            f"the job needed more than {limits.memory / 2**20:,.0f} MiB (CLAIMBROKER_ADMIN_JOB_MEMORY) and was "
+            "stopped: propose less (fewer nodes, tenants or quotas)"))
+    log.error("admin job %s failed", getattr(job, "__name__", job), exc_info=error)
+    return problem_answer(500, "Internal Server Error", "the server failed; see its log")
+
+
+def _at_memory_limit(margin: int) -> bool:
+    """Whether this process's address space is within `margin` of its limit (RLIMIT_AS, set by
+    `_second_to_the_broker`): an allocation of a job that raised here most likely failed for want of it."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return False
+    try:
+        with open("/proc/self/status") as status:
+            size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmPeak:"))
+    except (OSError, ValueError, StopIteration):
+        return False
+    return size >= limit - margin
 
 
 def _context() -> Any:
