@@ -361,6 +361,17 @@ async def test_alerts_credentials_read_every_tenant_or_one_and_publish_nothing(
     try:
         everything = await Inbox().watch(fleet.nc, subjects.ALERTS_ALL)
         visions = await Inbox().watch(vision.nc, subjects.alerts_of("vision"))
+        # A new credential's account reaches the alerts once nats-server has reloaded what the bus authority
+        # wrote (a loaded machine takes a moment): probe until both readers hear, then start from nothing.
+        for _ in range(int(WAIT_S / 0.1)):
+            await admin.nc.publish(subjects.alert("info", "probe", "vision"), b"{}")
+            await asyncio.sleep(0.1)
+            if visions.messages and everything.messages:
+                break
+        for connection in (admin, fleet, vision):
+            await connection.nc.flush()  # every probe delivered before the readers are emptied
+        everything.messages.clear()
+        visions.messages.clear()
         sent = [subjects.alert("warning", "test", "research"), subjects.alert("critical", "node-lost"),
                 subjects.alert("warning", "test", "vision")]
         for subject in sent:  # in this order: vision's last, so once it arrived the others had their chance
