@@ -7,7 +7,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import Field
 
-from services.admin_api.common import PROBLEMS, Caller, Model, Session, Stamp
+from services.admin_api.access import Caller, Session
+from services.admin_api.fields import Model, Stamp
+from services.admin_api.problems import PROBLEMS
 from shared.ledger.alerts import open_counts
 
 router = APIRouter(responses=PROBLEMS)

@@ -29,10 +29,12 @@ from services.admin_api import (
     waiting,
     whatif,
 )
-from services.admin_api.common import Problem, Session, phrase, problem, storable_parameters
+from services.admin_api.access import Session
+from services.admin_api.fields import storable_parameters
 from services.admin_api.live import LiveFeed
 from services.admin_api.offload import AdminWorkers, BodyLimit, Limits, Reach, validation_detail
 from services.admin_api.page import USAGE_PAGE
+from services.admin_api.problems import Problem, phrase, problem
 from shared.dra.inventory import Fleet
 from shared.ledger.engine import sessions
 from shared.ledger.errors import LEDGER_ERRORS

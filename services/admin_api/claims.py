@@ -8,7 +8,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import Field
 
-from services.admin_api.common import PROBLEMS, Caller, Model, Name, Principal, Session, Stamp, admin, visible
+from services.admin_api.access import Caller, Principal, Session, admin, visible
+from services.admin_api.fields import Model, Name, Stamp
+from services.admin_api.problems import PROBLEMS
 from shared.ledger import alerts, audit, dead_letters
 from shared.ledger.claim_listing import ClaimFilter, claim_events, claim_named, claim_page
 from shared.ledger.handles import AsyncSession

@@ -7,7 +7,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Request
 from pydantic import Field, model_validator
 
-from services.admin_api.common import PROBLEMS, Caller, DnsLabel, Input, Model, Session, Stamp, admin
+from services.admin_api.access import Caller, Session, admin
+from services.admin_api.fields import DnsLabel, Input, Model, Stamp
+from services.admin_api.problems import PROBLEMS
 from shared.contract import bus_auth
 from shared.ledger.bus_credentials import add_credential, list_credentials, revoke_credential
 

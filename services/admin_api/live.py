@@ -26,7 +26,8 @@ from fastapi.responses import StreamingResponse
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.admin_api.common import PROBLEMS, Caller, Principal
+from services.admin_api.access import Caller, Principal
+from services.admin_api.problems import PROBLEMS
 from services.bus.connection import BUS_ERRORS
 from shared.contract import subjects
 from shared.contract.messages import UnreadableStatus, read_status

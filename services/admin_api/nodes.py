@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import Field
 
-from services.admin_api.common import PROBLEMS, Caller, Model, Session
+from services.admin_api.access import Caller, Session
+from services.admin_api.fields import Model
+from services.admin_api.problems import PROBLEMS
 from shared.dra.inventory import THROTTLED, UNHEALTHY, Fleet, FleetDevice
 from shared.fleet.freshness import iso, judge
 from shared.ledger.holdings import device_holders

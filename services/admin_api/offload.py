@@ -39,7 +39,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.admin_api.common import PROBLEM, Problem, phrase, problem
+from services.admin_api.problems import PROBLEM, Problem, phrase, problem
 from services.runtime.logs import mask_last_resort
 from shared.ledger.handles import SessionFactory
 from shared.settings import AdminApiSettings, BrokerSettings

@@ -16,8 +16,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from services.admin_api.common import INT32_MAX, PROBLEMS, Caller, Model, Problem, Session, admin, problem_doc
+from services.admin_api.access import Caller, Session, admin
+from services.admin_api.fields import INT32_MAX, Model
 from services.admin_api.offload import Answer, Limits, Reach, ledger, workers
+from services.admin_api.problems import PROBLEMS, Problem, problem_doc
 from shared.admission.quota import QuotaConfig, QuotaFileError, parse_quotas
 from shared.dra import model as dra
 from shared.dra.cel import SelectorError, compile_selector

@@ -9,23 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Body, HTTPException
 from pydantic import Field
 
-from services.admin_api.common import (
-    INT32_MAX,
-    PROBLEMS,
-    Caller,
-    DnsLabel,
-    Input,
-    LabelName,
-    Model,
-    Name,
-    Problem,
-    Session,
-    admin,
-    audit,
-    dump,
-    problem_doc,
-    visible,
-)
+from services.admin_api.access import Caller, Session, admin, audit, visible
+from services.admin_api.fields import INT32_MAX, DnsLabel, Input, LabelName, Model, Name, dump
+from services.admin_api.problems import PROBLEMS, Problem, problem_doc
 from shared.admission.quota import BUILTIN_FLAVORS
 from shared.dra.cel import SelectorError, compile_selector
 from shared.ledger import flavors, quotas, tenants

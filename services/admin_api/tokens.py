@@ -6,7 +6,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path
 from pydantic import Field
 
-from services.admin_api.common import PROBLEMS, Caller, DnsLabel, Input, Model, Session, Stamp, admin
+from services.admin_api.access import Caller, Session, admin
+from services.admin_api.fields import DnsLabel, Input, Model, Stamp
+from services.admin_api.problems import PROBLEMS
 from shared.ledger.tokens import MAX_TTL_S, add_token, list_tokens, revoke_token
 
 router = APIRouter(responses=PROBLEMS)

@@ -10,7 +10,9 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import Field
 
-from services.admin_api.common import PROBLEMS, Caller, Model, Session, visible
+from services.admin_api.access import Caller, Session, visible
+from services.admin_api.fields import Model
+from services.admin_api.problems import PROBLEMS
 from shared.ledger import usage_history
 from shared.ledger.quota_store import load_quota_config
 

@@ -11,7 +11,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import Field
 
-from services.admin_api.common import PROBLEMS, Caller, Model, Principal, Session, Stamp
+from services.admin_api.access import Caller, Principal, Session
+from services.admin_api.fields import Model, Stamp
+from services.admin_api.problems import PROBLEMS
 from shared.ledger import pending
 from shared.ledger.handles import AsyncSession
 from shared.ledger.tenants import pending_alert_after

@@ -17,9 +17,11 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 from pydantic import Field, ValidationError
 
-from services.admin_api.common import PROBLEMS, Caller, Input, Problem, admin, problem_doc
+from services.admin_api.access import Caller, admin
+from services.admin_api.fields import Input
 from services.admin_api.nodes import last_heard_of
 from services.admin_api.offload import Answer, Limits, Reach, json_answer, ledger, validation_detail, workers
+from services.admin_api.problems import PROBLEMS, Problem, problem_doc
 from shared.admission.quota import QuotaFileError, parse_quotas
 from shared.admission.whatif import Change, what_if
 from shared.contract.events import node_inventories
