@@ -30,7 +30,7 @@ from shared.admission.quota_room import QuotaRoom
 from shared.admission.trial_admission import TrialAdmission
 from shared.dra.allocation import FleetState
 from shared.dra.budget import BudgetExceeded
-from shared.dra.claims import GANG_ANNOTATION, InvalidClaim, gang_of
+from shared.dra.claims import InvalidClaim, gang_name, gang_of
 from shared.dra.matching import SelectorMemo
 from shared.dra.plan import Plan
 from shared.dra.results import Allocation, Rejected
@@ -124,8 +124,8 @@ class AdmissionState:
                 facts = self.room.plan_facts(plan)
         except Rejected:
             queue.refuse(waiting)
-            if (gang_name := waiting.claim.metadata.annotations.get(GANG_ANNOTATION)) is not None:
-                self.gangs.lose(waiting, gang_name)  # its gang's members name it
+            if (lost := gang_name(waiting.claim)) is not None:
+                self.gangs.lose(waiting, lost)  # its gang's members name it
             return
         except BudgetExceeded:  # its selectors cost more than its tenant has left: it goes on in the next cycle
             queue.unprepared.setdefault(waiting.key, waiting)

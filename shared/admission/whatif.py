@@ -16,7 +16,7 @@ from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot, Wai
 from shared.admission.quota import QuotaConfig
 from shared.admission.settling import run_until_settled
 from shared.dra import model as dra
-from shared.dra.claims import GANG_ANNOTATION
+from shared.dra.claims import gang_name
 from shared.dra.inventory import Fleet, NodeInventory
 from shared.dra.results import State
 
@@ -96,7 +96,7 @@ class _Running(Running):
 
 def _running_of(waiting: Waiting, allocation: Any, order: int) -> _Running:
     return _Running(waiting.tenant, waiting.name, allocation, waiting.priority, waiting.preemptible,
-                    waiting.arrival, order, gang=waiting.claim.metadata.annotations.get(GANG_ANNOTATION),
+                    waiting.arrival, order, gang=gang_name(waiting.claim),
                     claim=waiting.claim)
 
 

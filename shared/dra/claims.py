@@ -88,6 +88,12 @@ def _annotation_problem(name: str, value: str, rule: str) -> InvalidClaim:
     return InvalidClaim(f"metadata.annotations[{name}]: {dra.shown(value)} {rule}")
 
 
+def gang_name(claim: dra.ResourceClaim) -> str | None:
+    """The gang a claim belongs to, by its annotation as written (a claim that was accepted has read it
+    strictly already): what running and waiting claims are grouped by."""
+    return claim.metadata.annotations.get(GANG_ANNOTATION)
+
+
 def gang_of(annotations: Mapping[str, str]) -> GangSettings | None:
     """The claim's gang from its annotations, strictly: a gang-size that does not read would otherwise split
     a job into gangs that never complete. None for a claim without the gang annotation (a dict lookup)."""

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from shared.admission.model import Running, Waiting
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra import model as dra
-from shared.dra.claims import GANG_ANNOTATION
+from shared.dra.claims import gang_name
 from shared.dra.results import Allocation, State
 from shared.ledger.schema import OUTSIDE, Claim, ClaimEvent
 from shared.ledger.unit_of_work import UnitOfWork, in_chunks
@@ -197,7 +197,7 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
                                       since, running.gang)
             elif allocation := allocations.get(row_id):
                 running = Running(namespace, name, Allocation.from_json(allocation), priority, preemptible,
-                                  arrival, order, since, documents[row_id].metadata.annotations.get(GANG_ANNOTATION))
+                                  arrival, order, since, gang_name(documents[row_id]))
             else:  # an allocated row without an allocation holds nothing
                 cache.drop(row_id)
                 continue
