@@ -12,6 +12,7 @@ from shared.admission.gangs import GangKey, GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
 from shared.admission.preemption import try_preempt
 from shared.admission.state import AdmissionState
+from shared.contract.gang_reasons import incomplete_reason
 from shared.dra.results import Allocation, Decision, DeviceResult, Rejected, State
 
 RESERVED = "gang-reserve"  # the request name of the devices a starving gang holds (never given to a claim)
@@ -31,8 +32,7 @@ def gang_units(cycle: AdmissionState) -> tuple[list[Decided], list[GangUnit]]:
             gangs.lose(waiting, unit.name)
         if unit.complete:
             continue
-        reason = (f"gang {unit.name}: {len(unit.members)} of {unit.settings.size} members received"
-                  f"{gangs.missing(unit.key)}")
+        reason = incomplete_reason(unit.name, len(unit.members), unit.settings.size, gangs.missing(unit.key))
         decided.extend((m, Decision(State.PENDING, reason=reason), []) for m in unit.members if gangs.due(m, reason))
     return decided, complete
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from shared.admission.gang_topology import Domains
 from shared.admission.model import ClaimKey, Waiting
+from shared.contract.gang_reasons import rejected_note
 from shared.dra.claims import GangSettings
 from shared.dra.results import Allocation
 
@@ -93,11 +94,7 @@ class WaitingGangs:
 
     def missing(self, key: GangKey) -> str:
         """What the reason of a gang that waits for members adds about those Rejected, if any."""
-        names = [n for n in self.lost.get(key, ()) if n not in self.gangs.get(key, ())]
-        if not names:
-            return ""
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        return f" ({shown} Rejected: a member with its name has to be submitted again)"
+        return rejected_note([n for n in self.lost.get(key, ()) if n not in self.gangs.get(key, ())])
 
     def remove(self, waiting: Waiting) -> None:
         self.invalid.pop(waiting.key, None)
