@@ -118,6 +118,7 @@ def configure(verbose: bool, log_format: str = "text") -> None:
         logging.getLogger(BATCHES).setLevel(logging.WARNING)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a line per plugin, every start
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)  # a line per file system event it sees
     asyncio_log = logging.getLogger("asyncio")
     if _not_nats_tls_eof not in asyncio_log.filters:
         asyncio_log.addFilter(_not_nats_tls_eof)

@@ -84,8 +84,12 @@ class FileWatcher:
         await until_done(self.publish_once, nats, fatal=(InventoryFileError,))
         log.info("watcher published %d node(s)", len(self.published))
         folders = sorted({p.resolve().parent for p in self.paths} | {p.absolute().parent for p in self.paths})
+        # Only the files wake it (and the `..data` link Kubernetes' ConfigMap mounts swap): their folder may
+        # also hold files that change all the time, such as the log `up ... 2> up.log` writes.
+        watched = {str(p.resolve()) for p in self.paths} | {str(p.absolute()) for p in self.paths}
         changes = watchfiles.awatch(*folders, debounce=50, rust_timeout=int(self.poll_interval * 1000),
-                                    yield_on_timeout=True, recursive=False, ignore_permission_denied=True)
+                                    yield_on_timeout=True, recursive=False, ignore_permission_denied=True,
+                                    watch_filter=lambda _change, path: path in watched or "/.." in path)
         woken = asyncio.ensure_future(anext(changes))
         await asyncio.sleep(0)  # the generator's first step sets the watch up; from here no edit is missed
         try:
