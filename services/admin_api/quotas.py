@@ -224,7 +224,8 @@ def _unstorable(document: Any, config: QuotaConfig) -> str | None:
             return f"{at}.name: {dra.shown(tenant.name)} {dra.DNS_LABEL_RULE}"
         if tenant.cohort is not None and not dra.is_dns_label(tenant.cohort):
             return f"{at}.cohort: {dra.shown(tenant.cohort)} {dra.DNS_LABEL_RULE}"
-        for number, value in (("weight", tenant.weight), ("pendingAlertAfter", tenant.pending_alert_after)):
+        for number, value in (("weight", tenant.weight), ("pendingAlertAfter", tenant.pending_alert_after),
+                              ("gangReserveAfter", tenant.gang_reserve_after)):
             if value is not None and not math.isfinite(value):
                 return f"{at}.{number}: must be a finite number"
         for flavor, limit in tenant.quotas.items():

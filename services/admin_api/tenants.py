@@ -39,6 +39,9 @@ class TenantIn(Input):
         "none: the broker's default"))
     max_preemptions_per_minute: int | None = Field(default=None, ge=0, le=INT32_MAX, description=(
         "the tenant's claims preempted for fair share or reclaim a minute at most; none: no limit"))
+    gang_reserve_after: float | None = Field(default=None, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description=(
+        "seconds: a gang of the tenant's claims first in its fair-share order this long keeps the devices it needs "
+        "as they free; 0: never; none: the broker's default (CLAIMBROKER_GANG_RESERVE_AFTER)"))
 
 
 class TenantOut(Model):
@@ -50,6 +53,7 @@ class TenantOut(Model):
     max_pending: int | None
     min_runtime: float | None = Field(description="seconds")
     max_preemptions_per_minute: int | None
+    gang_reserve_after: float | None = Field(description="seconds")
 
 
 class QuotaIn(Input):
@@ -94,7 +98,8 @@ class FlavorOut(Model):
 def tenant_out(row: Tenant) -> TenantOut:
     return TenantOut(name=row.name, cohort=row.cohort, weight=row.weight, pending_alert_after=row.pending_alert_after_s,
                      admin_access=bool(row.admin_access), max_pending=row.max_pending,
-                     min_runtime=row.min_runtime_s, max_preemptions_per_minute=row.max_preemptions_per_minute)
+                     min_runtime=row.min_runtime_s, max_preemptions_per_minute=row.max_preemptions_per_minute,
+                     gang_reserve_after=row.gang_reserve_after_s)
 
 
 async def _tenant_or_404(s: AsyncSession, name: str) -> Tenant:
@@ -124,7 +129,7 @@ async def put_tenant(name: LabelName, body: TenantIn, s: Session, token: Caller)
     time is created here, in the same write (and audit row) as the tenant, so no separate step is needed."""
     admin(token)
     settings = TenantSettings(body.cohort, body.weight, body.pending_alert_after, body.admin_access, body.max_pending,
-                              body.min_runtime, body.max_preemptions_per_minute)
+                              body.min_runtime, body.max_preemptions_per_minute, body.gang_reserve_after)
     async with s.begin():
         before, row = await tenants.put_tenant(s, name, settings)
         after = tenant_out(row)

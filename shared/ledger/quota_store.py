@@ -40,7 +40,7 @@ class Change:
 # column each key comes from is named once, so an import can write a row back from its `after`.
 TENANT_COLUMNS = {"name": "name", "cohort": "cohort", "weight": "weight", "pendingAlertAfter": "pending_alert_after_s",
                   "adminAccess": "admin_access", "maxPending": "max_pending", "minRuntime": "min_runtime_s",
-                  "maxPreemptionsPerMinute": "max_preemptions_per_minute"}
+                  "maxPreemptionsPerMinute": "max_preemptions_per_minute", "gangReserveAfter": "gang_reserve_after_s"}
 QUOTA_COLUMNS = {"tenant": "tenant", "flavor": "flavor", "nominal": "nominal", "borrowingLimit": "borrowing_limit",
                  "lendingLimit": "lending_limit"}
 FLAVOR_COLUMNS = {"name": "name", "selector": "selector", "value": "value", "position": "position"}
@@ -77,11 +77,12 @@ async def load_quota_config(session: AsyncSession) -> QuotaConfig:
             .order_by(Quota.tenant, Quota.flavor)):
         limits.setdefault(tenant, {})[flavor] = QuotaLimit(nominal, borrowing, lending)
     tenants = {name: TenantQuota(name, cohort, float(weight), pending_after, limits.get(name, {}), bool(admin),
-                                 max_pending, min_runtime, most)
-               for name, cohort, weight, pending_after, admin, max_pending, min_runtime, most in await session.execute(
+                                 max_pending, min_runtime, most, reserve_after)
+               for name, cohort, weight, pending_after, admin, max_pending, min_runtime, most, reserve_after
+               in await session.execute(
                    select(Tenant.name, Tenant.cohort, Tenant.weight, Tenant.pending_alert_after_s,
                           Tenant.admin_access, Tenant.max_pending, Tenant.min_runtime_s,
-                          Tenant.max_preemptions_per_minute).order_by(Tenant.name))}
+                          Tenant.max_preemptions_per_minute, Tenant.gang_reserve_after_s).order_by(Tenant.name))}
     return QuotaConfig(merge_flavors(listed), cohorts, tenants, listed)
 
 
@@ -96,7 +97,8 @@ def _wanted_tenant(tenant: TenantQuota) -> dict[str, Any]:
     return {"name": tenant.name, "cohort": tenant.cohort, "weight": float(tenant.weight),
             "pendingAlertAfter": tenant.pending_alert_after, "adminAccess": bool(tenant.admin_access),
             "maxPending": tenant.max_pending, "minRuntime": tenant.min_runtime,
-            "maxPreemptionsPerMinute": tenant.max_preemptions_per_minute}
+            "maxPreemptionsPerMinute": tenant.max_preemptions_per_minute,
+            "gangReserveAfter": tenant.gang_reserve_after}
 
 
 def _wanted_quota(tenant: str, flavor: str, limit: QuotaLimit) -> dict[str, Any]:

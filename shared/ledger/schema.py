@@ -57,6 +57,7 @@ class Tenant(Base):
     max_pending: Mapped[int | None] = mapped_column(Integer, nullable=True)
     min_runtime_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_preemptions_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gang_reserve_after_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: the broker's; 0: off
 
 
 class Flavor(Base):
@@ -154,6 +155,20 @@ class EarlyRelease(Base):
     name: Mapped[str] = mapped_column(String(253), primary_key=True)
     released_seq: Mapped[int] = mapped_column(BigInteger)  # the claims stream's sequence of the release
     released_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class GangWait(Base):
+    """A waiting gang's clocks, as the allocator's admission state last had them (unix seconds; None: not
+    running): since when it has been first in its tenant's order (its gangReserveAfter counts from it) and
+    since when it has been complete (its gang-topology-wait). Written as they change, in the decision
+    transaction, so a restarted allocator counts on (shared/ledger/gang_waits.py); a row goes when its
+    gang is admitted or has no member waiting."""
+
+    __tablename__ = "gang_waits"
+    tenant: Mapped[str] = mapped_column(String(253), primary_key=True)
+    gang: Mapped[str] = mapped_column(String(253), primary_key=True)
+    complete_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_since: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class OutboxEvent(Base):

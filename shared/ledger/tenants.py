@@ -25,6 +25,7 @@ class TenantSettings:
     max_pending: int | None
     min_runtime_s: float | None
     max_preemptions_per_minute: int | None
+    gang_reserve_after_s: float | None = None  # None: the broker's default; 0: off
 
 
 async def tenants(session: AsyncSession, only: str | None = None) -> list[Tenant]:
@@ -56,6 +57,7 @@ async def put_tenant(session: AsyncSession, name: str,
     row.max_pending = settings.max_pending
     row.min_runtime_s = settings.min_runtime_s
     row.max_preemptions_per_minute = settings.max_preemptions_per_minute
+    row.gang_reserve_after_s = settings.gang_reserve_after_s
     return before, row
 
 

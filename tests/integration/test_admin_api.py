@@ -90,7 +90,7 @@ async def test_tenant_crud_creates_cohorts_and_audits(api: Api) -> None:
     assert created.json() == {
         "name": "vision", "cohort": "research", "weight": 2.0, "pendingAlertAfter": 600.0,
         "adminAccess": False, "maxPending": None,
-        "minRuntime": None, "maxPreemptionsPerMinute": None}
+        "minRuntime": None, "maxPreemptionsPerMinute": None, "gangReserveAfter": None}
     async with api.factory() as s:
         assert await s.get(Cohort, "research") is not None, "naming a cohort creates it"
 
@@ -104,14 +104,23 @@ async def test_tenant_crud_creates_cohorts_and_audits(api: Api) -> None:
     assert updated.json()["weight"] == 3.0 and updated.json()["pendingAlertAfter"] is None, "PUT replaces"
     assert (await api.client.get("/v1/tenants/vision", headers=api.viewer)).json() == updated.json()
     marked = await api.client.put("/v1/tenants/speech", json={"adminAccess": True, "maxPending": 50,
-                                                              "minRuntime": 300, "maxPreemptionsPerMinute": 4},
+                                                              "minRuntime": 300, "maxPreemptionsPerMinute": 4,
+                                                              "gangReserveAfter": 600},
                                   headers=api.admin)
     assert (marked.json()["adminAccess"], marked.json()["maxPending"]) == (True, 50)
     assert (marked.json()["minRuntime"], marked.json()["maxPreemptionsPerMinute"]) == (300.0, 4)
+    assert marked.json()["gangReserveAfter"] == 600.0
     async with api.factory() as s:
-        speech = (await load_quota_config(s)).tenant("speech")
+        config = await load_quota_config(s)
+        speech = config.tenant("speech")
         assert speech.admin_access and speech.max_pending == 50, "the allocator reads them"
         assert (speech.min_runtime, speech.max_preemptions_per_minute) == (300.0, 4)
+        assert (config.gang_reserve_after("speech"), config.gang_reserve_after("vision")) == (600.0, 300.0), (
+            "its own gangReserveAfter; the broker's default (5m) for a tenant without one")
+    off = await api.client.put("/v1/tenants/speech", json={"gangReserveAfter": 0}, headers=api.admin)
+    assert off.status_code == 200 and off.json()["gangReserveAfter"] == 0.0, "0: off, not the default"
+    async with api.factory() as s:
+        assert (await load_quota_config(s)).gang_reserve_after("speech") == 0.0
 
     assert (await api.client.delete("/v1/tenants/vision", headers=api.admin)).status_code == 204
     assert_problem(await api.client.get("/v1/tenants/vision", headers=api.admin), 404)
@@ -123,12 +132,14 @@ async def test_tenant_crud_creates_cohorts_and_audits(api: Api) -> None:
         (f"token:{api.admin_id}", "put", "tenant/speech"),
         (f"token:{api.admin_id}", "put", "tenant/vision"),
         (f"token:{api.admin_id}", "put", "tenant/speech"),
+        (f"token:{api.admin_id}", "put", "tenant/speech"),
         (f"token:{api.admin_id}", "delete", "tenant/vision"),
     ]
     assert entries[0].before is None and entries[0].after == created.json()
     assert entries[2].before == created.json() and entries[2].after == updated.json()
     assert entries[3].after == marked.json()
-    assert entries[4].before == updated.json() and entries[4].after is None
+    assert entries[4].before == marked.json() and entries[4].after == off.json()
+    assert entries[5].before == updated.json() and entries[5].after is None
 
 
 async def test_quota_crud_and_audit(api: Api) -> None:
@@ -169,6 +180,8 @@ async def test_quota_crud_and_audit(api: Api) -> None:
     ("/v1/tenants/vision", {"weight": -1}, "weight"),
     ("/v1/tenants/vision", {"weight": "heavy"}, "weight"),
     ("/v1/tenants/vision", {"pendingAlertAfter": 0}, "pendingAlertAfter"),
+    ("/v1/tenants/vision", {"gangReserveAfter": -1}, "gangReserveAfter"),
+    ("/v1/tenants/vision", {"gangReserveAfter": "5m"}, "gangReserveAfter"),
     ("/v1/tenants/vision", {"cohort": ""}, "cohort"),
     ("/v1/tenants/vision", {"wieght": 2}, "wieght"),
     ("/v1/tenants/vision/quotas/H100", {"nominal": -1}, "nominal"),

@@ -41,12 +41,14 @@ tenants:
   - name: speech
     cohort: research
     weight: 1.0
+    gangReserveAfter: 0s
     quotas:
       H100: {nominal: 2, borrowingLimit: 0}
   - name: vision
     cohort: research
     weight: 2.0
     pendingAlertAfter: 5m
+    gangReserveAfter: 10m
     quotas:
       H100: {nominal: 8, borrowingLimit: 4, lendingLimit: 2}
       A100-1g.10gb: {nominal: 14}
@@ -253,7 +255,7 @@ async def test_import_replaces_the_configuration_and_audits_each_row(api: Api) -
     assert vision["before"] is None and vision["after"] == {
         "name": "vision", "cohort": "research", "weight": 2.0, "pendingAlertAfter": 300.0,
         "adminAccess": False, "maxPending": None,
-        "minRuntime": None, "maxPreemptionsPerMinute": None}
+        "minRuntime": None, "maxPreemptionsPerMinute": None, "gangReserveAfter": 600.0}
     audit = (await api.audit())[before:]
     assert [(e.entity, e.before, e.after) for e in audit] == [(c["entity"], c["before"], c["after"]) for c in changes]
     assert {e.actor for e in audit} == {f"token:{api.admin_id}"}

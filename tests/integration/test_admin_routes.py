@@ -32,7 +32,7 @@ async def test_tenant_and_quota_lifecycle_is_audited(api: Api) -> None:
     assert put.status_code == 200 and put.json() == {
         "name": "vision", "cohort": "research", "weight": 2.0, "pendingAlertAfter": None,
         "adminAccess": False, "maxPending": None,
-        "minRuntime": None, "maxPreemptionsPerMinute": None}
+        "minRuntime": None, "maxPreemptionsPerMinute": None, "gangReserveAfter": None}
     quota = await api.client.put("/v1/tenants/vision/quotas/H100",
                                  json={"nominal": 8, "borrowingLimit": 4}, headers=api.admin)
     assert quota.json() == {"tenant": "vision", "flavor": "H100", "nominal": 8, "borrowingLimit": 4,

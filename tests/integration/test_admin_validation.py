@@ -82,6 +82,8 @@ REFUSED: list[tuple[str, str, str, Any, str]] = [
      "body.position"),
     ("tenant-weight-infinity", "PUT", "/v1/tenants/vision", b'{"weight": Infinity}', "body.weight"),
     ("tenant-pending-nan", "PUT", "/v1/tenants/vision", b'{"pendingAlertAfter": NaN}', "body.pendingAlertAfter"),
+    ("tenant-gang-reserve-inf", "PUT", "/v1/tenants/vision", b'{"gangReserveAfter": Infinity}',
+     "body.gangReserveAfter"),
     ("flavor-value-infinity", "PUT", "/v1/flavors/custom", b'{"selector": "true", "value": Infinity}',
      "body.value"),
 ]
@@ -114,6 +116,8 @@ IMPORTS: list[tuple[str, str, str]] = [
     ("borrowing-int32", "tenants:\n- name: vision\n  quotas: {H100: {nominal: 1, borrowingLimit: 99999999999}}\n",
      "Quotas: tenants[0].quotas.H100.borrowingLimit"),
     ("weight-infinite", "tenants:\n- name: vision\n  weight: .inf\n", "Quotas: tenants[0].weight"),
+    ("gang-reserve-infinite", "tenants:\n- name: vision\n  gangReserveAfter: .inf\n",
+     "Quotas: tenants[0].gangReserveAfter"),
     ("flavor-value-infinite", "flavors:\n- {name: big, selector: 'true', value: .inf}\n", "Quotas: flavors[0].value"),
     ("flavor-name-254", f"flavors:\n- {{name: {'f' * 254}, selector: 'true'}}\n", "Quotas: flavors[0].name"),
 ]

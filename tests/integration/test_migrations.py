@@ -2,24 +2,66 @@
 
 from __future__ import annotations
 
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from shared.ledger.engine import create_engine, downgrade, migrate
 from shared.ledger.schema import Base
 
 
-async def tables(url: str) -> set[str]:
+async def columns(url: str) -> dict[str, set[str]]:
+    """Each table's columns, as the database has them."""
     engine = create_engine(url)
     async with engine.connect() as connection:
-        names = await connection.run_sync(lambda c: set(inspect(c).get_table_names()))
+        found = await connection.run_sync(lambda c: {
+            table: {column["name"] for column in inspect(c).get_columns(table)}
+            for table in inspect(c).get_table_names()})
     await engine.dispose()
-    return names - {"alembic_version"}
+    found.pop("alembic_version", None)
+    return found
+
+
+async def tables(url: str) -> set[str]:
+    return set(await columns(url))
+
+
+MODELS = {name: {column.name for column in table.columns} for name, table in Base.metadata.tables.items()}
 
 
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     await migrate(db_url)
-    assert await tables(db_url) == set(Base.metadata.tables)
+    assert await columns(db_url) == MODELS
     await downgrade(db_url, "base")
     assert await tables(db_url) == set()
     await migrate(db_url)
-    assert await tables(db_url) == set(Base.metadata.tables)
+    assert await columns(db_url) == MODELS
+
+
+async def _execute(url: str, *statements: str) -> list[tuple[object, ...]]:
+    """The statements in one transaction; the last one's rows, if it returns any."""
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as connection:
+            result = None
+            for statement in statements:
+                result = await connection.execute(text(statement))
+            return [tuple(row) for row in result] if result is not None and result.returns_rows else []
+    finally:
+        await engine.dispose()
+
+
+async def test_0012_adds_gang_reserve_after_and_gang_waits_and_takes_them_back(db_url: str) -> None:
+    await migrate(db_url, "0011")
+    await _execute(db_url, "INSERT INTO tenants (name, weight, pending_alert_after_s) VALUES ('vision', 2, 300)")
+    await migrate(db_url)
+    assert await _execute(db_url, "SELECT name, pending_alert_after_s, gang_reserve_after_s FROM tenants") == [
+        ("vision", 300.0, None)], "a tenant from before has no gangReserveAfter of its own: the broker's"
+    await _execute(db_url, "UPDATE tenants SET gang_reserve_after_s = 600",
+                   "INSERT INTO gang_waits (tenant, gang, complete_since, first_since) "
+                   "VALUES ('vision', 'job', NULL, 5)")
+    await downgrade(db_url, "0011")
+    found = await columns(db_url)
+    assert "gang_waits" not in found and "gang_reserve_after_s" not in found["tenants"]
+    assert await _execute(db_url, "SELECT name, pending_alert_after_s FROM tenants") == [("vision", 300.0)]
+    await migrate(db_url)
+    assert await _execute(db_url, "SELECT gang_reserve_after_s FROM tenants") == [(None,)]
+    assert await _execute(db_url, "SELECT tenant FROM gang_waits") == []
