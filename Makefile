@@ -44,8 +44,9 @@ bench: bench-core bench-quota bench-budget bench-queue bench-allocator bench-pub
 bench-core: $(STAMP) ## decision core: 100, 1,000 and 4,000 nodes, 10,000 mixed claims, one JSON line each
 	$(BIN)/python bench/bench_core.py
 
-bench-quota: $(STAMP) ## quotas, fair share, preemption: 1,000 nodes, 100 tenants, queue depth 1,000 and 10,000
+bench-quota: $(STAMP) ## quotas, fair share, preemption: 1,000 nodes, 100 tenants, queue depth 1,000 and 10,000; then the gang mix
 	$(BIN)/python bench/bench_quota.py
+	$(BIN)/python bench/bench_quota.py --gang-fraction 0.2 --release-cycles 10
 
 bench-budget: $(STAMP) ## placement budget: microseconds per unit, and a cycle beside 16, 50 and 200 claims that exhaust the search
 	$(BIN)/python bench/bench_budget.py

@@ -17,6 +17,16 @@ devices) and preempted, to compare two versions of the decision core on one work
 The workload is drawn from one seed (`--seed`, default 11): the gap between the depths depends on it (other
 seeds give other quotas and claims), so compare depths over several seeds, not one.
 Run: `make bench-quota` (or `python bench/bench_quota.py --depth 1000 --cycles 20 --seed 2`).
+
+The gang mix (`--gang-fraction 0.2`, issue 38): that share of the claims are members of gangs of 2 to 16
+members (claimbroker.io/gang, gang-size), each member of one gang alike (GPUs, model, priority), a third of
+the gangs with `gang-topology: nvidia.com/gpu.clique` (required) and a model; the fleet's nodes carry clique
+labels, per model, in groups of 8 nodes (A100, H100, H200) or 18 (B200, B300). Members arrive interleaved
+with other claims and with the members of the other gangs being submitted (8 at a time), and a running
+gang finishes whole. The rest of the workload is drawn as without gangs, from its own random stream.
+`--release-cycles N` then runs N more cycles in which one running claim (with gangs: one gang) finishes and
+nothing else arrives but what keeps the depth, and prints their median (`one_release_cycle_p50_ms`): a
+cycle's cost is to follow what changed, not the depth of the queue.
 """
 
 from __future__ import annotations
@@ -40,10 +50,11 @@ from shared.admission.cycle import run_cycle  # noqa: E402
 from shared.admission.flavors import Flavors  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
 from shared.admission.kept import KeptState  # noqa: E402
-from shared.admission.model import Running, Snapshot, Waiting  # noqa: E402
+from shared.admission.model import CycleResult, Running, Snapshot, Waiting  # noqa: E402
 from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.admission.waiting_queue import WaitingQueue  # noqa: E402
 from shared.dra import model as dra  # noqa: E402
+from shared.dra.claims import gang_name  # noqa: E402
 from shared.dra.classes import BUILTIN_CLASSES  # noqa: E402
 from shared.dra.inventory import Fleet  # noqa: E402
 from shared.dra.matching import SelectorMemo  # noqa: E402
@@ -51,14 +62,21 @@ from shared.dra.results import State  # noqa: E402
 from shared.fleet.sources import documents_from  # noqa: E402
 
 MODELS = ("A100", "H100", "H200", "B200", "B300")
+CLIQUE = "nvidia.com/gpu.clique"
+CLIQUE_NODES = {"A100": 8, "H100": 8, "H200": 8, "B200": 18, "B300": 18}  # nodes per clique, per model
+OPEN_GANGS = 8  # gangs being submitted at a time: their members arrive interleaved
 TENANTS = 100
 COHORTS = 10
 SEED = 11  # the default workload: every figure in the README is of it unless it names another seed
 
 
-def build_fleet(nodes: int) -> Fleet:
-    specs = [{"name": f"node-{i:05d}", "gpuModel": MODELS[i % len(MODELS)], "gpuCount": 8, "numaNodes": 2}
-             for i in range(nodes)]
+def build_fleet(nodes: int, cliques: bool = False) -> Fleet:
+    specs: list[dict[str, Any]] = [{"name": f"node-{i:05d}", "gpuModel": MODELS[i % len(MODELS)], "gpuCount": 8,
+                                    "numaNodes": 2} for i in range(nodes)]
+    if cliques:  # the nodes of one model, in order, share a clique per CLIQUE_NODES of them
+        for i, spec in enumerate(specs):
+            model = spec["gpuModel"]
+            spec["nodeLabels"] = {CLIQUE: f"{model.lower()}-{i // len(MODELS) // CLIQUE_NODES[model] + 1:02d}"}
     docs = documents_from([{"kind": "Topology", "nodes": specs}], "bench")
     fleet = Fleet.from_slices(docs.slices, docs.labels)
     fleet.nodes_by_shape  # noqa: B018 - worked out when inventory arrives, not per decision
@@ -99,48 +117,106 @@ def new_claim(rng: random.Random, serial: int) -> Waiting:
     return Waiting(tenant, f"c{serial}", claim, priority, True, serial)
 
 
+class GangStream:
+    """The gang members of the gang mix: gangs of 2 to 16 alike members, a third of them on one clique,
+    drawn from their own seeded stream; OPEN_GANGS gangs are submitted at a time, a member of a random one
+    each time a gang member is due, so members arrive interleaved with other claims and other gangs."""
+
+    def __init__(self, seed: int, fraction: float) -> None:
+        self.rng = random.Random(seed * 1_000_003 + 38)
+        self.fraction = fraction
+        self.open: list[list[dict[str, Any]]] = []  # per gang being submitted, its members still to come
+        self.gangs = 0
+
+    def due(self) -> bool:
+        return self.rng.random() < self.fraction
+
+    def member(self, serial: int) -> Waiting:
+        rng = self.rng
+        while len(self.open) < OPEN_GANGS:
+            self.open.append(self._gang())
+        at = rng.randrange(len(self.open))
+        members = self.open[at]
+        spec = members.pop()
+        if not members:
+            self.open[at] = self._gang()
+        annotations = dict(spec["annotations"])
+        claim = dra.parse_claim({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                 "metadata": {"name": f"c{serial}", "namespace": spec["tenant"],
+                                              "annotations": annotations},
+                                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": spec["body"]}]}}})
+        return Waiting(spec["tenant"], f"c{serial}", claim, spec["priority"], True, serial)
+
+    def _gang(self) -> list[dict[str, Any]]:
+        rng = self.rng
+        self.gangs += 1
+        size = rng.randint(2, 16)
+        tenant = f"t{rng.randrange(TENANTS):03d}"
+        body: dict[str, Any] = {"deviceClassName": "gpu.nvidia.com", "count": rng.choice((1, 2, 4, 8, 8))}
+        annotations = {"claimbroker.io/priority": str(rng.choice((0, 0, 0, 1, 2))),
+                       "claimbroker.io/gang": f"g{self.gangs}", "claimbroker.io/gang-size": str(size)}
+        topology = rng.random() < 1 / 3
+        if topology:
+            annotations["claimbroker.io/gang-topology"] = CLIQUE
+        if topology or rng.random() < 0.6:  # a clique holds one model
+            body["selectors"] = [{"cel": {"expression": f'device.attributes["gpu.nvidia.com"].productName == '
+                                                        f'"{rng.choice(MODELS)}"'}}]
+        member = {"tenant": tenant, "body": body, "annotations": annotations,
+                  "priority": int(annotations["claimbroker.io/priority"])}
+        return [member] * size
+
+
 def _keyed(w: Waiting) -> tuple[tuple[str, str], Waiting]:
     return w.key, w
 
 
-def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = True) -> dict[str, Any]:
+def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = True, gang_fraction: float = 0.0,
+        release_cycles: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
-    fleet = build_fleet(nodes)
+    fleet = build_fleet(nodes, cliques=gang_fraction > 0)
     quotas = build_quotas(nodes, rng)
+    gangs = GangStream(seed, gang_fraction) if gang_fraction > 0 else None
     serial = 0
     waiting = WaitingQueue()  # as a shell keeps it: the cycle is handed what came and went
     running: dict[tuple[str, str], Running] = {}
     submitted: dict[tuple[str, str], Waiting] = {}  # waiting and running claims as first queued (none that ended)
-    while len(waiting) < depth:
+
+    def arrive() -> None:
+        nonlocal serial
         serial += 1
-        waiting.put(submitted.setdefault(*_keyed(new_claim(rng, serial))))
+        came = gangs.member(serial) if gangs is not None and gangs.due() else new_claim(rng, serial)
+        waiting.put(submitted.setdefault(*_keyed(came)))
+
+    while len(waiting) < depth:
+        arrive()
     gc.collect()
     gc.freeze()
     memo = KeptState()
     collector = CollectorPacing()  # as the allocator runs: what a cycle keeps is frozen after it
-    times, admitted, preempted, answered = [], 0, 0, 0
+    times, admitted, preempted, answered, gang_admitted = [], 0, 0, 0, 0
     checker = Flavors(quotas.flavors, SelectorMemo())  # its own memo: the cycles' stays as theirs
     broken: list[str] = []  # quota invariants broken after a cycle (shared/admission/invariant.py), outside the timing
     broken_cycles = checked = 0
     digest = hashlib.sha256()  # what was decided: admissions (claim, node, devices) and preemptions, per cycle
-    warming, index = True, 0
-    while index < cycles:
-        if not warming:
-            for key in rng.sample(sorted(running), len(running) // 20):  # 5% of running claims finish
-                del running[key]
-                del submitted[key]
+
+    def one_cycle(finished: list[tuple[str, str]], record: bool) -> tuple[float, int, CycleResult]:
+        """`finished` end, arrivals keep the depth, one cycle runs and what it decided is applied."""
+        nonlocal broken, broken_cycles, checked
+        for key in finished:
+            del running[key]
+            del submitted[key]
         while len(waiting) < depth:
-            serial += 1
-            waiting.put(submitted.setdefault(*_keyed(new_claim(rng, serial))))
+            arrive()
         queued, changes = waiting.snapshot()
         snapshot = Snapshot(fleet, BUILTIN_CLASSES, quotas, tuple(running.values()), queued, changes=changes)
         started = time.perf_counter()
         result = run_cycle(snapshot, memo)
         elapsed = time.perf_counter() - started
         collector.after_cycle()
-        digest.update(repr(sorted((d.tenant, d.name, d.decision.allocation.node, d.decision.allocation.keys)
-                                  for d in result.decisions if d.decision.allocation is not None)).encode())
-        digest.update(repr([(p.victim, p.by, p.rule) for p in result.preemptions]).encode())
+        if record:
+            digest.update(repr(sorted((d.tenant, d.name, d.decision.allocation.node, d.decision.allocation.keys)
+                                      for d in result.decisions if d.decision.allocation is not None)).encode())
+            digest.update(repr([(p.victim, p.by, p.rule) for p in result.preemptions]).encode())
         for p in result.preemptions:  # back to the queue with their first arrival
             running.pop(p.victim)
             waiting.put(submitted[p.victim])
@@ -150,32 +226,67 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = Tru
             if w is None:
                 continue
             if d.decision.allocation is not None:
+                gang = gang_name(w.claim) if gangs is not None else None
                 running[w.key] = Running(w.tenant, w.name, d.decision.allocation, w.priority, True, w.arrival,
-                                         serial + count)
+                                         serial + count, gang=gang)
                 waiting.pop(w.key)
                 count += 1
             elif not w.answered:
                 waiting.put(replace(w, answered=True))
-        found = violations(fleet, quotas, running.values(), checker) if check else []
-        checked += check
-        broken_cycles += bool(found)
-        broken += found[:max(0, 3 - len(broken))]
+        if record:
+            found = violations(fleet, quotas, running.values(), checker) if check else []
+            checked += check
+            broken_cycles += bool(found)
+            broken += found[:max(0, 3 - len(broken))]
+        return elapsed, count, result
+
+    warming, index = True, 0
+    while index < cycles:
+        finished = [] if warming else rng.sample(sorted(running), len(running) // 20)  # 5% of running claims finish
+        elapsed, count, result = one_cycle(_whole_gangs(running, finished) if gangs else finished, True)
         if warming:  # fill the fleet first (no claim finishes) until a cycle admits nothing more: the
             warming = count > 0  # steady state of a full fleet is what is measured, at every depth
             continue
         index += 1
         times.append(elapsed)
         admitted += count
+        gang_admitted += sum(1 for d in result.decisions
+                             if d.decision.allocation is not None and running[(d.tenant, d.name)].gang)
         preempted += len(result.preemptions)
         answered += sum(1 for d in result.decisions if d.decision.state is State.PENDING)
     times.sort()
-    return {"nodes": nodes, "tenants": TENANTS, "queue_depth": depth, "cycles": cycles, "admitted": admitted,
-            "preempted": preempted, "answered": answered, "admissions_per_s": round(admitted / sum(times), 1),
-            "decisions_per_s": round((admitted + answered) / sum(times), 1),
-            "cycle_p50_ms": round(statistics.median(times) * 1000, 1),
-            "cycle_p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1),
-            "quota_violations": {"cycles": broken_cycles, "checked": checked, "first": broken},
-            "decisions": digest.hexdigest()[:16]}
+    out = {"nodes": nodes, "tenants": TENANTS, "queue_depth": depth, "cycles": cycles, "admitted": admitted,
+           "preempted": preempted, "answered": answered, "admissions_per_s": round(admitted / sum(times), 1),
+           "decisions_per_s": round((admitted + answered) / sum(times), 1),
+           "cycle_p50_ms": round(statistics.median(times) * 1000, 1),
+           "cycle_p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1),
+           "quota_violations": {"cycles": broken_cycles, "checked": checked, "first": broken},
+           "decisions": digest.hexdigest()[:16]}
+    if gangs is not None:
+        members = [w for w in waiting.values() if gang_name(w.claim) is not None]
+        out |= {"gang_fraction": gang_fraction, "gang_members_admitted": gang_admitted,
+                "gang_members_waiting": len(members),
+                "gangs_waiting": len({(w.tenant, gang_name(w.claim)) for w in members})}
+    if release_cycles:
+        quiet = []
+        for _ in range(release_cycles):  # one claim (one gang) finishes: what changed is that and its refill
+            one = [rng.choice(sorted(running))]
+            quiet.append(one_cycle(_whole_gangs(running, one) if gangs else one, False)[0])
+        out["one_release_cycle_p50_ms"] = round(statistics.median(quiet) * 1000, 2)
+    return out
+
+
+def _whole_gangs(running: dict[tuple[str, str], Running], keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`keys` with the other running members of their gangs: a gang's job ends whole."""
+    members: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for r in running.values():
+        if r.gang is not None:
+            members.setdefault((r.tenant, r.gang), []).append(r.key)
+    out: dict[tuple[str, str], None] = {}
+    for key in keys:
+        gang = running[key].gang
+        out.update(dict.fromkeys(sorted(members[(key[0], gang)]) if gang is not None else (key,)))
+    return list(out)
 
 
 def main() -> None:
@@ -185,10 +296,15 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--seed", type=int, default=SEED, help="workload seed: quotas, claims, which claims finish")
     parser.add_argument("--no-check", action="store_true", help="skip the quota invariants after each cycle")
+    parser.add_argument("--gang-fraction", type=float, default=0.0,
+                        help="share of the claims that are gang members (the gang mix: 0.2)")
+    parser.add_argument("--release-cycles", type=int, default=0,
+                        help="then this many cycles after one release each: their median cycle")
     args = parser.parse_args()
     tune_gc()  # as `claimbroker up` and `serve` run
     for depth in args.depth or (1000, 10_000):
-        print(json.dumps(run(args.nodes, depth, args.cycles, args.seed, not args.no_check)), flush=True)
+        print(json.dumps(run(args.nodes, depth, args.cycles, args.seed, not args.no_check, args.gang_fraction,
+                             args.release_cycles)), flush=True)
 
 
 if __name__ == "__main__":
