@@ -41,6 +41,7 @@ from services.runtime.ledger_pruning import Pruner
 from services.runtime.outage import Outage, publish_degraded, until_done
 from shared.admission.mig_plan import plan_mig
 from shared.alerts.book import Action, AlertBook, AlertPolicy, Message, Raise, Resolve, alert_key, apply
+from shared.alerts.gangs import GANG_INCOMPLETE
 from shared.alerts.rules import (
     IDLE_LARGER_FLAVOR,
     INVENTORY_STALE,
@@ -400,6 +401,12 @@ class Notifier:
         for tenant, name, since, reason in waiting:
             alerted = self.book.is_open(alert_key(PENDING_TOO_LONG, tenant, name))
             self.claims.seed(tenant, name, since=since, reason=reason, alerted=alerted)
+        # a gang whose members no longer wait for members (complete, or gone) while the notifier was away:
+        # the next tick resolves its alert
+        for message in open_alerts:
+            labels = message.alert.labels
+            if message.alert.kind == GANG_INCOMPLETE and labels.get("tenant") and labels.get("gang"):
+                self.claims.seed_gang_alert(labels["tenant"], labels["gang"])
 
     async def _restore(self) -> None:
         """Open alerts and waiting claims from the ledger, and a re-publish of recent messages that a

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.alerts.book import Action, Alert, Raise, Resolve, alert_key
+from shared.alerts.gangs import GangRule, GangWait
+from shared.contract.gang_reasons import read_incomplete
 from shared.contract.messages import ClaimStatus
 from shared.fleet import telemetry
 from shared.fleet.freshness import iso, judge
@@ -33,10 +35,17 @@ class _Waiting:
     since: float
     reason: str
     alerted: bool = False
+    # while its last reason says its gang lacks members: that gang's wait (closed once it resolved, until
+    # the member's own status changes)
+    gang: GangWait | None = None
 
 
 class ClaimRules:
-    """claim-rejected, claim-pending-too-long, claim-unsatisfiable and claim-preempted from statuses."""
+    """claim-rejected, claim-pending-too-long, claim-unsatisfiable, claim-preempted and gang-incomplete from
+    statuses. A member of an incomplete gang raises no claim-pending-too-long of its own while its reason is
+    the gang's: its gang raises one gang-incomplete instead (one raised before, while the gang was whole and
+    waited for devices, stays open until the claim stops pending); once the gang is complete its members'
+    waits count from when each began to wait, as any claim's."""
 
     def __init__(self, pending_alert_after: float) -> None:
         self.default_after = pending_alert_after
@@ -45,10 +54,17 @@ class ClaimRules:
         # Per claim, the sequence of the last status read, while the claim lives (Released ends it): a status
         # published again after a failed publish can arrive after a newer one, and must not undo it.
         self.sequences: dict[tuple[str, str], int] = {}
+        self.gangs = GangRule()
 
     def seed(self, tenant: str, name: str, *, since: float, reason: str, alerted: bool) -> None:
         """A claim that was already waiting when the notifier (re)started, as the ledger says."""
-        self.waiting[(tenant, name)] = _Waiting(since=since, reason=reason, alerted=alerted)
+        entry = self.waiting[(tenant, name)] = _Waiting(since=since, reason=reason, alerted=alerted)
+        if (reading := read_incomplete(reason)) is not None:
+            entry.gang = self.gangs.join(tenant, reading, since)
+
+    def seed_gang_alert(self, tenant: str, gang: str) -> None:
+        """A gang-incomplete alert open when the notifier (re)started (after the claims are seeded)."""
+        self.gangs.restore(tenant, gang)
 
     def threshold(self, tenant: str) -> float:
         return self.thresholds.get(tenant, self.default_after)
@@ -75,6 +91,7 @@ class ClaimRules:
         else:
             out.append(Resolve(rejected, f"claim {claim} is no longer rejected ({state})"))
 
+        out.extend(self._gang(tenant, name, state, reason, now))
         unsatisfiable = alert_key(UNSATISFIABLE, tenant, name)
         pending = alert_key(PENDING_TOO_LONG, tenant, name)
         if state == "Pending":
@@ -102,12 +119,31 @@ class ClaimRules:
             out.append(Resolve(preempted, f"claim {claim} is {state.lower()} again"))
         return out
 
-    def due(self, now: float) -> list[Action]:
-        """Claims that have waited past their tenant's threshold, each alerted once per wait."""
+    def _gang(self, tenant: str, name: str, state: str, reason: str, now: float) -> list[Action]:
+        """The claim joins, stays in or leaves its gang's wait (before `waiting` sees the status)."""
+        reading = read_incomplete(reason) if state == "Pending" else None
+        entry = self.waiting.get((tenant, name))
+        wait = entry.gang if entry is not None else None
+        if wait is not None and wait.open and reading is not None and reading.gang == wait.reading.gang:
+            wait.reading = reading  # still waiting for members: the gang's latest numbers
+            return []
         out: list[Action] = []
+        if entry is not None and wait is not None:
+            complete = state == "Allocated" or (state == "Pending" and reading is None)
+            out = self.gangs.leave(wait, name, state, reason, complete=complete)
+            entry.gang = None
+        if reading is not None:
+            entry = self.waiting.setdefault((tenant, name), _Waiting(since=now, reason=reason))
+            entry.gang = self.gangs.join(tenant, reading, now)
+        return out
+
+    def due(self, now: float) -> list[Action]:
+        """Claims that have waited past their tenant's threshold, each alerted once per wait (a member of
+        an incomplete gang only once the gang is complete), and gangs incomplete past it."""
+        out: list[Action] = self.gangs.due(now, self.threshold)
         for (tenant, name), entry in self.waiting.items():
             after = self.threshold(tenant)
-            if entry.alerted or now - entry.since < after:
+            if entry.alerted or now - entry.since < after or entry.gang is not None:
                 continue
             entry.alerted = True
             waited = now - entry.since
