@@ -221,6 +221,8 @@ def explanation_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"priority: {found['priority']}")
     if found.get("flavors"):
         lines.append(f"flavors it accepts: {', '.join(found['flavors'])}")
+    if isinstance(gang := found.get("gang"), dict):
+        lines.append(gang_line(gang))
     if found.get("unsatisfiable"):
         lines.append("no device of today's fleet could ever satisfy it as written")
     estimate = found.get("estimatedStart")
@@ -235,6 +237,20 @@ def explanation_lines(result: dict[str, Any]) -> list[str]:
     suggestions = found.get("toAdmit") or []
     lines += ["to admit it:", *(f"  - {s}" for s in suggestions)] if suggestions else []
     return lines
+
+
+def gang_line(gang: dict[str, Any]) -> str:
+    """A gang member's gang in one line: members received, those Rejected, and room per topology value."""
+    line = (f"gang: {gang.get('name')}, {gang.get('received')} of {gang.get('size')} members received "
+            f"({', '.join(gang.get('members') or [])})")
+    if gang.get("rejected"):
+        line += f"; Rejected: {', '.join(gang['rejected'])}"
+    topology = gang.get("topology")
+    if isinstance(topology, dict):
+        free = ", ".join(f"{v.get('free')} on {v.get('value')}" for v in topology.get("mostFree") or [])
+        line += (f"; on one {topology.get('key')} ({topology.get('mode')}): "
+                 + (f"most free {free}" if free else "no node has the label"))
+    return line
 
 
 def explanation_tables(found: dict[str, Any]) -> list[tuple[list[str], list[list[Any]]]]:

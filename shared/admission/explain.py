@@ -7,10 +7,11 @@ so it never disagrees with the reason the tenant was given.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.admission.gang_explain import gang_suggestions
 from shared.admission.groups import GroupId
 from shared.admission.model import Block, ClaimKey, Waiting
 from shared.admission.quota_book import QuotaBook
@@ -126,11 +127,13 @@ class Explainer:
     could take."""
 
     def __init__(self, placement: FleetState, book: QuotaBook, room: QuotaRoom,
-                 group_of: Mapping[ClaimKey, GroupId | None]) -> None:
+                 group_of: Mapping[ClaimKey, GroupId | None],
+                 gang_of: Callable[[Waiting], dict[str, Any] | None] = lambda _: None) -> None:
         self.placement = placement
         self.book = book
         self.room = room
         self.group_of = group_of  # each waiting claim's group (the queue's)
+        self.gang_of = gang_of  # a gang member's `gang` part (shared.admission.gang_explain)
         # what a spec's requests match and what of it is free, per plan, kept per fleet version
         self.spec_capacity: dict[int, tuple[Plan, int, list[dict[str, Any]]]] = {}
 
@@ -160,7 +163,12 @@ class Explainer:
             if key is not None:
                 alike.parts[key] = parts
         head, tail = parts
-        found = alike.given[same] = {**head, "tenant": tenant, "priority": waiting.priority, **tail}
+        found = {**head, "tenant": tenant, "priority": waiting.priority, **tail}
+        if decision.reason is not None and decision.reason.startswith("gang ") and (
+                gang := self.gang_of(waiting)) is not None:  # one reason per gang: its members read alike
+            found["gang"] = gang
+            found["toAdmit"] = [*gang_suggestions(gang), *found["toAdmit"]]
+        alike.given[same] = found
         return found
 
     def _spec_parts(self, waiting: Waiting, decision: Decision, blocks: list[Block], candidates: int

@@ -14,6 +14,7 @@ from shared.admission.answers import Answers
 from shared.admission.claim_guard import per_claim
 from shared.admission.explain import Explainer
 from shared.admission.flavors import Flavors
+from shared.admission.gang_explain import gang_section
 from shared.admission.gangs import WaitingGangs
 from shared.admission.groups import WaitingGroups
 from shared.admission.holdings import Holdings, VictimTenants
@@ -57,7 +58,8 @@ class AdmissionState:
         self.room = QuotaRoom(placement, self.book, flavors)
         self.budget = PlacementBudget(placement, memo, self.queue.unprepared)
         self.trials = TrialAdmission(self.fleet, placement, self.book, flavors, self.room, self.budget)
-        self.explainer = Explainer(placement, self.book, self.room, self.queue.group_of)
+        self.explainer = Explainer(placement, self.book, self.room, self.queue.group_of,
+                                   lambda waiting: gang_section(self.gangs, self.placement, self.fleet, waiting))
         self.answers = Answers(placement, self.book, self.queue, self.trials, self.budget, self.explainer)
         # this cycle's
         self.admitted_now: set[ClaimKey] = set()  # admitted in this cycle: never preempted in it

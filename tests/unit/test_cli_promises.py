@@ -155,6 +155,12 @@ def test_explain_reads_as_sentences_and_tables() -> None:
     assert quotas == [["H100", 4, 2, 2, 0, "research (2)", "over nominal"]]
     assert capacity == [["gpu", 4, 10, 3, 2, 2, "7 in use"]]
     assert explanation_lines({**result, "explain": None})[-1] == "no structured explanation recorded"
+    gang = {"name": "train", "size": 4, "received": 3, "members": ["w0", "w1", "w2"], "rejected": ["w3"],
+            "topology": {"key": "nvidia.com/gpu.clique", "mode": "required", "waitSeconds": 0, "values": 2,
+                         "mostFree": [{"value": "c1", "free": 24, "nodes": 3}, {"value": "c2", "free": 8, "nodes": 1}]}}
+    assert explanation_lines({**result, "explain": {**result["explain"], "gang": gang}})[5] == (
+        "gang: train, 3 of 4 members received (w0, w1, w2); Rejected: w3; on one nvidia.com/gpu.clique (required): "
+        "most free 24 on c1, 8 on c2")
 
 
 def test_whatif_checks_its_files_before_it_reads_the_bus(tmp_path: Path) -> None:
