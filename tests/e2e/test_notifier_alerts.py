@@ -24,8 +24,9 @@ from services.notifier.app import notifier_app
 from services.notifier.service import Notifier
 from shared.alerts.rules import QuotaUsage
 from shared.contract import events, subjects
+from shared.contract.gang_reasons import incomplete_reason
 from shared.ledger.engine import create_engine, migrate, sessions
-from shared.ledger.schema import AlertRecord, Tenant, WebhookDeadLetter
+from shared.ledger.schema import AlertRecord, Claim, Tenant, WebhookDeadLetter
 from shared.settings import BrokerSettings
 from tests.e2e.helpers import Collector, FakeClock, alerts
 
@@ -167,6 +168,55 @@ async def test_pending_threshold_per_tenant_from_the_ledger(start: Start, db_url
     assert h.seen("claim-pending-too-long") == [("claim-pending-too-long:fast/a", 1, False)]
     await h.advance(540)
     await h.wait_seen(("claim-pending-too-long:slow/b", 1, False))
+
+
+async def test_an_incomplete_gang_raises_one_alert_not_one_per_member(start: Start) -> None:
+    """A gang of 2 with 1 member past the threshold: one gang-incomplete on the tenant's warning subject, no
+    claim-pending-too-long for the member, and the second member's arrival (both Allocated) resolves it."""
+    h = await start(pending_alert_after=60)
+    await h.status("ml", "rank-0", "Pending", reason=incomplete_reason("train-7", 1, 2))
+    h.clock.now += 59
+    assert await h.notifier.tick() == []
+    h.clock.now += 1
+    [raised] = await h.notifier.tick()
+    assert raised.alert.key == "gang-incomplete:ml/train-7"
+    h.clock.now += 600  # long past the member's own threshold too
+    assert await h.notifier.tick() == []
+    await h.status("ml", "rank-1", "Allocated")
+    await h.status("ml", "rank-0", "Allocated")
+    await h.wait_seen(("gang-incomplete:ml/train-7", 1, True))
+    assert h.seen() == [("gang-incomplete:ml/train-7", 1, False), ("gang-incomplete:ml/train-7", 1, True)]
+    subject, alert = h.alarms.messages[0]
+    assert subject == "claimbroker.v1.alerts.warning.gang-incomplete.ml"
+    assert alert["summary"] == ("gang train-7 of tenant ml: 1 of 2 members received for 60s (threshold 60s); "
+                                "missing 1 member")
+    assert alert["labels"] == {"tenant": "ml", "gang": "train-7"} and alert["tenant"] == "ml"
+    assert (alert["details"]["received"], alert["details"]["size"], alert["details"]["missing"]) == (1, 2, 1)
+    assert h.alarms.messages[1][1]["summary"] == "gang train-7 of tenant ml is complete: member rank-0 is Allocated"
+
+
+async def test_a_restart_keeps_a_waiting_gangs_alert_and_resolves_one_that_stopped_waiting(start: Start) -> None:
+    """The ledger says which gangs still wait for members: train-7's member does (its alert stays open, not
+    raised again, and resolves when the gang completes); eval-2's members were decided while the notifier
+    was away (its alert is resolved at the first tick)."""
+    first = await start(pending_alert_after=60)
+    waiting = incomplete_reason("train-7", 1, 2)
+    await first.status("ml", "rank-0", "Pending", reason=waiting)
+    await first.status("ml", "eval-0", "Pending", reason=incomplete_reason("eval-2", 1, 2))
+    await first.advance(60)
+    await first.wait_seen(("gang-incomplete:ml/eval-2", 1, False))
+    await first.wait_seen(("gang-incomplete:ml/train-7", 1, False))
+    await first.stop()
+    async with first.factory() as s, s.begin():  # the ledger as the allocator left it
+        s.add(Claim(namespace="ml", name="rank-0", state="Pending", spec={}, reason=waiting))
+    second = await start(pending_alert_after=60)
+    second.clock.now = first.clock.now + 600
+    sent = await second.notifier.tick()
+    assert [(m.alert.key, m.resolved) for m in sent] == [("gang-incomplete:ml/eval-2", True)]
+    await second.wait_seen(("gang-incomplete:ml/eval-2", 1, True))
+    await second.status("ml", "rank-0", "Allocated")
+    await second.wait_seen(("gang-incomplete:ml/train-7", 1, True))
+    assert second.seen() == [("gang-incomplete:ml/eval-2", 1, True), ("gang-incomplete:ml/train-7", 1, True)]
 
 
 async def test_inventory_alerts(start: Start) -> None:
