@@ -160,14 +160,31 @@ class _Simulation:
 
     def next_instant(self, end: float) -> float | None:
         """The first instant after now and by `end` at which a waiting claim may decide otherwise: a
-        running claim's minRuntime ends, or a preemption leaves the minute maxPreemptionsPerMinute counts."""
+        running claim's minRuntime ends, a preemption leaves the minute maxPreemptionsPerMinute counts, or a
+        gang's wait is over."""
         if not self.waiting:
             return None
         instants = [r.allocated_at + least for r in self.running.values()
                     if r.allocated_at is not None and (least := self.quotas.min_runtime(r.tenant)) > 0]
         if self.limited:  # counted while at >= now - 60: out of the count just after
             instants += [math.nextafter(at + PREEMPTION_WINDOW, math.inf) for at, _ in self.preempted_at]
+        instants += self.gang_instants()
         return min((t for t in instants if self.now < t <= end), default=None)
+
+    def gang_instants(self) -> list[float]:
+        """When a waiting gang's gangReserveAfter is over (it keeps what it needs from then on) and when a
+        `preferred` gang's gang-topology-wait is over (it may be split from then on)."""
+        admission = self.kept.admission
+        if admission is None or not admission.gangs.gangs:
+            return []
+        gangs = admission.gangs
+        instants = [since + after for (tenant, _), since in gangs.first_since.items()
+                    if (after := self.quotas.gang_reserve_after(tenant)) > 0]
+        for key, since in gangs.complete_since.items():
+            members = gangs.gangs.get(key)
+            if members:
+                instants.append(since + next(iter(members.values()))[1].wait)
+        return instants
 
     def release(self, release: Release, wave: int) -> None:
         key = release.key

@@ -13,7 +13,7 @@ from shared.admission.quota import QuotaConfig, parse_quotas
 from shared.admission.simulate import SIMULATION_START, run_waves
 from shared.admission.wave_documents import Advance, Release, WaveFileError, WaveItem, read_wave
 from shared.dra.classes import BUILTIN_CLASSES
-from tests.builders import a_claim, fleet, node
+from tests.builders import a_claim, fleet, labelled, node
 
 FLEET = fleet(*node("h", "H100", 2))
 
@@ -185,3 +185,22 @@ def test_a_wave_file_reads_claims_advances_and_releases() -> None:
     assert items[0] == Advance(7200.0)
     assert items[1].metadata.name == "c"  # type: ignore[union-attr]
     assert items[2:] == [Release("team", "old"), Release("nlp", "x")]
+
+
+def test_a_preferred_gang_is_split_when_its_wait_ends_within_an_advance() -> None:
+    """A gang that fits only split across two cliques, with gang-topology-wait 30m, waits; wave 2 lets an
+    hour pass and then brings a higher-priority claim of its tenant. The gang is split at 00:30, as the
+    allocator's cycles would do, so it holds the fleet when the claim arrives at 01:00 (its members may not
+    be preempted); without that instant the claim would come first at 01:00 and the gang would wait on."""
+    cliques = labelled(fleet(*node("n1", "H100", 4), *node("n2", "H100", 4)), {"n1": {"clique": "c1"},
+                                                                              "n2": {"clique": "c2"}})
+
+    def member(name: str) -> Any:
+        builder = a_claim(name, "t").request(count=4).gang("g", 2, topology="clique", mode="preferred", wait="30m")
+        builder.annotations["claimbroker.io/preemptible"] = "false"
+        return builder.build()
+
+    waves: list[list[WaveItem]] = [[member("m1"), member("m2")], [Advance(3600), claim("urgent", "t", 4, priority=10)]]
+    result = run_waves(cliques, BUILTIN_CLASSES, waves, QuotaConfig())
+    states = {o.name: o.decision.state.value for o in result.outcomes}
+    assert states == {"m1": "Allocated", "m2": "Allocated", "urgent": "Pending"}, result.outcomes
