@@ -137,8 +137,8 @@ class Alert(_Wire):
 
     kind: str = Field(description="claim-rejected, claim-pending-too-long, claim-unsatisfiable, "
                                   "quota-near-limit, claim-preempted, node-lost, inventory-stale, "
-                                  "device-unhealthy, device-throttled, idle-larger-flavor, invalid-message, "
-                                  "service-degraded, ...")
+                                  "device-unhealthy, device-throttled, idle-larger-flavor, gang-incomplete, "
+                                  "invalid-message, service-degraded, ...")
     severity: Severity
     key: str = Field(description="the condition: kind plus tenant/claim/node")
     tenant: str | None = Field(default=None, description="the tenant it is about (the subject's last token), "
