@@ -15,12 +15,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.allocator.decision_metrics import DecisionMetrics
+from services.allocator.gang_clocks import ClockedKeptState, GangClocks
 from services.allocator.inventory import Inventory
 from services.allocator.reasons import ReasonRefresh
 from services.runtime import metrics
 from services.runtime.gc_tuning import CollectorPacing
 from shared.admission.cycle import run_cycle
-from shared.admission.kept import KeptState
 from shared.admission.model import Snapshot, Waiting
 from shared.admission.quota import DEFAULT_GANG_RESERVE_AFTER, QuotaConfig
 from shared.contract import events, subjects
@@ -54,7 +54,8 @@ class DecisionCycle:
         self.classes = dict(classes)
         self.inventory = inventory
         self.metrics = metrics
-        self.kept = KeptState()  # selector results and the cycle's states, kept from one cycle to the next
+        self.kept = ClockedKeptState()  # selector results and the cycle's states, kept from one cycle to the next
+        self.gang_clocks = GangClocks(self.kept)  # waiting gangs' clocks, kept in the ledger as they change
         self.queue_cache = queue.QueueCache()
         self.collector = CollectorPacing()  # what a cycle keeps is frozen: young GC passes skip it
         self.reasons = ReasonRefresh(reason_refresh, clock)
@@ -84,6 +85,7 @@ class DecisionCycle:
         if not held.waiting:
             self.waiting = self.work_left = False
             self.reasons.clear()
+            await self.gang_clocks.after_cycle(work.session, None)
             return cycled
         self.reasons.ask_again(held)
         config = config if config is not None else await load_quota_config(work.session)
@@ -100,6 +102,7 @@ class DecisionCycle:
         snapshot = Snapshot(self.inventory.fleet, self.classes, config, tuple(held.running.values()), waiting,
                             self.inventory.unusable_nodes(), None if self.set_aside else changes, now=cycle_at,
                             recent_preemptions=recent, tenant_budget=self.tenant_budget)
+        await self.gang_clocks.before_cycle(work.session)
         started = time.perf_counter()
         result = run_cycle(snapshot, self.kept)
         self.work_left = result.deferred > 0
@@ -138,6 +141,7 @@ class DecisionCycle:
                 row.allocated_at = now
             if changed:
                 writes.status(row, unsatisfiable=decision.unsatisfiable)
+        await self.gang_clocks.after_cycle(work.session, self.kept.admission)
         cycled.preempted.update(preemption.rule for preemption in result.preemptions)
         self.waiting = len(held.waiting) > settled or bool(result.preemptions)
         return cycled

@@ -75,7 +75,9 @@ class DecisionTransaction:
                 cycled: Cycled = await self.cycle.run(work, config)
         except BaseException:
             self.cycle.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
+            self.cycle.gang_clocks.rolled_back()
             raise
+        self.cycle.gang_clocks.committed()
         self.cycle.inventory.lost_nodes -= cycled.lost  # only once committed: a rollback handles them again
         self.decided = collections.Counter({f"preempted:{rule}": n for rule, n in cycled.preempted.items()})
         self.decided.update(work.writes.states)

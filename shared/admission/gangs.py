@@ -5,7 +5,9 @@ complete. A claim without a gang never reaches this module.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from shared.admission.gang_topology import Domains
@@ -15,6 +17,9 @@ from shared.dra.claims import GangSettings
 from shared.dra.results import Allocation
 
 GangKey = tuple[str, str]  # tenant, gang name
+# A waiting gang's two clocks: since when it has been complete (its gang-topology-wait counts from it) and
+# since when it has been first in its tenant's order (its gangReserveAfter counts from it); None: not running.
+GangMark = tuple[float | None, float | None]
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,33 @@ class WaitingGangs:
         if not members:
             del self.gangs[key]
             self.lost.pop(key, None)
+
+    def marks(self, leaving: Collection[ClaimKey] = ()) -> Mapping[GangKey, GangMark]:
+        """The gangs' clocks as they stand (complete_since, first_since), except those of gangs with a member
+        in `leaving` (admitted in this cycle: their clocks go once the members run). A copy: a shell keeps it
+        to restore (`restore`) into a state built anew. Costs nothing when no gang has a clock running."""
+        complete, first = self.complete_since, self.first_since
+        if not complete and not first:
+            return MappingProxyType({})
+        marks = {key: (complete.get(key), first.get(key)) for key in complete.keys() | first.keys()}
+        if leaving:
+            for key in list(marks):
+                tenant = key[0]
+                if any((tenant, name) in leaving for name in self.gangs.get(key, ())):
+                    del marks[key]
+        return MappingProxyType(marks)
+
+    def restore(self, marks: Mapping[GangKey, GangMark]) -> None:
+        """Clocks kept from before (an earlier process, or a state this one replaced), for the gangs that
+        wait complete now: a gang that is not (a member left meanwhile) starts its clocks again, as it would
+        had it been seen losing the member. A clock running here already is kept."""
+        for key, (complete, first) in marks.items():
+            if key not in self.gangs or not self._unit(key)[0].complete:
+                continue
+            if complete is not None:
+                self.complete_since.setdefault(key, complete)
+            if first is not None:
+                self.first_since.setdefault(key, first)
 
     def due(self, waiting: Waiting, reason: str) -> bool:
         """Whether a member is to be told `reason` (it has no answer yet, or another one)."""
