@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sqlalchemy import delete, select
+from sqlalchemy import delete, event, select
 
 from services.allocator.inventory import Heard
 from services.allocator.service import Allocator
@@ -172,7 +172,16 @@ async def test_a_starving_gangs_clock_survives_a_restart(db_url: str, at_4m: str
         assert await _gang_waits(engine) == {("x", "job"): (None, start)}, "first in x's order since T"
 
         clock.now = start + 60
-        await allocator.transaction.decide([])  # a cycle with nothing new: nothing to write
+        touched: list[str] = []
+
+        def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if "gang_waits" in statement:
+                touched.append(statement)
+
+        event.listen(engine.sync_engine, "before_cursor_execute", record)
+        await allocator.transaction.decide([])  # a cycle with nothing new: no statement on gang_waits
+        event.remove(engine.sync_engine, "before_cursor_execute", record)
+        assert touched == []
         assert await _gang_waits(engine) == {("x", "job"): (None, start)}
 
         clock.now = start + 240
