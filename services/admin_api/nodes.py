@@ -50,6 +50,8 @@ class NodeCells(Model):
                                                "UTC; null when not known")
     age_seconds: float | None = Field(description="seconds since last heard, at the time of this answer")
     stale_reason: str | None = Field(description="why it is stale, as the allocator words it; null when fresh")
+    labels: dict[str, str] = Field(default_factory=dict, description="its node labels (a gang topology key such "
+                                   "as nvidia.com/gpu.clique among them): what the map may group nodes by")
     devices: list[DeviceCell]
 
 
@@ -95,7 +97,7 @@ async def get_nodes(request: Request, s: Session, token: Caller) -> list[NodeCel
             node=name, generation=_generation(node.devices), stale=stale,
             last_heard=iso(freshness.last_heard) if freshness.last_heard is not None else None,
             age_seconds=round(freshness.age, 1) if freshness.age is not None else None,
-            stale_reason=freshness.reason or None, devices=cells))
+            stale_reason=freshness.reason or None, labels=dict(node.labels), devices=cells))
     out.sort(key=lambda n: (n.generation, n.node))
     return out
 

@@ -31,7 +31,7 @@ from shared.ledger import alerts as alert_history
 from shared.ledger.engine import create_engine, migrate, sessions
 from shared.ledger.schema import Claim, DeviceAllocation, Quota, Tenant, UsageSample
 from shared.ledger.tokens import create_token
-from tests.builders import fleet, gpu, node
+from tests.builders import fleet, gpu, labelled, node
 from tests.e2e.browser import Browser, browse, chromium
 
 pytestmark = pytest.mark.e2e
@@ -140,7 +140,8 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
     port = sock.getsockname()[1]
 
     async def fleet_view() -> Fleet:  # node-01's H100s, node-02's A100s: the ledger's devices above are theirs
-        return fleet(*node("node-01", "H100", 8), *node("node-02", "A100", 4), *MIG_NODE)
+        return labelled(fleet(*node("node-01", "H100", 8), *node("node-02", "A100", 4), *MIG_NODE),
+                        {"node-01": {CLIQUE: "c1"}, "node-02": {CLIQUE: "c2"}})
 
     server = uvicorn.Server(uvicorn.Config(create_app(engine, fleet=fleet_view), log_level="warning",
                                            lifespan="off"))
@@ -152,6 +153,31 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
     await serving
     sock.close()
     await engine.dispose()
+
+
+CLIQUE = "nvidia.com/gpu.clique"
+GROUPS = "[...document.querySelectorAll('#nodes .generation')].map(g => g.querySelector('h3').textContent)"
+
+
+async def test_the_node_map_groups_by_a_node_label_as_asked_and_keeps_it_in_the_address(page: Page,
+                                                                                         tmp_path: Path) -> None:
+    """Grouped by a gang topology key, each value's heading says what a gang asking for it finds there (idle
+    GPUs); nodes without the label come last; the choice is kept in the address, and generation is back
+    when it is cleared."""
+    browser = await Browser.open(chromium(), tmp_path / "profile", f"{page.url}/?token={page.token}")
+    try:
+        await browser.wait_for("document.querySelectorAll('#nodes .generation[data-generation]').length")
+        assert CLIQUE in await browser.evaluate("[...document.getElementById('nodes-group').options].map(o => o.value)")
+        await choose(browser, "nodes-group", CLIQUE)
+        assert await browser.evaluate(GROUPS) == [f"{CLIQUE}=c1: 1 node, 8 GPUs, 2 idle",
+                                                  f"{CLIQUE}=c2: 1 node, 4 GPUs, 3 idle",
+                                                  f"no {CLIQUE}: 1 node, 2 GPUs, 1 idle"]  # one throttled
+        assert f"group={CLIQUE}" in await browser.evaluate("decodeURIComponent(window.location.search)")
+        await choose(browser, "nodes-group", "")
+        assert await browser.wait_for("document.querySelectorAll('#nodes .generation[data-generation]').length") == 3
+        assert "group=" not in await browser.evaluate("window.location.search")
+    finally:
+        await browser.close()
 
 
 class Rows(HTMLParser):

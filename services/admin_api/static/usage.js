@@ -157,6 +157,7 @@ const DEFAULT_VIEW = {
   window: "hour",
   history: "",
   expand: "",
+  group: "", // the node map's grouping: "" by generation, else a node label key (a gang topology key: a clique, a rack)
 };
 const view = { ...DEFAULT_VIEW };
 
@@ -397,6 +398,7 @@ function renderSummary() {
     const heading = document.querySelector(`#nodes .generation[data-generation="${CSS.escape(g.generation)}"] h3`);
     if (heading) heading.textContent = generationHeading(g);
   }
+  refreshGroupHeadings();
 }
 
 function summarySoon() {  // after live statuses: one summary a frame, however many arrived
@@ -637,8 +639,46 @@ function generationHeading(g) {
   return `${g.generation}: ${plural(g.nodes, "node")}, ${plural(g.gpus, "GPU")}${slices}: ${stateWords(g.states)}`;
 }
 
-function renderNodes() { // grouped by generation; a cell per GPU, its MIG slices inside it; nodes wrap
+/** The node map's groups: by generation (the order the API gives), or by the value of node label `key` (a gang
+ * topology key: a gang's members share one), those without it last; each with its nodes. */
+function nodeGroups(nodes, key) {
+  if (!key) {
+    const groups = [];
+    for (const n of nodes) {
+      if (!groups.length || groups[groups.length - 1].name !== n.generation) groups.push({ name: n.generation, nodes: [] });
+      groups[groups.length - 1].nodes.push(n);
+    }
+    return groups;
+  }
+  const byValue = new Map();
+  for (const n of nodes) {
+    const value = n.labels?.[key];
+    const name = value === undefined ? `no ${key}` : `${key}=${value}`;
+    if (!byValue.has(name)) byValue.set(name, { name, nodes: [], labelled: value !== undefined });
+    byValue.get(name).nodes.push(n);
+  }
+  return [...byValue.values()].sort((a, b) => (b.labelled - a.labelled) || a.name.localeCompare(b.name));
+}
+
+function refreshGroupHeadings() { // a label value's nodes: what a gang asking for one value finds there, kept live
+  for (const section of document.querySelectorAll("#nodes .generation[data-group]")) {
+    const gpus = section.querySelectorAll(".cell.gpu").length;
+    const idle = section.querySelectorAll('.cell.gpu[data-state="idle"]').length;
+    const nodes = section.querySelectorAll(".node").length;
+    section.querySelector("h3").textContent = `${section.dataset.group}: ${plural(nodes, "node")}, ${plural(gpus, "GPU")}, ${idle} idle`;
+  }
+}
+
+function renderNodeGrouping(nodes) { // the label keys any node carries, as choices
+  const keys = [...new Set(nodes.flatMap((n) => Object.keys(n.labels || {})))].sort();
+  const select = document.getElementById("nodes-group");
+  fillSelect(select, "generation", keys.includes(view.group) || !view.group ? keys : [...keys, view.group]);
+  select.value = view.group;
+}
+
+function renderNodes() { // grouped by generation or a node label; a cell per GPU, its MIG slices inside it; nodes wrap
   const nodes = data.nodes || [];
+  renderNodeGrouping(nodes);
   const box = document.getElementById("nodes");
   box.replaceChildren();
   cellsByKey.clear();
@@ -646,38 +686,40 @@ function renderNodes() { // grouped by generation; a cell per GPU, its MIG slice
   claimKeys.clear();
   const devices = nodes.reduce((sum, n) => sum + n.devices.length, 0);
   box.classList.toggle("small", devices > 1500); // a thousand 8-GPU nodes fit a screen or two
-  let section = null;
-  let generation = null;
-  for (const n of nodes) {
-    if (n.generation !== generation) {
-      generation = n.generation;
-      section = el("div", { class: "nodes" });
-      box.append(el("section", { class: "generation", "data-generation": generation }, el("h3", {}, generation), section));
-    }
-    const cells = el("div", { class: "cells" });
-    const boxes = new Map(); // GPU name -> the box its MIG slices go in
-    for (const d of n.devices) {
-      if (d.kind !== "mig") continue;
-      if (!boxes.has(d.parent)) boxes.set(d.parent, el("div", { class: "gpu-box", title: `${n.node} ${d.parent}: MIG` }));
-      boxes.get(d.parent).append(cellFor(n.node, generation, d));
-    }
-    for (const d of n.devices) {
-      if (d.kind === "mig") continue;
-      cells.append(cellFor(n.node, generation, d));
-      if (boxes.has(d.name)) {
-        cells.append(boxes.get(d.name));
-        boxes.delete(d.name);
-      }
-    }
-    for (const orphan of boxes.values()) cells.append(orphan); // slices whose GPU is not listed
-    section.append(el("div", { class: `node${n.stale ? " stale" : ""}`, "data-node": n.node, title: n.node },
-                      el("div", { class: "name" }, n.node), cells));
+  for (const group of nodeGroups(nodes, view.group)) {
+    const section = el("div", { class: "nodes" });
+    const attrs = view.group ? { class: "generation", "data-group": group.name } : { class: "generation", "data-generation": group.name };
+    box.append(el("section", attrs, el("h3", {}, group.name), section));
+    for (const n of group.nodes) renderNode(section, n);
   }
+  refreshGroupHeadings();
   if (!nodes.length) box.append(el("p", { class: "empty" }, data.nodes === null ? "this API process has no view of the fleet" : "no inventory yet"));
-  for (const g of fleetSummary()) { // headings from the same counts as the strip
+  for (const g of view.group ? [] : fleetSummary()) { // headings from the same counts as the strip
     const heading = box.querySelector(`.generation[data-generation="${CSS.escape(g.generation)}"] h3`);
     if (heading) heading.textContent = generationHeading(g);
   }
+}
+
+function renderNode(section, n) {
+  const generation = n.generation;
+  const cells = el("div", { class: "cells" });
+  const boxes = new Map(); // GPU name -> the box its MIG slices go in
+  for (const d of n.devices) {
+    if (d.kind !== "mig") continue;
+    if (!boxes.has(d.parent)) boxes.set(d.parent, el("div", { class: "gpu-box", title: `${n.node} ${d.parent}: MIG` }));
+    boxes.get(d.parent).append(cellFor(n.node, generation, d));
+  }
+  for (const d of n.devices) {
+    if (d.kind === "mig") continue;
+    cells.append(cellFor(n.node, generation, d));
+    if (boxes.has(d.name)) {
+      cells.append(boxes.get(d.name));
+      boxes.delete(d.name);
+    }
+  }
+  for (const orphan of boxes.values()) cells.append(orphan); // slices whose GPU is not listed
+  section.append(el("div", { class: `node${n.stale ? " stale" : ""}`, "data-node": n.node, title: n.node },
+                    el("div", { class: "name" }, n.node), cells));
 }
 
 function setCell(key, state, tenant, claim) {
@@ -1068,6 +1110,11 @@ document.getElementById("windows").append(...WINDOWS.map((w) => {
   return button;
 }));
 document.getElementById("history-tenant").addEventListener("change", (e) => showHistory(undefined, e.target.value));
+document.getElementById("nodes-group").addEventListener("change", (e) => {
+  view.group = e.target.value;
+  writeView();
+  renderNodes();
+});
 document.getElementById("login").addEventListener("submit", (event) => {
   event.preventDefault();
   start(document.getElementById("token").value.trim());
