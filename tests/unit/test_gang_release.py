@@ -1,0 +1,45 @@
+"""A member released before its gang formed: the others' count goes down and says so, the released member
+holds nothing, and a member submitted again under its name completes the gang, through the cycle the
+allocator runs (the kept state across cycles)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shared.admission.cycle import run_cycle
+from shared.admission.kept import KeptState
+from shared.admission.model import CycleResult, Snapshot, Waiting
+from shared.admission.quota import QuotaConfig
+from shared.dra.classes import BUILTIN_CLASSES
+from tests.builders import a_claim, fleet, node
+
+FLEET = fleet(*node("n1", "H100", 4), *node("n2", "H100", 4), *node("n3", "H100", 4))
+
+
+def member(name: str, arrival: int) -> Waiting:
+    claim = a_claim(name, "t").request(count=4).gang("g", 3).build()
+    return Waiting("t", name, claim, 0, True, arrival)
+
+
+def decide(kept: KeptState, *waiting: Waiting) -> CycleResult:
+    return run_cycle(Snapshot(FLEET, BUILTIN_CLASSES, QuotaConfig(), (), waiting), kept)
+
+
+def test_a_member_released_before_the_gang_formed() -> None:
+    kept = KeptState()
+    a, b = member("a", 0), member("b", 1)
+    first = decide(kept, a, b)
+    assert {d.name: d.decision.reason for d in first.decisions} == {"a": "gang g: 2 of 3 members received",
+                                                                    "b": "gang g: 2 of 3 members received"}
+    a, b = replace(a, answered=True), replace(b, answered=True)
+    after_release = decide(kept, b)  # a released: it leaves the queue
+    assert {d.name: d.decision.reason for d in after_release.decisions} == {"b": "gang g: 1 of 3 members received"}
+    b = replace(b, answered=True)
+    c = member("c", 2)
+    still = decide(kept, b, c)  # two of three again: nothing allocated, though three nodes are free
+    assert {d.name: d.decision.state.value for d in still.decisions} == {"b": "Pending", "c": "Pending"}
+    b, c = replace(b, answered=True), replace(c, answered=True)
+    again = member("a", 3)  # submitted again under its name: the gang is whole, one member a node
+    whole = decide(kept, b, c, again)
+    allocated = {d.name: d.decision.allocation.node for d in whole.decisions if d.decision.allocation is not None}
+    assert sorted(allocated) == ["a", "b", "c"] and len(set(allocated.values())) == 3
