@@ -40,6 +40,7 @@ class Running:
     allocated_order: int = 0  # larger: allocated more recently
     allocated_at: float | None = None  # seconds since the epoch; None: long enough ago for any minRuntime
     gang: str | None = None  # its claimbroker.io/gang: preemption takes its tenant's members of it together
+    expected_runtime: float | None = None  # seconds, its claimbroker.io/expected-runtime: for start estimates
 
     @cached_property
     def key(self) -> ClaimKey:  # built once: a deep queue's claims are looked up by key every cycle

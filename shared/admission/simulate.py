@@ -19,7 +19,7 @@ from shared.admission.settling import run_until_settled
 from shared.admission.waiting_queue import WaitingQueue
 from shared.admission.wave_documents import Advance, Release, WaveItem, read_claim_document
 from shared.dra import model as dra
-from shared.dra.claims import InvalidClaim, gang_name, settings_of
+from shared.dra.claims import InvalidClaim, expected_runtime, gang_name, settings_of
 from shared.dra.inventory import Fleet
 from shared.dra.results import Decision, State
 
@@ -127,7 +127,7 @@ class _Simulation:
                 self.allocated += 1
                 self.running[key] = Running(queued.tenant, queued.name, d.decision.allocation, queued.priority,
                                             queued.preemptible, queued.arrival, self.allocated, self.now,
-                                            gang_name(queued.claim))
+                                            gang_name(queued.claim), expected_runtime(queued.claim))
                 self.waiting.pop(key)
                 changed = True
             elif d.decision.state is State.REJECTED:

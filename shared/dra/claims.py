@@ -23,6 +23,8 @@ GANG_SIZE_ANNOTATION = "claimbroker.io/gang-size"
 GANG_TOPOLOGY_ANNOTATION = "claimbroker.io/gang-topology"
 GANG_TOPOLOGY_MODE_ANNOTATION = "claimbroker.io/gang-topology-mode"
 GANG_TOPOLOGY_WAIT_ANNOTATION = "claimbroker.io/gang-topology-wait"
+EXPECTED_RUNTIME_ANNOTATION = "claimbroker.io/expected-runtime"
+MAX_EXPECTED_RUNTIME = 365 * 86400.0  # a year: start estimates look no further
 GANG_ONLY_ANNOTATIONS = (GANG_SIZE_ANNOTATION, GANG_TOPOLOGY_ANNOTATION, GANG_TOPOLOGY_MODE_ANNOTATION,
                          GANG_TOPOLOGY_WAIT_ANNOTATION)
 MAX_GANG_SIZE = 256
@@ -64,6 +66,7 @@ class ClaimSettings:
     priority: int
     preemptible: bool
     gang: GangSettings | None = None
+    expected_runtime: float | None = None  # seconds, from claimbroker.io/expected-runtime: for start estimates
 
 
 def label_key_problem(key: str) -> str | None:
@@ -154,7 +157,30 @@ def settings_of(claim: dra.ResourceClaim) -> ClaimSettings:
             "\"false\""
         )
     return ClaimSettings(priority=priority, preemptible=raw_preemptible.lower() == "true",
-                         gang=gang_of(annotations))
+                         gang=gang_of(annotations), expected_runtime=expected_runtime_of(annotations))
+
+
+def expected_runtime(claim: dra.ResourceClaim) -> float | None:
+    """The claim's expected runtime in seconds, leniently: None where the annotation is absent or does not read
+    (a claim accepted before the annotation was checked); what running and waiting claims are estimated by."""
+    try:
+        return expected_runtime_of(claim.metadata.annotations)
+    except InvalidClaim:
+        return None
+
+
+def expected_runtime_of(annotations: Mapping[str, str]) -> float | None:
+    """How long the claim says it will run once Allocated (claimbroker.io/expected-runtime), in seconds: more
+    than 0 and at most 365 days; None without the annotation. Used for start estimates, never enforced."""
+    raw = annotations.get(EXPECTED_RUNTIME_ANNOTATION)
+    if raw is None:
+        return None
+    seconds = duration_seconds(raw)
+    if seconds is None or not 0 < seconds <= MAX_EXPECTED_RUNTIME:
+        raise _annotation_problem(EXPECTED_RUNTIME_ANNOTATION, raw,
+                                  'must be a duration such as "45s", "90m" or "2h30m", more than 0s and at most '
+                                  '8760h (365 days)')
+    return seconds
 
 
 def claim_name_problem(name: object, path: str = "metadata.name") -> str | None:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from shared.admission.model import Running, Waiting
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra import model as dra
-from shared.dra.claims import gang_name
+from shared.dra.claims import expected_runtime, gang_name
 from shared.dra.results import Allocation, State
 from shared.ledger.schema import OUTSIDE, Claim, ClaimEvent
 from shared.ledger.unit_of_work import UnitOfWork, in_chunks
@@ -194,10 +194,11 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
                 if (running.priority, running.preemptible, running.arrival, running.allocated_order) != (
                         priority, preemptible, arrival, order):
                     running = Running(namespace, name, running.allocation, priority, preemptible, arrival, order,
-                                      since, running.gang)
+                                      since, running.gang, running.expected_runtime)
             elif allocation := allocations.get(row_id):
                 running = Running(namespace, name, Allocation.from_json(allocation), priority, preemptible,
-                                  arrival, order, since, gang_name(documents[row_id]))
+                                  arrival, order, since, gang_name(documents[row_id]),
+                                  expected_runtime(documents[row_id]))
             else:  # an allocated row without an allocation holds nothing
                 cache.drop(row_id)
                 continue
