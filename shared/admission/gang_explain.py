@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.admission.gang_topology import free_per_value, ordered_values
+from shared.admission.gang_topology import ordered_values
 from shared.admission.gangs import WaitingGangs
 from shared.admission.model import Waiting
 from shared.dra.allocation import FleetState
@@ -30,7 +30,7 @@ def gang_section(gangs: WaitingGangs, placement: FleetState, fleet: Fleet, waiti
                                "members": names[:MAX_NAMES], "rejected": rejected[:MAX_NAMES], "topology": None}
     if settings.topology is not None:
         domains = gangs.domains.of(fleet, settings.topology)
-        free = free_per_value(placement, waiting, domains) if domains else {}
+        free = gangs.domains.free(placement, waiting, domains) if domains else {}
         section["topology"] = {
             "key": settings.topology, "mode": settings.mode, "waitSeconds": settings.wait, "values": len(domains),
             "mostFree": [{"value": v, "free": free[v], "nodes": len(domains[v])}

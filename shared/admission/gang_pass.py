@@ -5,12 +5,14 @@ is admitted in this cycle or none is (what the earlier members took is given bac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from shared.admission.gang_topology import confined, free_per_value, ordered_values, usable_nodes
+from shared.admission.gang_topology import confined, ordered_values, usable_nodes
 from shared.admission.gangs import GangKey, GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
 from shared.admission.preemption import try_preempt
+from shared.admission.quota_room import QuotaRoom
 from shared.admission.state import AdmissionState
 from shared.contract.gang_reasons import incomplete_reason
 from shared.dra.results import Allocation, Decision, DeviceResult, Rejected, State
@@ -37,15 +39,53 @@ def gang_units(cycle: AdmissionState) -> tuple[list[Decided], list[GangUnit]]:
     return decided, complete
 
 
-def gang_units_of(cycle: AdmissionState, unit: GangUnit) -> float:
-    """The GPU units the gang takes at least (each member's fewest devices at its cheapest flavor)."""
+class UnitFacts:
+    """What the pass reads of a gang unit that its members' specs decide (with the state's fleet and quotas)."""
+
+    __slots__ = ("units", "members", "need", "alike", "usable")
+
+    def __init__(self, units: float, members: tuple[Waiting, ...], need: int) -> None:
+        self.units = units  # the GPU units it takes at least (each member's fewest devices at its cheapest flavor)
+        self.members = members  # in trial order: the most devices first, then arrival and name
+        self.need = need  # the devices its members take at least
+        # with a topology key, worked out at its first trial: whether every member has the same spec, and the
+        # nodes a confined trial closes
+        self.alike: bool | None = None
+        self.usable: frozenset[str] | None = None
+
+
+# per gang unit (by identity: a unit is rebuilt only when its members change), with the quota room it was
+# worked out with (one per admission state, whose fleet and quotas are fixed); cleared when full
+_FACTS: dict[int, tuple[GangUnit, QuotaRoom, UnitFacts]] = {}
+_MAX_FACTS = 20_000
+
+
+def unit_facts(cycle: AdmissionState, unit: GangUnit) -> UnitFacts:
+    """The unit's facts, worked out once per unit and admission state: many gangs wait complete, and a
+    cycle tries each of them."""
+    room = cycle.room
+    kept = _FACTS.get(id(unit))
+    if kept is not None and kept[0] is unit and kept[1] is room:
+        return kept[2]
     values = {f.name: f.value for f in cycle.snapshot.quotas.flavors}
     total = 0.0
+    need = 0
     for member in unit.members:
-        flavors, least = cycle.room.claim_facts(member)[:2]
+        flavors, least = room.claim_facts(member)[:2]
         if least:
             total += least * min((values[f] for f in flavors if f in values), default=0.0)
-    return total
+            need += least
+    members = sorted(unit.members, key=lambda m: (-(room.claim_facts(m).least or 0), m.arrival, m.name))
+    if len(_FACTS) >= _MAX_FACTS:
+        _FACTS.clear()
+    found = UnitFacts(total, tuple(members), need)
+    _FACTS[id(unit)] = (unit, room, found)
+    return found
+
+
+def gang_units_of(cycle: AdmissionState, unit: GangUnit) -> float:
+    """The GPU units the gang takes at least (each member's fewest devices at its cheapest flavor)."""
+    return unit_facts(cycle, unit).units
 
 
 def share_after(cycle: AdmissionState, unit: GangUnit, units: float) -> float:
@@ -64,9 +104,9 @@ def try_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     trials = cycle.trials
     shrinking, trials.shrinking = trials.shrinking, None
     try:
-        members = sorted(unit.members, key=lambda m: (-(cycle.room.claim_facts(m).least or 0), m.arrival, m.name))
+        members = unit_facts(cycle, unit).members
         key = unit.settings.topology
-        failed = cycle.gangs.failed_at.get(unit.key) if key is None else None
+        failed = cycle.gangs.failed_at.get(unit.key)
         if failed is not None and failed[0] == _stamp(cycle, unit):
             outcome = failed[1]  # nothing it reads changed since it did not fit
         elif key is None:
@@ -75,8 +115,13 @@ def try_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
                 cycle.gangs.failed_at[unit.key] = (_stamp(cycle, unit), outcome)
         else:
             outcome = _place_on_one_value(cycle, unit, members, key)
-            if isinstance(outcome, Refusal) and _may_split(cycle, unit):
+            split = isinstance(outcome, Refusal) and _may_split(cycle, unit)
+            if split:
                 outcome = _place(cycle, members)
+            # kept unless a wait still to pass may let it split later (time, not what it reads, changes that)
+            waits = unit.settings.mode == "preferred" and not split
+            if isinstance(outcome, Refusal) and not outcome.decision.cut and not waits:
+                cycle.gangs.failed_at[unit.key] = (_stamp(cycle, unit), outcome)
     finally:
         trials.shrinking = shrinking
     if isinstance(outcome, Refusal):
@@ -95,7 +140,8 @@ def _stamp(cycle: AdmissionState, unit: GangUnit) -> tuple[Any, ...]:
     """What a gang's trial reads: its members' capacity versions (a placement under a flavor reads a
     subset of the devices) and the quota versions of its tenant's cohort and the free capacity."""
     placement, book = cycle.placement, cycle.book
-    return (tuple(placement.capacity_version(placement.plan(m.claim)) for m in unit.members),
+    plans = {id(p): p for p in (placement.plan(m.claim) for m in unit.members)}  # alike members: one plan
+    return (tuple(placement.capacity_version(p) for p in plans.values()),
             book.cohort_version(unit.key[0]), book.free_version)
 
 
@@ -115,7 +161,7 @@ def _reserving(cycle: AdmissionState, unit: GangUnit) -> bool:
     return now - first_since.setdefault(unit.key, now) >= after
 
 
-def _reserve(cycle: AdmissionState, unit: GangUnit, members: list[Waiting]) -> None:
+def _reserve(cycle: AdmissionState, unit: GangUnit, members: Sequence[Waiting]) -> None:
     """Hold, until the cycle ends, the free devices the members would take on the nodes with the most
     free of what each member's first request accepts (one node per member, as many as it takes at
     least): claims that fair share places after the gang cannot take them, and the nodes fill for it as
@@ -126,7 +172,7 @@ def _reserve(cycle: AdmissionState, unit: GangUnit, members: list[Waiting]) -> N
         domains = cycle.gangs.domains.of(cycle.fleet, unit.settings.topology)
         if not domains:
             return
-        free = free_per_value(placement, members[0], domains)
+        free = cycle.gangs.domains.free(placement, members[0], domains)
         allowed = frozenset(domains[ordered_values(free)[0]])
     for member in members:
         try:
@@ -172,8 +218,7 @@ def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     mark = len(cycle.preemptions)
     held = _give_back_held(cycle, unit.key)  # what it keeps for itself is its own to use
     placed: list[tuple[Waiting, Allocation]] = []
-    members = sorted(unit.members, key=lambda m: (-(cycle.room.claim_facts(m).least or 0), m.arrival, m.name))
-    for member in members:
+    for member in unit_facts(cycle, unit).members:
         decision, _ = trials.try_admit(member)
         if decision.allocation is not None:
             cycle.admit(member, decision.allocation)
@@ -217,7 +262,7 @@ class Refusal(NamedTuple):
     blocks: list[Block]
 
 
-def _place(cycle: AdmissionState, members: list[Waiting]) -> list[tuple[Waiting, Allocation]] | Refusal:
+def _place(cycle: AdmissionState, members: Sequence[Waiting]) -> list[tuple[Waiting, Allocation]] | Refusal:
     """Every member placed in turn on the fleet as the earlier members left it, under its tenant's quota
     with the earlier members counted; on the first that does not fit, the earlier ones are given back."""
     placed: list[tuple[Waiting, Allocation]] = []
@@ -233,21 +278,26 @@ def _place(cycle: AdmissionState, members: list[Waiting]) -> list[tuple[Waiting,
     return placed
 
 
-def _place_on_one_value(cycle: AdmissionState, unit: GangUnit, members: list[Waiting], key: str
+def _place_on_one_value(cycle: AdmissionState, unit: GangUnit, members: Sequence[Waiting], key: str
                         ) -> list[tuple[Waiting, Allocation]] | Refusal:
     """The members on the nodes of one value of node label `key`, the values with the most free devices
     (that the first member's first request accepts) tried first; those with fewer than the gang needs
     are not tried when every member has the same spec."""
     domains = cycle.gangs.domains.of(cycle.fleet, key)
-    need = sum(cycle.room.claim_facts(m).least or 0 for m in members)
+    facts = unit_facts(cycle, unit)
+    need = facts.need
     if not domains:
         return Refusal(f"gang {unit.name} needs {need} GPUs on one {key}; no node has the label {key}",
                        UNANSWERED, [])
-    free = free_per_value(cycle.placement, members[0], domains)
-    alike = len({id(m.claim) for m in members}) == 1 or len({_spec(cycle, m) for m in members}) == 1
+    free = cycle.gangs.domains.free(cycle.placement, members[0], domains)
+    if facts.alike is None:
+        facts.alike = len({id(m.claim) for m in members}) == 1 or len({_spec(cycle, m) for m in members}) == 1
+    alike = facts.alike
     most = max(free.values())
     last: Refusal | None = None
-    usable = usable_nodes(cycle.placement, members)
+    if facts.usable is None:  # fixed for the fleet: worked out once per unit
+        facts.usable = usable_nodes(cycle.placement, members)
+    usable = facts.usable
     for value in ordered_values(free):
         if alike and free[value] < need:
             break  # the rest have fewer still

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from shared.admission.model import Waiting
 from shared.dra.allocation import FleetState
+from shared.dra.fleet_index import DeviceIndex
 from shared.dra.inventory import Fleet
 from shared.dra.results import Allocation, DeviceResult, Rejected
 
@@ -20,15 +21,21 @@ CONFINED = "gang-topology"  # the request name of what a confined trial holds (n
 
 
 class Domains:
-    """The nodes per value of a node label, worked out once per fleet and key."""
+    """The nodes per value of a node label, worked out once per fleet and key; and per index of devices,
+    the free devices per value, worked out again only when the index's free devices changed."""
 
     def __init__(self) -> None:
         self._fleet: Fleet | None = None
         self._by_key: dict[str, dict[str, tuple[str, ...]]] = {}
+        # per index and label key: the values with the index's nodes among theirs (fixed for the fleet), and
+        # the free devices per value at the index's version they were counted at
+        self._within: dict[tuple[int, int], tuple[DeviceIndex, Mapping[str, tuple[str, ...]],
+                                                  tuple[tuple[str, tuple[str, ...]], ...]]] = {}
+        self._free: dict[tuple[int, int], tuple[int, dict[str, int]]] = {}
 
     def of(self, fleet: Fleet, key: str) -> Mapping[str, tuple[str, ...]]:
         if fleet is not self._fleet:
-            self._fleet, self._by_key = fleet, {}
+            self._fleet, self._by_key, self._within, self._free = fleet, {}, {}, {}
         found = self._by_key.get(key)
         if found is None:
             nodes: dict[str, list[str]] = defaultdict(list)
@@ -39,10 +46,34 @@ class Domains:
             found = self._by_key[key] = {v: tuple(n) for v, n in sorted(nodes.items())}
         return found
 
+    def free(self, placement: FleetState, member: Waiting, domains: Mapping[str, tuple[str, ...]]
+             ) -> dict[str, int]:
+        """Per label value of `domains` (as of() gave them), the free devices the member's first request
+        accepts on its nodes. Counted over the nodes the index holds only (the others have none it
+        accepts), and again only when the index's free devices changed: many gangs wait for one spec."""
+        try:
+            index = placement.index(placement.plan(member.claim).variants[0][0])
+        except (Rejected, IndexError):
+            return dict.fromkeys(domains, 0)
+        at = (id(index), id(domains))
+        within = self._within.get(at)
+        if within is None or within[0] is not index or within[1] is not domains:
+            held = index.nodes
+            within = self._within[at] = (index, domains, tuple((v, tuple(n for n in nodes if n in held))
+                                                               for v, nodes in domains.items()))
+            self._free.pop(at, None)
+        counted = self._free.get(at)
+        if counted is not None and counted[0] == index.version:
+            return counted[1]
+        free = {value: sum(len(index.free_on(n)) for n in nodes) for value, nodes in within[2]}
+        self._free[at] = (index.version, free)  # read after counting: a node counted first may bump it
+        return free
+
 
 def free_per_value(placement: FleetState, member: Waiting, domains: Mapping[str, tuple[str, ...]]
                    ) -> dict[str, int]:
-    """Per label value, the free devices the member's first request accepts on its nodes."""
+    """Per label value, the free devices the member's first request accepts on its nodes (uncached:
+    Domains.free keeps them)."""
     try:
         index = placement.index(placement.plan(member.claim).variants[0][0])
     except (Rejected, IndexError):
