@@ -15,6 +15,7 @@ from shared.admission.preemption import try_preempt
 from shared.admission.quota_room import QuotaRoom
 from shared.admission.state import AdmissionState
 from shared.contract.gang_reasons import incomplete_reason
+from shared.dra.plan import Plan
 from shared.dra.results import Allocation, Decision, DeviceResult, Rejected, State
 
 RESERVED = "gang-reserve"  # the request name of the devices a starving gang holds (never given to a claim)
@@ -42,7 +43,7 @@ def gang_units(cycle: AdmissionState) -> tuple[list[Decided], list[GangUnit]]:
 class UnitFacts:
     """What the pass reads of a gang unit that its members' specs decide (with the state's fleet and quotas)."""
 
-    __slots__ = ("units", "members", "need", "alike", "usable")
+    __slots__ = ("units", "members", "need", "alike", "usable", "plans")
 
     def __init__(self, units: float, members: tuple[Waiting, ...], need: int) -> None:
         self.units = units  # the GPU units it takes at least (each member's fewest devices at its cheapest flavor)
@@ -52,11 +53,13 @@ class UnitFacts:
         # nodes a confined trial closes
         self.alike: bool | None = None
         self.usable: frozenset[str] | None = None
+        self.plans: tuple[Plan, ...] | None = None  # its members' distinct plans, as its stamp reads them
 
 
 # per gang unit (by identity: a unit is rebuilt only when its members change), with the quota room it was
-# worked out with (one per admission state, whose fleet and quotas are fixed); cleared when full
-_FACTS: dict[int, tuple[GangUnit, QuotaRoom, UnitFacts]] = {}
+# worked out with (one per admission state, whose fleet and quotas are fixed) and the plan memo's clearings
+# then (the plans are prepared anew after one); cleared when full
+_FACTS: dict[int, tuple[GangUnit, QuotaRoom, int, UnitFacts]] = {}
 _MAX_FACTS = 20_000
 
 
@@ -65,8 +68,8 @@ def unit_facts(cycle: AdmissionState, unit: GangUnit) -> UnitFacts:
     cycle tries each of them."""
     room = cycle.room
     kept = _FACTS.get(id(unit))
-    if kept is not None and kept[0] is unit and kept[1] is room:
-        return kept[2]
+    if kept is not None and kept[0] is unit and kept[1] is room and kept[2] == cycle.memo.plans_cleared:
+        return kept[3]
     values = {f.name: f.value for f in cycle.snapshot.quotas.flavors}
     total = 0.0
     need = 0
@@ -79,7 +82,7 @@ def unit_facts(cycle: AdmissionState, unit: GangUnit) -> UnitFacts:
     if len(_FACTS) >= _MAX_FACTS:
         _FACTS.clear()
     found = UnitFacts(total, tuple(members), need)
-    _FACTS[id(unit)] = (unit, room, found)
+    _FACTS[id(unit)] = (unit, room, cycle.memo.plans_cleared, found)
     return found
 
 
@@ -140,8 +143,10 @@ def _stamp(cycle: AdmissionState, unit: GangUnit) -> tuple[Any, ...]:
     """What a gang's trial reads: its members' capacity versions (a placement under a flavor reads a
     subset of the devices) and the quota versions of its tenant's cohort and the free capacity."""
     placement, book = cycle.placement, cycle.book
-    plans = {id(p): p for p in (placement.plan(m.claim) for m in unit.members)}  # alike members: one plan
-    return (tuple(placement.capacity_version(p) for p in plans.values()),
+    facts = unit_facts(cycle, unit)
+    if facts.plans is None:  # alike members: one plan
+        facts.plans = tuple({id(p): p for p in (placement.plan(m.claim) for m in unit.members)}.values())
+    return (tuple(placement.capacity_version(p) for p in facts.plans),
             book.cohort_version(unit.key[0]), book.free_version)
 
 
