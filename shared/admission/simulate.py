@@ -5,18 +5,14 @@ the allocator.
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.admission.kept import KeptState
-from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot, Waiting
+from shared.admission.model import ClaimKey, CycleResult, Running, Waiting
 from shared.admission.quota import QuotaConfig
-from shared.admission.settling import run_until_settled
-from shared.admission.waiting_queue import WaitingQueue
+from shared.admission.sim_clock import ClockedQueue
 from shared.admission.wave_documents import Advance, Release, WaveItem, read_claim_document
 from shared.dra import model as dra
 from shared.dra.claims import InvalidClaim, expected_runtime, gang_name, settings_of
@@ -32,7 +28,6 @@ SIMULATION_START = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 # minute maxPreemptionsPerMinute counts) are settled in turn, as the allocator's cycles would meet them; at
 # most this many, then the clock goes on to the Advance's end.
 MAX_INSTANTS_PER_ADVANCE = 1000
-PREEMPTION_WINDOW = 60.0  # maxPreemptionsPerMinute counts the preemptions of the minute before
 RELEASED = Decision(State.RELEASED, reason="released by the tenant")
 
 
@@ -71,40 +66,21 @@ def _waiting(claim: dra.ResourceClaim, arrival: int) -> Waiting:
                    settings.preemptible, arrival)
 
 
-class _Simulation:
+class _Simulation(ClockedQueue):
     """What runs and what waits on the simulated clock, applied from each cycle's result as the allocator
     applies it to the ledger (allocation times included)."""
 
     def __init__(self, fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaConfig,
                  start: float) -> None:
-        self.fleet, self.classes, self.quotas = fleet, classes, quotas
-        self.now = start
-        self.kept = KeptState()  # what one cycle keeps for the next, as the allocator keeps it
+        super().__init__(fleet, classes, quotas, start)
         self.final: dict[ClaimKey, ClaimOutcome] = {}
         self.result = SimulationResult()
-        self.waiting = WaitingQueue()  # each cycle is handed what came and went since the last
-        self.running: dict[ClaimKey, Running] = {}
         self.documents: dict[ClaimKey, dra.ResourceClaim] = {}
         self.displaced: dict[ClaimKey, frozenset[ClaimKey]] = {}
         self.arrival = 0
         self.allocated = 0
-        # fair-share and reclaim preemptions (by another tenant's claim): when, and the victim's tenant
-        self.limited = any(t.max_preemptions_per_minute is not None for t in quotas.tenants.values())
-        self.preempted_at: list[tuple[float, str]] = []
 
-    def snapshot(self) -> Snapshot:
-        all_waiting, changes = self.waiting.snapshot()
-        return Snapshot(self.fleet, self.classes, self.quotas, tuple(self.running.values()), all_waiting,
-                        changes=changes, now=self.now, recent_preemptions=self.recent_preemptions())
-
-    def recent_preemptions(self) -> dict[str, int]:
-        """Per tenant, its claims preempted for fair share or reclaim in the minute before now (as the
-        allocator reads them from the ledger)."""
-        if not self.limited:
-            return {}
-        since = self.now - PREEMPTION_WINDOW
-        self.preempted_at = [(at, tenant) for at, tenant in self.preempted_at if at >= since]
-        return dict(Counter(tenant for _, tenant in self.preempted_at))
+    most_changing = MAX_CYCLES_PER_WAVE
 
     def apply(self, cycle: CycleResult) -> bool:
         changed = bool(cycle.preemptions)
@@ -136,15 +112,6 @@ class _Simulation:
                 self.waiting.put(replace(queued, answered=True))
         return changed
 
-    def settle(self) -> None:
-        run_until_settled(self.snapshot, self.kept, self.apply, most_changing=MAX_CYCLES_PER_WAVE)
-
-    def ask_again(self) -> None:
-        """Time passed: every waiting claim is decided again, as the allocator refreshes its answers."""
-        for queued in list(self.waiting.values()):
-            if queued.answered:
-                self.waiting.put(replace(queued, answered=False))
-
     def pass_time(self, seconds: float) -> None:
         """Let `seconds` pass: each instant within them at which a time rule lets go is settled in turn."""
         end = self.now + seconds
@@ -157,34 +124,6 @@ class _Simulation:
             self.settle()
         self.now = end
         self.ask_again()
-
-    def next_instant(self, end: float) -> float | None:
-        """The first instant after now and by `end` at which a waiting claim may decide otherwise: a
-        running claim's minRuntime ends, a preemption leaves the minute maxPreemptionsPerMinute counts, or a
-        gang's wait is over."""
-        if not self.waiting:
-            return None
-        instants = [r.allocated_at + least for r in self.running.values()
-                    if r.allocated_at is not None and (least := self.quotas.min_runtime(r.tenant)) > 0]
-        if self.limited:  # counted while at >= now - 60: out of the count just after
-            instants += [math.nextafter(at + PREEMPTION_WINDOW, math.inf) for at, _ in self.preempted_at]
-        instants += self.gang_instants()
-        return min((t for t in instants if self.now < t <= end), default=None)
-
-    def gang_instants(self) -> list[float]:
-        """When a waiting gang's gangReserveAfter is over (it keeps what it needs from then on) and when a
-        `preferred` gang's gang-topology-wait is over (it may be split from then on)."""
-        admission = self.kept.admission
-        if admission is None or not admission.gangs.gangs:
-            return []
-        gangs = admission.gangs
-        instants = [since + after for (tenant, _), since in gangs.first_since.items()
-                    if (after := self.quotas.gang_reserve_after(tenant)) > 0]
-        for key, since in gangs.complete_since.items():
-            members = gangs.gangs.get(key)
-            if members:
-                instants.append(since + next(iter(members.values()))[1].wait)
-        return instants
 
     def release(self, release: Release, wave: int) -> None:
         key = release.key

@@ -1,0 +1,416 @@
+"""Start estimates (issue 39): when the broker expects each waiting claim to be allocated, as p50 and p90, from
+the same decision core run forward on a clock of its own. Pure: time is the snapshot's `now`.
+
+Two forward runs from the snapshot: in one every running claim ends at its allocation time plus its p50
+runtime (never before now) and every claim admitted meanwhile runs its p50; in the other the same with p90.
+A claim's p50 and p90 are the instants it is admitted in each run (the earlier of the two is its p50).
+Runtimes (`Runtimes`): a claim's claimbroker.io/expected-runtime, else its tenant's observed runtimes on the
+flavor it holds, else its tenant's, else a default; a running claim with none of them never ends within the
+run. At each instant at which claims end or a time rule lets go (minRuntime ends, a preemption leaves the
+minute maxPreemptionsPerMinute counts, a gang's wait is over) one cycle of the core runs, as the allocator's
+next cycle would (fair share, quotas, priority, preemption and its limits, gangs), on one KeptState carried
+from instant to instant.
+
+Approximations, each cheaper than what it stands for:
+- Ends close together are one instant: the ends within max(60 s, 2 % of the time ahead) of the first one are
+  taken together at the last of them, so a far future costs a few hundred instants, not one per claim (an
+  estimate is never early for it, and late by at most that window).
+- One cycle per instant, not cycles until nothing changes: what a cycle leaves (a preemptor past the
+  cycle's preemption attempts) waits for the next instant.
+- A claim preempted in a forward run leaves it (a running claim carries no claim document to queue it again):
+  victims are not estimated a second start.
+- A running claim allocated at an unknown time (allocated_at None) is taken as allocated now.
+- Only waiting claims are estimated; claims that arrive later (and may come ahead of them) are not foreseen.
+- A gang whose members have not all arrived waits for them: its members get no estimate, and say so.
+- Beyond the first `exact` admissions of a run (EXACT_ADMISSIONS) the claims left are extrapolated
+  (`_Forward.extrapolate`): the devices that free from then on (running claims' ends, then the extrapolated
+  claims' own) are handed out to the tenants in turn, each tenant's claims by priority and arrival, a claim
+  starting once enough devices freed for it, whatever their model or node (quotas and shapes are not
+  looked at). A core admission costs about what it costs the allocator, and an instant's cycle some 30-80 ms
+  on a full fleet of 1,000 nodes (most of it the preemption search), so running all 10,000 exactly costs
+  seconds; `make bench-eta` measures the whole (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.admission.cycle import run_cycle
+from shared.admission.flavors import Flavors, FleetFlavors
+from shared.admission.holdings import allocated_devices
+from shared.admission.kept import KeptState
+from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot, Waiting
+from shared.admission.settling import MAX_GOING_ON
+from shared.admission.sim_clock import ClockedQueue
+from shared.contract.gang_reasons import incomplete_reason
+from shared.dra.allocation import FleetState
+from shared.dra.claims import InvalidClaim, expected_runtime, gang_name, gang_of
+from shared.dra.matching import SelectorMemo
+from shared.dra.results import Allocation, DeviceKey, Rejected, State
+
+HORIZON = 7 * 86400.0  # how far ahead the forward runs look
+MAX_NAMED = 4  # claims named in blocked_by, then "and N more"
+BATCH_SECONDS = 60.0  # ends within this of each other (or a fiftieth of the time ahead) are one instant
+BATCH_FRACTION = 0.02
+MAX_INSTANTS = 2000  # per forward run: then the claims left get no estimate
+EXACT_ADMISSIONS = 500  # per forward run, admitted by the core; the claims after them are extrapolated
+UNSATISFIABLE = "no device of today's fleet could ever satisfy it"
+REJECTED = "it is Rejected as written: it will never start"
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """Runtimes in seconds."""
+
+    p50: float
+    p90: float
+
+
+@dataclass(frozen=True)
+class Runtimes:
+    """How long claims run once Allocated, where their claimbroker.io/expected-runtime does not say: observed
+    quantiles per (tenant, flavor) and per tenant (the shell works them out of the ledger's history), else
+    `default` (None: unknown, and a running claim of unknown runtime never ends within the estimate)."""
+
+    by_flavor: Mapping[tuple[str, str], Quantiles] = field(default_factory=dict)
+    by_tenant: Mapping[str, Quantiles] = field(default_factory=dict)
+    default: Quantiles | None = None
+
+    def of(self, tenant: str, flavors: Iterable[str | None], expected: float | None) -> Quantiles | None:
+        """A claim's runtime: its expected runtime, else what its tenant's claims ran on a flavor it holds
+        (the longest of those known), else what its tenant's ran, else the default."""
+        if expected is not None:
+            return Quantiles(expected, expected)
+        if self.by_flavor:
+            known = [q for f in flavors if f is not None and (q := self.by_flavor.get((tenant, f))) is not None]
+            if known:
+                return max(known, key=lambda q: (q.p50, q.p90))
+        return self.by_tenant.get(tenant, self.default)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """When a waiting claim is expected to be allocated (seconds since the epoch), and what it waits for; p50
+    None when nothing can be said (`reason` says why), p90 None when its later run found no start."""
+
+    p50: float | None
+    p90: float | None
+    blocked_by: tuple[str, ...] = ()
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any] | None:
+        """The contract's estimatedStart: {"p50", "p90", "blockedBy"}, or None when nothing can be said."""
+        if self.p50 is None:
+            return None
+        return {"p50": rfc3339(self.p50), "p90": rfc3339(self.p90) if self.p90 is not None else None,
+                "blockedBy": list(self.blocked_by)}
+
+
+def rfc3339(unix: float) -> str:
+    """'2026-01-01T00:20:00Z' (whole seconds, rounded up: a start is never shown early)."""
+    return datetime.fromtimestamp(-(-unix // 1), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def duration_text(seconds: float) -> str:
+    """7d, 36h, 90m or 45s: the largest unit that says it whole."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def named(names: Iterable[str]) -> tuple[str, ...]:
+    """At most MAX_NAMED names, then 'and N more'."""
+    listed = list(dict.fromkeys(names))
+    if len(listed) <= MAX_NAMED:
+        return tuple(listed)
+    return (*listed[:MAX_NAMED], f"and {len(listed) - MAX_NAMED} more")
+
+
+@dataclass
+class EstimateMemo:
+    """What estimate_starts keeps from one call to the next, as the allocator keeps its KeptState: selector
+    results and prepared claims, and the fleet's flavors (derived from the fleet and the claims alone). The
+    shell keeps one per estimator; a call without one starts cold."""
+
+    selectors: SelectorMemo = field(default_factory=SelectorMemo)
+    flavors: FleetFlavors | None = None
+
+
+@dataclass
+class _Start:
+    at: float
+    blocked_by: tuple[str, ...]
+    extrapolated: bool = False
+
+
+class _Forward(ClockedQueue):
+    """One forward run: the snapshot's running claims end at their expected ends, the queue is settled at
+    each instant something ends or a time rule lets go, and each claim's admission instant is kept."""
+
+    def __init__(self, snapshot: Snapshot, runtimes: Runtimes, quantile: int, horizon: float, exact: int,
+                 expected: Mapping[ClaimKey, float | None], sizes: Mapping[ClaimKey, int], memo: EstimateMemo,
+                 hopeless: Set[ClaimKey], before: _Forward | None = None) -> None:
+        assert snapshot.now is not None
+        super().__init__(snapshot.fleet, snapshot.classes, snapshot.quotas, snapshot.now)
+        self.kept = KeptState(memo=memo.selectors, flavors=memo.flavors)
+        self.expected = expected  # each waiting claim's expected runtime, read once for both runs
+        self.sizes = sizes  # and the devices it takes
+        self.start, self.limit, self.exact = snapshot.now, snapshot.now + horizon, exact
+        self.runtimes, self.quantile = runtimes, quantile
+        self.unusable_nodes = snapshot.unusable_nodes
+        if self.limited:  # when they happened is not known: counted as if now
+            self.preempted_at = [(self.now, t) for t, n in snapshot.recent_preemptions.items() for _ in range(n)]
+        self.ends: list[tuple[float, int, ClaimKey, Running]] = []  # when each running claim ends
+        self.min_ends: list[float] = []  # when each running claim's minRuntime ends
+        self.serial = itertools.count()
+        self.freed_by: dict[DeviceKey, str] = {}  # per device, the claim whose end (or preemption) freed it last
+        self.started: dict[ClaimKey, _Start] = {}
+        self.rejected: set[ClaimKey] = set()
+        self.order = max((r.allocated_order for r in snapshot.running), default=0)
+        held = self._flavors_of_running(snapshot) if runtimes.by_flavor else {}
+        for r in snapshot.running:
+            self.running[r.key] = r
+            runtime = runtimes.of(r.tenant, held.get(r.key, ()), r.expected_runtime)
+            since = r.allocated_at if r.allocated_at is not None else self.now
+            self._schedule(r, since, runtime)
+        if before is not None:  # the earlier run's state, brought back to the snapshot's: O(what that run changed)
+            self.kept, self.waiting = before.kept, before.waiting
+            initial = {w.key: w for w in snapshot.waiting}
+            for key in [k for k in self.waiting if k not in initial]:
+                self.waiting.pop(key)
+        for w in snapshot.waiting:
+            self.waiting.put(w)
+        self.hopeless = hopeless  # claims no run starts (never fit, incomplete gangs)
+        self.hopeless_left = sum(1 for k in self.waiting if k in hopeless)  # of them, those waiting
+
+    def _flavors_of_running(self, snapshot: Snapshot) -> dict[ClaimKey, set[str | None]]:
+        known = Flavors(snapshot.quotas.flavors, self.kept.memo)
+        return {r.key: {known.name_of(d) for d in allocated_devices(snapshot.fleet, r.allocation)}
+                for r in snapshot.running if r.expected_runtime is None}
+
+    def _schedule(self, running: Running, since: float, runtime: Quantiles | None) -> None:
+        if runtime is not None:
+            seconds = runtime.p50 if self.quantile == 0 else runtime.p90
+            heapq.heappush(self.ends, (max(self.now, since + seconds), next(self.serial), running.key, running))
+        least = self.quotas.min_runtime(running.tenant)
+        if least > 0 and running.allocated_at is not None and running.allocated_at + least > self.now:
+            heapq.heappush(self.min_ends, running.allocated_at + least)
+
+    def _free(self, running: Running) -> None:
+        name = f"{running.tenant}/{running.name}"
+        for key in running.allocation.keys:
+            self.freed_by[key] = name
+
+    def apply(self, cycle: CycleResult) -> bool:
+        changed = bool(cycle.preemptions)
+        for p in cycle.preemptions:  # victims leave the run: see the module's docstring
+            victim = self.running.pop(p.victim, None)
+            if victim is not None:
+                self._free(victim)
+            if p.by[0] != p.victim[0]:
+                self.preempted_at.append((self.now, p.victim[0]))
+        for d in cycle.decisions:
+            key = (d.tenant, d.name)
+            queued = self.waiting.get(key)
+            if queued is None:
+                continue
+            decision = d.decision
+            if decision.allocation is not None:
+                self._admit(queued, decision.allocation, cycle)
+                changed = True
+            elif decision.state is State.REJECTED:
+                self.waiting.pop(key)
+                self.rejected.add(key)
+                self.hopeless_left -= key in self.hopeless
+            elif not queued.answered:
+                self.waiting.put(replace(queued, answered=True))
+        return changed
+
+    def _admit(self, queued: Waiting, allocation: Allocation, cycle: CycleResult) -> None:
+        flavors = {cycle.flavors[k][0] for k in allocation.keys if k in cycle.flavors}
+        expected = self.expected.get(queued.key)
+        self.order += 1
+        running = Running(queued.tenant, queued.name, allocation, queued.priority, queued.preemptible,
+                          queued.arrival, self.order, self.now, gang_name(queued.claim), expected)
+        self.running[queued.key] = running
+        self.waiting.pop(queued.key)
+        blockers = [self.freed_by[k] for k in allocation.keys if k in self.freed_by]
+        if not blockers and self.now > self.start and self.quotas.enforced:
+            blockers = [f"quota {queued.tenant}/{f}" for f in sorted(f for f in flavors if f is not None)]
+        self.started[queued.key] = _Start(self.now, named(blockers))
+        self._schedule(running, self.now, self.runtimes.of(queued.tenant, flavors, expected))
+
+    def min_runtime_ends(self) -> list[float]:
+        while self.min_ends and self.min_ends[0] <= self.now:
+            heapq.heappop(self.min_ends)
+        return self.min_ends[:1]
+
+    def next_end(self) -> float | None:
+        """The first end still to come of a claim that runs."""
+        ends = self.ends
+        while ends and self.running.get(ends[0][2]) is not ends[0][3]:
+            heapq.heappop(ends)  # preempted meanwhile
+        return ends[0][0] if ends else None
+
+    def run(self) -> None:
+        """Settle now, then instant after instant until nothing more can start within the horizon (or `exact`
+        claims started)."""
+        self.step()
+        for _ in range(MAX_INSTANTS):
+            if len(self.started) >= self.exact or len(self.waiting) <= self.hopeless_left:
+                return
+            rule = super().next_instant(self.limit)
+            first = self.next_end()
+            if first is None or first > self.limit or (rule is not None and rule < first):
+                if rule is None:
+                    return
+                self.now = rule  # a time rule lets go before the next end
+            else:
+                cutoff = min(first + max(BATCH_SECONDS, BATCH_FRACTION * (first - self.start)), self.limit)
+                if rule is not None:
+                    cutoff = min(cutoff, rule)
+                while (at := self.next_end()) is not None and at <= cutoff:
+                    _, _, key, running = heapq.heappop(self.ends)
+                    del self.running[key]
+                    self._free(running)
+                    self.now = at
+            self.step()
+
+    def step(self) -> None:
+        """One cycle at an instant (and more only while the placement budget cut its work short): what it
+        leaves (a preemptor beyond the cycle's attempts) the next instant's cycle decides, as the allocator's
+        next cycle would. A claim preempted leaves the run, so no victim waits for a cycle of its own."""
+        for _ in range(MAX_GOING_ON):
+            result = run_cycle(self.snapshot(), self.kept)
+            self.apply(result)
+            if not result.deferred:
+                return
+
+    def extrapolate(self) -> None:
+        """The claims still waiting once `exact` were admitted: see the module's docstring."""
+        left = [w for k, w in self.waiting.items() if k not in self.hopeless]
+        if not left or len(self.started) < self.exact:
+            return
+        # devices freed from now on: (when, how many, by whom)
+        releases = [(end, len(r.allocation.keys), f"{r.tenant}/{r.name}") for end, _, _, r in self.ends
+                    if self.running.get(r.key) is r]
+        heapq.heapify(releases)
+        by_tenant: dict[str, list[Waiting]] = {}
+        for w in sorted(left, key=lambda w: (-w.priority, w.arrival, w.name)):
+            by_tenant.setdefault(w.tenant, []).append(w)
+        free = 0
+        for w in (w for turn in itertools.zip_longest(*by_tenant.values()) for w in turn if w is not None):
+            size = self.sizes[w.key]
+            name = ""
+            while free < size and releases:
+                at, count, name = heapq.heappop(releases)
+                free += count
+                self.now = max(self.now, at)
+            if free < size or self.now > self.limit:
+                return  # the rest: not within the horizon
+            free -= size
+            self.started[w.key] = _Start(self.now, (name,) if name else (), extrapolated=True)
+            runtime = self.runtimes.of(w.tenant, (), self.expected.get(w.key))
+            if runtime is not None:
+                heapq.heappush(releases, (self.now + (runtime.p50 if self.quantile == 0 else runtime.p90), size,
+                                          f"{w.tenant}/{w.name}"))
+
+
+def _size(waiting: Waiting) -> int:
+    """Devices a claim takes at least (its exact counts; 1 for an All or a firstAvailable request)."""
+    total = 0
+    for request in waiting.claim.spec.devices.requests:
+        exactly = request.exactly
+        total += exactly.count if exactly is not None and exactly.count else 1
+    return total
+
+
+def incomplete_gangs(waiting: Iterable[Waiting]) -> dict[ClaimKey, Estimate]:
+    """The members of gangs not all of whose members wait: none starts before the last arrives."""
+    gangs: dict[tuple[str, str], tuple[int, list[ClaimKey]]] = {}
+    for w in waiting:
+        try:
+            gang = gang_of(w.claim.metadata.annotations)
+        except InvalidClaim:
+            continue
+        if gang is not None:
+            size, members = gangs.setdefault((w.tenant, gang.name), (gang.size, []))
+            members.append(w.key)
+    out: dict[ClaimKey, Estimate] = {}
+    for (_, name), (size, members) in gangs.items():
+        if len(members) < size:
+            missing = size - len(members)
+            estimate = Estimate(None, None, (f"gang {name}: {missing} member{'s' if missing > 1 else ''} missing",),
+                                incomplete_reason(name, len(members), size))
+            out.update((key, estimate) for key in members)
+    return out
+
+
+def never_fit(snapshot: Snapshot, memo: SelectorMemo) -> dict[ClaimKey, str]:
+    """The waiting claims that could not be placed even on the whole fleet free, and why: no device of today's
+    fleet could ever satisfy them, or they are Rejected as written. One trial per spec (claims of one spec are
+    read alike)."""
+    empty = FleetState(snapshot.fleet, snapshot.classes, (), memo=memo, unusable_nodes=snapshot.unusable_nodes)
+    by_plan: dict[int, str | None] = {}
+    out = {}
+    for w in snapshot.waiting:
+        try:
+            plan = id(empty.plan(w.claim))
+        except Rejected:
+            out[w.key] = REJECTED
+            continue
+        if plan not in by_plan:
+            decision = empty.decide(w.claim, explain=True)
+            by_plan[plan] = (REJECTED if decision.state is State.REJECTED else
+                             UNSATISFIABLE if decision.unsatisfiable else None)
+        if (why := by_plan[plan]) is not None:
+            out[w.key] = why
+    return out
+
+
+def estimate_starts(snapshot: Snapshot, runtimes: Runtimes, *, horizon: float = HORIZON,
+                    exact: int = EXACT_ADMISSIONS, memo: EstimateMemo | None = None) -> dict[ClaimKey, Estimate]:
+    """An estimate for every waiting claim of `snapshot` (whose `now` must be set), in its order."""
+    if snapshot.now is None:
+        raise ValueError("estimate_starts needs the snapshot's now")
+    gangs = incomplete_gangs(snapshot.waiting)
+    memo = memo if memo is not None else EstimateMemo()
+    never = never_fit(snapshot, memo.selectors)
+    hopeless = gangs.keys() | never.keys()
+    expected = {w.key: expected_runtime(w.claim) for w in snapshot.waiting}
+    sizes = {w.key: _size(w) for w in snapshot.waiting}
+    low = _Forward(snapshot, runtimes, 0, horizon, exact, expected, sizes, memo, hopeless)
+    low.run()
+    low.extrapolate()
+    # the later run goes on from the earlier one's kept state (its selector results, flavors, indexes), unless
+    # gangs wait: their clocks are kept there too, and would run on from the earlier run's
+    reuse = not any(gang_name(w.claim) for w in snapshot.waiting)
+    memo.flavors = low.kept.flavors
+    high = _Forward(snapshot, runtimes, 1, horizon, exact, expected, sizes, memo, hopeless,
+                    low if reuse else None)
+    high.run()
+    high.extrapolate()
+    out: dict[ClaimKey, Estimate] = {}
+    for w in snapshot.waiting:
+        key = w.key
+        if key in gangs:
+            out[key] = gangs[key]
+            continue
+        a, b = low.started.get(key), high.started.get(key)
+        if a is None and b is None:
+            reason = never.get(key) or (REJECTED if key in low.rejected else
+                                        f"not within {duration_text(horizon)} of the claims running now")
+            out[key] = Estimate(None, None, (), reason)
+            continue
+        first = a if a is not None else b
+        assert first is not None
+        p50 = min(s.at for s in (a, b) if s is not None)
+        p90 = max(a.at, b.at) if a is not None and b is not None else None
+        out[key] = Estimate(p50, p90, first.blocked_by)
+    return out
