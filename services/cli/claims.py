@@ -232,9 +232,28 @@ def simulate(
         say_error(line)
     result = simulated.to_json()
     if not emit_document(result, output):
-        console.print(status_table(result["claims"]))
+        console.print(simulate_table(result["claims"]))
         for event in result["events"]:
             console.print(f"{event['claim']} {event['state']} by {event['by']} ({event['rule']}): {event['reason']}")
+
+
+def eta_text(estimate: Any) -> str:
+    """A Pending claim's estimatedStart for a table: its p50, and its p90 in brackets ('-': none)."""
+    if not isinstance(estimate, dict) or not estimate.get("p50"):
+        return "-"
+    return f"{estimate['p50']} ({estimate.get('p90') or '?'})"
+
+
+def simulate_table(claims: list[dict[str, Any]]) -> Any:
+    """simulate's claims as a table: the status columns, and ETA for the Pending ones (on the simulated clock)."""
+    rows = []
+    for c in claims:
+        allocation = c.get("allocation") or {}
+        devices = ", ".join(r["device"] for r in (allocation.get("devices") or {}).get("results", []))
+        eta = eta_text(c.get("estimatedStart")) if c["state"] == "Pending" else ""
+        rows.append([c["namespace"], c["name"], c["state"], allocation.get("nodeName", ""), devices, eta,
+                     c.get("reason") or ""])
+    return make_table(["TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "ETA", "REASON"], rows)
 
 
 def read_quotas_file(path: Path) -> Any:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.admission.model import ClaimKey, CycleResult, Running, Waiting
+from shared.admission.estimates import Estimate, Runtimes, estimate_starts
+from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot, Waiting
 from shared.admission.quota import QuotaConfig
 from shared.admission.sim_clock import ClockedQueue
 from shared.admission.wave_documents import Advance, Release, WaveItem, read_claim_document
@@ -36,16 +37,21 @@ class ClaimOutcome:
     namespace: str
     name: str
     decision: Decision
+    # a Pending claim's start estimate on the simulated clock (shared/admission/estimates.py); None otherwise
+    estimate: Estimate | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = self.decision
-        return {
+        out = {
             "namespace": self.namespace,
             "name": self.name,
             "state": d.state.value,
             "allocation": d.allocation.to_json() if d.allocation else None,
             "reason": d.reason,
         }
+        if d.state is State.PENDING:  # the contract's estimatedStart: null when nothing can be said
+            out["estimatedStart"] = self.estimate.to_json() if self.estimate is not None else None
+        return out
 
 
 @dataclass
@@ -125,6 +131,19 @@ class _Simulation(ClockedQueue):
         self.now = end
         self.ask_again()
 
+    def estimate(self) -> None:
+        """Each Pending claim's start estimate from where the run ends, on its clock: the decision core run
+        forward (shared/admission/estimates.py), with the claims' expected-runtime annotations as the only
+        runtimes (a running claim without one never ends within the estimate's horizon)."""
+        pending = [key for key, o in self.final.items() if o.decision.state is State.PENDING and key in self.waiting]
+        if not pending:
+            return
+        snapshot = Snapshot(self.fleet, self.classes, self.quotas, tuple(self.running.values()),
+                            tuple(self.waiting.values()), now=self.now, recent_preemptions=self.recent_preemptions())
+        estimates = estimate_starts(snapshot, Runtimes())
+        for key in pending:
+            self.final[key] = replace(self.final[key], estimate=estimates.get(key))
+
     def release(self, release: Release, wave: int) -> None:
         key = release.key
         if self.running.pop(key, None) is None and self.waiting.pop(key) is None:
@@ -153,11 +172,13 @@ def run_waves(
     quotas: QuotaConfig | None = None,
     *,
     start: float = SIMULATION_START,
+    estimates: bool = True,
 ) -> SimulationResult:
     """Each wave, in turn: its Advances let time pass (settling whatever a time rule lets go meanwhile),
     its Releases release, its claims arrive at once, and it is settled: admission in fair-share order,
     preemption, and more cycles while they change anything (victims and earlier claims try again). The
-    clock starts at `start`; without Advances every wave arrives at that instant."""
+    clock starts at `start`; without Advances every wave arrives at that instant. With `estimates`, each claim
+    still Pending at the end gets its start estimate from there."""
     run = _Simulation(fleet, classes, quotas or QuotaConfig(), start)
     for index, wave in enumerate(waves):
         number = index + 1
@@ -174,5 +195,7 @@ def run_waves(
             elif isinstance(item, dra.ResourceClaim):
                 run.arrive(item, number)
         run.settle()
+    if estimates:
+        run.estimate()
     run.result.outcomes = list(run.final.values())
     return run.result
