@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JS     := node_modules/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-budget bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif chaos clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-eta bench-budget bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif chaos clean
 
 help: ## show this help
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -39,7 +39,7 @@ lint: $(STAMP) $(JS) ## ruff, mypy, the import layers (lint-imports: the core im
 	$(BIN)/lint-imports
 	node_modules/.bin/biome lint --error-on-warnings
 
-bench: bench-core bench-quota bench-budget bench-queue bench-allocator bench-publish ## every benchmark (print JSON lines; not timed tests)
+bench: bench-core bench-quota bench-eta bench-budget bench-queue bench-allocator bench-publish ## every benchmark (print JSON lines; not timed tests)
 
 bench-core: $(STAMP) ## decision core: 100, 1,000 and 4,000 nodes, 10,000 mixed claims, one JSON line each
 	$(BIN)/python bench/bench_core.py
@@ -47,6 +47,9 @@ bench-core: $(STAMP) ## decision core: 100, 1,000 and 4,000 nodes, 10,000 mixed 
 bench-quota: $(STAMP) ## quotas, fair share, preemption: 1,000 nodes, 100 tenants, queue depth 1,000 and 10,000; then the gang mix
 	$(BIN)/python bench/bench_quota.py
 	$(BIN)/python bench/bench_quota.py --gang-fraction 0.2 --release-cycles 10
+
+bench-eta: $(STAMP) ## start estimates: 10,000 waiting claims on 1,000 full nodes, CPU seconds cold and again (one JSON line)
+	$(BIN)/python bench/bench_eta.py
 
 bench-budget: $(STAMP) ## placement budget: microseconds per unit, and a cycle beside 16, 50 and 200 claims that exhaust the search
 	$(BIN)/python bench/bench_budget.py

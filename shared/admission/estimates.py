@@ -24,7 +24,7 @@ Approximations, each cheaper than what it stands for:
 - A gang whose members have not all arrived waits for them: its members get no estimate, and say so.
 - Beyond the first `exact` admissions of a run (EXACT_ADMISSIONS) the claims left are extrapolated
   (`_Forward.extrapolate`): the devices that free from then on (running claims' ends, then the extrapolated
-  claims' own) are handed out to the tenants in turn, each tenant's claims by priority and arrival, a claim
+  claims' own) are handed out to the tenants in turn (`turns`), each tenant's claims by priority and arrival, a claim
   starting once enough devices freed for it, whatever their model or node (quotas and shapes are not
   looked at). A core admission costs about what it costs the allocator, and an instant's cycle some 30-80 ms
   on a full fleet of 1,000 nodes (most of it the preemption search), so running all 10,000 exactly costs
@@ -47,6 +47,7 @@ from shared.admission.kept import KeptState
 from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot, Waiting
 from shared.admission.settling import MAX_GOING_ON
 from shared.admission.sim_clock import ClockedQueue
+from shared.admission.waiting_queue import WaitingQueue
 from shared.contract.gang_reasons import incomplete_reason
 from shared.dra.allocation import FleetState
 from shared.dra.claims import InvalidClaim, expected_runtime, gang_name, gang_of
@@ -58,7 +59,7 @@ MAX_NAMED = 4  # claims named in blocked_by, then "and N more"
 BATCH_SECONDS = 60.0  # ends within this of each other (or a fiftieth of the time ahead) are one instant
 BATCH_FRACTION = 0.02
 MAX_INSTANTS = 2000  # per forward run: then the claims left get no estimate
-EXACT_ADMISSIONS = 500  # per forward run, admitted by the core; the claims after them are extrapolated
+EXACT_ADMISSIONS = 300  # per forward run, admitted by the core; the claims after them are extrapolated
 UNSATISFIABLE = "no device of today's fleet could ever satisfy it"
 REJECTED = "it is Rejected as written: it will never start"
 
@@ -140,6 +141,9 @@ class EstimateMemo:
 
     selectors: SelectorMemo = field(default_factory=SelectorMemo)
     flavors: FleetFlavors | None = None
+    # the last forward run's state and queue: the next call's first run is brought back from them to its
+    # snapshot in O(what changed), as the allocator's cycles go on from each other (None: built anew)
+    carried: tuple[KeptState, WaitingQueue] | None = None
 
 
 @dataclass
@@ -155,7 +159,7 @@ class _Forward(ClockedQueue):
 
     def __init__(self, snapshot: Snapshot, runtimes: Runtimes, quantile: int, horizon: float, exact: int,
                  expected: Mapping[ClaimKey, float | None], sizes: Mapping[ClaimKey, int], memo: EstimateMemo,
-                 hopeless: Set[ClaimKey], before: _Forward | None = None) -> None:
+                 hopeless: Set[ClaimKey], carried: tuple[KeptState, WaitingQueue] | None = None) -> None:
         assert snapshot.now is not None
         super().__init__(snapshot.fleet, snapshot.classes, snapshot.quotas, snapshot.now)
         self.kept = KeptState(memo=memo.selectors, flavors=memo.flavors)
@@ -179,8 +183,8 @@ class _Forward(ClockedQueue):
             runtime = runtimes.of(r.tenant, held.get(r.key, ()), r.expected_runtime)
             since = r.allocated_at if r.allocated_at is not None else self.now
             self._schedule(r, since, runtime)
-        if before is not None:  # the earlier run's state, brought back to the snapshot's: O(what that run changed)
-            self.kept, self.waiting = before.kept, before.waiting
+        if carried is not None:  # an earlier run's state, brought back to the snapshot's: O(what that run changed)
+            self.kept, self.waiting = carried
             initial = {w.key: w for w in snapshot.waiting}
             for key in [k for k in self.waiting if k not in initial]:
                 self.waiting.pop(key)
@@ -292,34 +296,45 @@ class _Forward(ClockedQueue):
             if not result.deferred:
                 return
 
-    def extrapolate(self) -> None:
-        """The claims still waiting once `exact` were admitted: see the module's docstring."""
-        left = [w for k, w in self.waiting.items() if k not in self.hopeless]
-        if not left or len(self.started) < self.exact:
+    def extrapolate(self, turns: Iterable[Waiting]) -> None:
+        """The claims still waiting once `exact` were admitted, in `turns` (see `turns`): each starts once
+        enough devices freed for it since (see the module's docstring)."""
+        if len(self.started) < self.exact:
             return
         # devices freed from now on: (when, how many, by whom)
         releases = [(end, len(r.allocation.keys), f"{r.tenant}/{r.name}") for end, _, _, r in self.ends
                     if self.running.get(r.key) is r]
         heapq.heapify(releases)
-        by_tenant: dict[str, list[Waiting]] = {}
-        for w in sorted(left, key=lambda w: (-w.priority, w.arrival, w.name)):
-            by_tenant.setdefault(w.tenant, []).append(w)
-        free = 0
-        for w in (w for turn in itertools.zip_longest(*by_tenant.values()) for w in turn if w is not None):
-            size = self.sizes[w.key]
+        waiting, hopeless, sizes, expected = self.waiting, self.hopeless, self.sizes, self.expected
+        free, p90 = 0, self.quantile == 1
+        for w in turns:
+            key = w.key
+            if key not in waiting or key in hopeless:
+                continue
+            size = sizes[key]
             name = ""
             while free < size and releases:
                 at, count, name = heapq.heappop(releases)
                 free += count
-                self.now = max(self.now, at)
+                if at > self.now:
+                    self.now = at
             if free < size or self.now > self.limit:
                 return  # the rest: not within the horizon
             free -= size
-            self.started[w.key] = _Start(self.now, (name,) if name else (), extrapolated=True)
-            runtime = self.runtimes.of(w.tenant, (), self.expected.get(w.key))
+            self.started[key] = _Start(self.now, (name,) if name else (), extrapolated=True)
+            runtime = self.runtimes.of(w.tenant, (), expected.get(key))
             if runtime is not None:
-                heapq.heappush(releases, (self.now + (runtime.p50 if self.quantile == 0 else runtime.p90), size,
+                heapq.heappush(releases, (self.now + (runtime.p90 if p90 else runtime.p50), size,
                                           f"{w.tenant}/{w.name}"))
+
+
+def turns(waiting: Iterable[Waiting]) -> list[Waiting]:
+    """The waiting claims as the extrapolation hands out devices: the tenants in turn, each tenant's claims by
+    priority, then arrival (a tenant whose claims the core started already has fewer turns left)."""
+    by_tenant: dict[str, list[Waiting]] = {}
+    for w in sorted(waiting, key=lambda w: (-w.priority, w.arrival, w.name)):
+        by_tenant.setdefault(w.tenant, []).append(w)
+    return [w for turn in itertools.zip_longest(*by_tenant.values()) for w in turn if w is not None]
 
 
 def _size(waiting: Waiting) -> int:
@@ -381,21 +396,24 @@ def estimate_starts(snapshot: Snapshot, runtimes: Runtimes, *, horizon: float = 
         raise ValueError("estimate_starts needs the snapshot's now")
     gangs = incomplete_gangs(snapshot.waiting)
     memo = memo if memo is not None else EstimateMemo()
+    # a run goes on from an earlier run's kept state unless gangs wait: their clocks are kept there too, and
+    # would run on from the earlier run's
+    reuse = not any(gang_name(w.claim) for w in snapshot.waiting)
     never = never_fit(snapshot, memo.selectors)
     hopeless = gangs.keys() | never.keys()
     expected = {w.key: expected_runtime(w.claim) for w in snapshot.waiting}
     sizes = {w.key: _size(w) for w in snapshot.waiting}
-    low = _Forward(snapshot, runtimes, 0, horizon, exact, expected, sizes, memo, hopeless)
+    low = _Forward(snapshot, runtimes, 0, horizon, exact, expected, sizes, memo, hopeless,
+                   memo.carried if reuse else None)
     low.run()
-    low.extrapolate()
-    # the later run goes on from the earlier one's kept state (its selector results, flavors, indexes), unless
-    # gangs wait: their clocks are kept there too, and would run on from the earlier run's
-    reuse = not any(gang_name(w.claim) for w in snapshot.waiting)
+    order = turns(snapshot.waiting)
+    low.extrapolate(order)
     memo.flavors = low.kept.flavors
     high = _Forward(snapshot, runtimes, 1, horizon, exact, expected, sizes, memo, hopeless,
-                    low if reuse else None)
+                    (low.kept, low.waiting) if reuse else None)
     high.run()
-    high.extrapolate()
+    high.extrapolate(order)
+    memo.carried = (high.kept, high.waiting) if reuse else None
     out: dict[ClaimKey, Estimate] = {}
     for w in snapshot.waiting:
         key = w.key

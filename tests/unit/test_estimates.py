@@ -15,6 +15,7 @@ from shared.admission.cycle import run_cycle
 from shared.admission.estimates import (
     UNSATISFIABLE,
     Estimate,
+    EstimateMemo,
     Quantiles,
     Runtimes,
     estimate_starts,
@@ -241,3 +242,17 @@ def test_claims_past_the_exact_admissions_are_extrapolated_from_the_ends_to_come
     assert estimates[("vision", "w3")].blocked_by == ("vision/w1",)
     exact = estimate_starts(Snapshot(FOUR, BUILTIN_CLASSES, QuotaConfig(), BUSY, waiting, now=T0), Runtimes())
     assert {k[1]: minutes(e.p50, T0) for k, e in exact.items()} == {"w1": 10, "w2": 20, "w3": 25}
+
+
+def test_a_memo_kept_between_calls_gives_what_a_cold_call_gives() -> None:
+    """The shell keeps an EstimateMemo: the next call goes on from the last run's state, brought back to its own
+    snapshot (at 00:01 busy-1 was released, so `one` starts now, and a 3-GPU claim came)."""
+    waiting = (claim("two", count=2, runtime="30m"), claim("one", runtime="10m", arrival=101))
+    memo = EstimateMemo()
+    first = Snapshot(FOUR, BUILTIN_CLASSES, QuotaConfig(), BUSY, waiting, now=T0)
+    assert estimate_starts(first, Runtimes(), memo=memo) == estimate_starts(first, Runtimes())
+    later = Snapshot(FOUR, BUILTIN_CLASSES, QuotaConfig(), tuple(r for r in BUSY if r.name != "busy-1"),
+                     (*waiting, claim("late", count=3, arrival=102)), now=T0 + 60)
+    kept, cold = estimate_starts(later, Runtimes(), memo=memo), estimate_starts(later, Runtimes())
+    assert kept == cold
+    assert {k[1]: minutes(e.p50, T0) for k, e in kept.items()} == {"two": 11, "one": 1, "late": 41}
