@@ -56,18 +56,19 @@ class UnitFacts:
         self.plans: tuple[Plan, ...] | None = None  # its members' distinct plans, as its stamp reads them
 
 
-# per gang unit (by identity: a unit is rebuilt only when its members change), with the quota room it was
-# worked out with (one per admission state, whose fleet and quotas are fixed) and the plan memo's clearings
-# then (the plans are prepared anew after one); cleared when full
-_FACTS: dict[int, tuple[GangUnit, QuotaRoom, int, UnitFacts]] = {}
-_MAX_FACTS = 20_000
+# per gang, the facts of its unit as last worked out: valid while the unit is the same object (a unit is
+# rebuilt when its members change or are answered), in the same admission state (its quota room: the fleet
+# and quotas are fixed) and plan memo (the plans are prepared anew after a clearing). One entry per gang,
+# so what is kept follows the gangs, not how often they change; cleared when full
+_FACTS: dict[tuple[str, str], tuple[GangUnit, QuotaRoom, int, UnitFacts]] = {}
+_MAX_FACTS = 10_000
 
 
 def unit_facts(cycle: AdmissionState, unit: GangUnit) -> UnitFacts:
     """The unit's facts, worked out once per unit and admission state: many gangs wait complete, and a
     cycle tries each of them."""
     room = cycle.room
-    kept = _FACTS.get(id(unit))
+    kept = _FACTS.get(unit.key)
     if kept is not None and kept[0] is unit and kept[1] is room and kept[2] == cycle.memo.plans_cleared:
         return kept[3]
     values = {f.name: f.value for f in cycle.snapshot.quotas.flavors}
@@ -79,10 +80,10 @@ def unit_facts(cycle: AdmissionState, unit: GangUnit) -> UnitFacts:
             total += least * min((values[f] for f in flavors if f in values), default=0.0)
             need += least
     members = sorted(unit.members, key=lambda m: (-(room.claim_facts(m).least or 0), m.arrival, m.name))
-    if len(_FACTS) >= _MAX_FACTS:
+    if len(_FACTS) >= _MAX_FACTS and unit.key not in _FACTS:
         _FACTS.clear()
     found = UnitFacts(total, tuple(members), need)
-    _FACTS[id(unit)] = (unit, room, cycle.memo.plans_cleared, found)
+    _FACTS[unit.key] = (unit, room, cycle.memo.plans_cleared, found)
     return found
 
 
