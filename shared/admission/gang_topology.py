@@ -18,6 +18,7 @@ from shared.dra.inventory import Fleet
 from shared.dra.results import Allocation, DeviceResult, Rejected
 
 CONFINED = "gang-topology"  # the request name of what a confined trial holds (never given to a claim)
+MAX_KEPT_INDEXES = 512  # indexes (with a label key) whose free devices per value are kept
 
 
 class Domains:
@@ -58,6 +59,9 @@ class Domains:
         at = (id(index), id(domains))
         within = self._within.get(at)
         if within is None or within[0] is not index or within[1] is not domains:
+            if len(self._within) >= MAX_KEPT_INDEXES:  # indexes of specs gone are not kept alive for long
+                self._within.clear()
+                self._free.clear()
             held = index.nodes
             within = self._within[at] = (index, domains, tuple((v, tuple(n for n in nodes if n in held))
                                                                for v, nodes in domains.items()))
