@@ -71,9 +71,10 @@ class WaitingGangs:
         self._units: dict[GangKey, tuple[GangUnit, list[tuple[Waiting, str]]]] = {}
         self._complete: set[GangKey] = set()
         self._changed: set[GangKey] = set()
-        # per complete gang without a topology key that did not fit: what its trial read (its members'
-        # capacity versions, its cohort's and the free capacity's quota versions) and its refusal; while
-        # they are the same its trial would be too (Any: shared.admission.gang_pass's Refusal)
+        # per complete gang that did not fit (with a topology key too, unless a preferred gang's wait still
+        # runs): what its trial read (its members' capacity versions, its cohort's and the free capacity's
+        # quota versions) and its refusal; while they are the same its trial would be too (Any:
+        # shared.admission.gang_pass's Refusal)
         self.failed_at: dict[GangKey, tuple[tuple[Any, ...], Any]] = {}
 
     def add(self, waiting: Waiting, settings: GangSettings) -> None:
