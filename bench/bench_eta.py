@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.runtime.gc_tuning import CollectorPacing  # noqa: E402
 from shared.admission.estimates import (  # noqa: E402
     EXACT_ADMISSIONS,
     EstimateMemo,
@@ -131,9 +132,12 @@ def run(nodes: int, depth: int, seed: int, exact: int) -> dict[str, Any]:
     runtimes = observed(rng)
     memo = EstimateMemo()  # what the shell keeps from one estimate to the next
     gc.collect()
+    gc.freeze()
+    collector = CollectorPacing()
     started = time.process_time()
     estimates = estimate_starts(snapshot, runtimes, exact=exact, memo=memo)
     cold = time.process_time() - started
+    collector.after_cycle()  # what the estimate keeps is frozen after it, as the services pace the collector
     # a few seconds later: 5 claims ended, 5 came (the shell estimates again only when something changed)
     ended = set(rng.sample(range(len(running)), 5))
     came = waiting_claims(5, random.Random(seed + 1))

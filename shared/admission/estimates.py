@@ -23,19 +23,21 @@ Approximations, each cheaper than what it stands for:
 - Only waiting claims are estimated; claims that arrive later (and may come ahead of them) are not foreseen.
 - A gang whose members have not all arrived waits for them: its members get no estimate, and say so.
 - Beyond the first `exact` admissions of a run (EXACT_ADMISSIONS) the claims left are extrapolated
-  (`_Forward.extrapolate`): the devices that free from then on (running claims' ends, then the extrapolated
-  claims' own) are handed out to the tenants in turn (`turns`), each tenant's claims by priority and arrival, a claim
-  starting once enough devices freed for it, whatever their model or node (quotas and shapes are not
-  looked at). A core admission costs about what it costs the allocator, and an instant's cycle some 30-80 ms
-  on a full fleet of 1,000 nodes (most of it the preemption search), so running all 10,000 exactly costs
-  seconds; `make bench-eta` measures the whole (docs/performance.md).
+  (`_Forward.extrapolate`), node by node: as devices free on a node (the running claims' ends, then the
+  extrapolated claims' own), the claim first in `turns` (the tenants in turn, each tenant's claims by priority
+  and arrival) of those whose spec fits a free node of that shape and whose size the node's free devices hold
+  starts there. Quotas, fair share and preemption are not looked at, nor what a claim's constraints ask beyond
+  its node's shape. A core admission costs about what it costs the allocator, and an instant's cycle some
+  30-80 ms on a full fleet of 1,000 nodes (most of it the preemption search), so running all 10,000 through
+  the core costs seconds; `make bench-eta` measures the whole (docs/performance.md).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping, Set
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -51,6 +53,7 @@ from shared.admission.waiting_queue import WaitingQueue
 from shared.contract.gang_reasons import incomplete_reason
 from shared.dra.allocation import FleetState
 from shared.dra.claims import InvalidClaim, expected_runtime, gang_name, gang_of
+from shared.dra.inventory import Fleet
 from shared.dra.matching import SelectorMemo
 from shared.dra.results import Allocation, DeviceKey, Rejected, State
 
@@ -144,18 +147,18 @@ class EstimateMemo:
     # the last forward run's state and queue: the next call's first run is brought back from them to its
     # snapshot in O(what changed), as the allocator's cycles go on from each other (None: built anew)
     carried: tuple[KeptState, WaitingQueue] | None = None
+    trials: _Trials | None = None  # per spec, where it could ever be placed (`Fits`)
 
 
 @dataclass
 class _Start:
     at: float
     blocked_by: tuple[str, ...]
-    extrapolated: bool = False
 
 
 class _Forward(ClockedQueue):
-    """One forward run: the snapshot's running claims end at their expected ends, the queue is settled at
-    each instant something ends or a time rule lets go, and each claim's admission instant is kept."""
+    """One forward run: the snapshot's running claims end at their expected ends, one cycle runs at each instant
+    something ends or a time rule lets go, and each claim's admission instant is kept."""
 
     def __init__(self, snapshot: Snapshot, runtimes: Runtimes, quantile: int, horizon: float, exact: int,
                  expected: Mapping[ClaimKey, float | None], sizes: Mapping[ClaimKey, int], memo: EstimateMemo,
@@ -296,36 +299,63 @@ class _Forward(ClockedQueue):
             if not result.deferred:
                 return
 
-    def extrapolate(self, turns: Iterable[Waiting]) -> None:
-        """The claims still waiting once `exact` were admitted, in `turns` (see `turns`): each starts once
-        enough devices freed for it since (see the module's docstring)."""
+    def extrapolate(self, turns: Sequence[Waiting], fits: Fits, flat: Mapping[ClaimKey, Quantiles | None]) -> None:
+        """The claims still waiting once `exact` were admitted: see the module's docstring. Node by node, as
+        devices free there (the running claims' ends, then the extrapolated claims' own), the claim first in
+        `turns` of those whose spec fits that node's shape and whose size its free devices hold starts there, and
+        runs its `flat` runtime (its tenant's where no flavor is known)."""
         if len(self.started) < self.exact:
             return
-        # devices freed from now on: (when, how many, by whom)
-        releases = [(end, len(r.allocation.keys), f"{r.tenant}/{r.name}") for end, _, _, r in self.ends
-                    if self.running.get(r.key) is r]
-        heapq.heapify(releases)
-        waiting, hopeless, sizes, expected = self.waiting, self.hopeless, self.sizes, self.expected
-        free, p90 = 0, self.quantile == 1
-        for w in turns:
+        fleet, waiting, hopeless, p90 = self.fleet, self.waiting, self.hopeless, self.quantile == 1
+        held: dict[str, int] = {}
+        for r in self.running.values():
+            held[r.allocation.node] = held.get(r.allocation.node, 0) + len(r.allocation.keys)
+        free = {n: len(inventory.devices) - held.get(n, 0) for n, inventory in fleet.nodes.items()
+                if n not in self.unusable_nodes}
+        # per spec, its claims still waiting in turn order: (turn, claim, size, seconds it runs)
+        queues: dict[int, deque[tuple[int, Waiting, int, float | None]]] = {}
+        for turn, w in enumerate(turns):
             key = w.key
-            if key not in waiting or key in hopeless:
+            if key in waiting and key not in hopeless and (spec := fits.spec.get(key)) is not None:
+                runtime = flat.get(key)
+                seconds = None if runtime is None else runtime.p90 if p90 else runtime.p50
+                queues.setdefault(spec, deque()).append((turn, w, self.sizes[key], seconds))
+        by_shape: dict[int, list[deque[tuple[int, Waiting, int, float | None]]]] = {}
+        for spec, queue in queues.items():
+            for shape in fits.shapes.get(spec, ()):
+                by_shape.setdefault(shape, []).append(queue)
+        # (when, node, devices freed, by whom): the running claims' ends, and now on each node with room
+        events = [(end, r.allocation.node, len(r.allocation.keys), f"{r.tenant}/{r.name}")
+                  for end, _, _, r in self.ends if self.running.get(r.key) is r]
+        events += [(self.now, n, 0, "") for n, room in free.items() if room > 0]
+        heapq.heapify(events)
+        while events:
+            at, node, count, name = heapq.heappop(events)
+            if at > self.limit or node not in free:
                 continue
-            size = sizes[key]
-            name = ""
-            while free < size and releases:
-                at, count, name = heapq.heappop(releases)
-                free += count
-                if at > self.now:
-                    self.now = at
-            if free < size or self.now > self.limit:
-                return  # the rest: not within the horizon
-            free -= size
-            self.started[key] = _Start(self.now, (name,) if name else (), extrapolated=True)
-            runtime = self.runtimes.of(w.tenant, (), expected.get(key))
-            if runtime is not None:
-                heapq.heappush(releases, (self.now + (runtime.p90 if p90 else runtime.p50), size,
-                                          f"{w.tenant}/{w.name}"))
+            free[node] += count
+            room = free[node]
+            shape = fleet.nodes[node].shape_id
+            candidates = by_shape.get(shape)
+            while room > 0 and candidates:
+                best, first = None, len(turns)
+                for queue in candidates:
+                    if queue:
+                        head = queue[0]
+                        if head[2] <= room and head[0] < first:
+                            best, first = queue, head[0]
+                if best is None:
+                    break
+                _, w, size, seconds = best.popleft()
+                if not best:  # its spec has no claim left: no node looks at it again
+                    for listed in by_shape.values():
+                        if best in listed:
+                            listed.remove(best)
+                room -= size
+                self.started[w.key] = _Start(max(at, self.now), (name,) if name else ())
+                if seconds is not None:
+                    heapq.heappush(events, (max(at, self.now) + seconds, node, size, f"{w.tenant}/{w.name}"))
+            free[node] = room
 
 
 def turns(waiting: Iterable[Waiting]) -> list[Waiting]:
@@ -367,26 +397,68 @@ def incomplete_gangs(waiting: Iterable[Waiting]) -> dict[ClaimKey, Estimate]:
     return out
 
 
-def never_fit(snapshot: Snapshot, memo: SelectorMemo) -> dict[ClaimKey, str]:
-    """The waiting claims that could not be placed even on the whole fleet free, and why: no device of today's
-    fleet could ever satisfy them, or they are Rejected as written. One trial per spec (claims of one spec are
-    read alike)."""
-    empty = FleetState(snapshot.fleet, snapshot.classes, (), memo=memo, unusable_nodes=snapshot.unusable_nodes)
-    by_plan: dict[int, str | None] = {}
-    out = {}
-    for w in snapshot.waiting:
+@dataclass
+class Fits:
+    """What each waiting claim's spec could ever have of the fleet: `never` the claims that could not be placed
+    even on the whole fleet free, and why (no device of today's fleet could ever satisfy them, or they are
+    Rejected as written); per spec (`spec`: its plan's id) the node shapes on a free node of which it fits
+    (`shapes`), what the extrapolation places claims by. One trial per spec and shape, kept in the memo while
+    the fleet is the same."""
+
+    never: dict[ClaimKey, str] = field(default_factory=dict)
+    spec: dict[ClaimKey, int] = field(default_factory=dict)
+    shapes: Mapping[int, frozenset[int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, memo: EstimateMemo) -> Fits:
+        trials = memo.trials
+        if trials is None or not trials.holds(snapshot, memo.selectors):
+            trials = memo.trials = _Trials(snapshot, memo.selectors)
+        out = cls(shapes=trials.shapes)
+        for w in snapshot.waiting:
+            found = trials.of(w.claim)
+            if found is None:
+                out.never[w.key] = REJECTED
+            elif (why := found[1]) is not None:
+                out.never[w.key] = why
+            else:
+                out.spec[w.key] = found[0]
+        return out
+
+
+class _Trials:
+    """Per spec, whether it could be placed on the whole fleet free and on a free node of each shape."""
+
+    def __init__(self, snapshot: Snapshot, memo: SelectorMemo) -> None:
+        fleet, classes, unusable = snapshot.fleet, snapshot.classes, dict(snapshot.unusable_nodes)
+        self.fleet, self.classes, self.unusable, self.cleared = fleet, classes, unusable, memo.plans_cleared
+        self.whole = FleetState(fleet, classes, (), memo=memo, unusable_nodes=unusable)
+        self.singles = {}  # per node shape, one free node of it (a usable one)
+        for shape, names in fleet.nodes_by_shape.items():
+            usable = next((n for n in names if n not in unusable), None)
+            if usable is not None:
+                self.singles[shape] = FleetState(Fleet({usable: fleet.nodes[usable]}), classes, (), memo=memo)
+        self.never: dict[int, str | None] = {}
+        self.shapes: dict[int, frozenset[int]] = {}
+
+    def holds(self, snapshot: Snapshot, memo: SelectorMemo) -> bool:
+        return (snapshot.fleet is self.fleet and snapshot.classes is self.classes
+                and dict(snapshot.unusable_nodes) == self.unusable and memo.plans_cleared == self.cleared)
+
+    def of(self, claim: Any) -> tuple[int, str | None] | None:
+        """The claim's plan id and why it could never be placed (None: it could); None if it is Rejected."""
         try:
-            plan = id(empty.plan(w.claim))
+            plan = id(self.whole.plan(claim))
         except Rejected:
-            out[w.key] = REJECTED
-            continue
-        if plan not in by_plan:
-            decision = empty.decide(w.claim, explain=True)
-            by_plan[plan] = (REJECTED if decision.state is State.REJECTED else
-                             UNSATISFIABLE if decision.unsatisfiable else None)
-        if (why := by_plan[plan]) is not None:
-            out[w.key] = why
-    return out
+            return None
+        if plan not in self.never:
+            decision = self.whole.decide(claim, explain=True)
+            why = self.never[plan] = (REJECTED if decision.state is State.REJECTED else
+                                      UNSATISFIABLE if decision.unsatisfiable else None)
+            if why is None:
+                self.shapes[plan] = frozenset(shape for shape, single in self.singles.items()
+                                              if single.decide(claim, explain=False).allocation is not None)
+        return plan, self.never[plan]
 
 
 def estimate_starts(snapshot: Snapshot, runtimes: Runtimes, *, horizon: float = HORIZON,
@@ -399,7 +471,8 @@ def estimate_starts(snapshot: Snapshot, runtimes: Runtimes, *, horizon: float = 
     # a run goes on from an earlier run's kept state unless gangs wait: their clocks are kept there too, and
     # would run on from the earlier run's
     reuse = not any(gang_name(w.claim) for w in snapshot.waiting)
-    never = never_fit(snapshot, memo.selectors)
+    fits = Fits.of(snapshot, memo)
+    never = fits.never
     hopeless = gangs.keys() | never.keys()
     expected = {w.key: expected_runtime(w.claim) for w in snapshot.waiting}
     sizes = {w.key: _size(w) for w in snapshot.waiting}
@@ -407,12 +480,13 @@ def estimate_starts(snapshot: Snapshot, runtimes: Runtimes, *, horizon: float = 
                    memo.carried if reuse else None)
     low.run()
     order = turns(snapshot.waiting)
-    low.extrapolate(order)
+    flat = {w.key: runtimes.of(w.tenant, (), expected[w.key]) for w in snapshot.waiting}
+    low.extrapolate(order, fits, flat)
     memo.flavors = low.kept.flavors
     high = _Forward(snapshot, runtimes, 1, horizon, exact, expected, sizes, memo, hopeless,
                     (low.kept, low.waiting) if reuse else None)
     high.run()
-    high.extrapolate(order)
+    high.extrapolate(order, fits, flat)
     memo.carried = (high.kept, high.waiting) if reuse else None
     out: dict[ClaimKey, Estimate] = {}
     for w in snapshot.waiting:

@@ -197,7 +197,7 @@ def test_an_estimate_without_a_start_is_null_in_json() -> None:
 # ---- a property: p90 is never before p50, and no estimate is before now -----------------------------------
 
 @st.composite
-def scenes(draw: Any) -> tuple[Snapshot, Runtimes]:
+def scenes(draw: Any) -> tuple[Snapshot, Runtimes, int]:
     nodes = draw(st.integers(1, 3))
     f = fleet(*(d for i in range(nodes) for d in node(f"n{i}", "H100", draw(st.integers(1, 4)))))
     size = sum(len(n.devices) for n in f.nodes.values())
@@ -213,14 +213,15 @@ def scenes(draw: Any) -> tuple[Snapshot, Runtimes]:
     p50 = draw(st.sampled_from((60.0, 600.0, 3600.0)))
     runtimes = Runtimes(default=draw(st.sampled_from((None, Quantiles(p50, p50 * draw(st.sampled_from((1.0, 2.0,
                                                                                                        5.0))))))))
-    return Snapshot(f, BUILTIN_CLASSES, config, ahead, waiting, now=T0), runtimes
+    exact = draw(st.sampled_from((1, 2, 300)))  # 1 and 2: the rest extrapolated
+    return Snapshot(f, BUILTIN_CLASSES, config, ahead, waiting, now=T0), runtimes, exact
 
 
 @settings(max_examples=60, deadline=None)
 @given(scenes())
-def test_p90_is_never_before_p50_and_nothing_starts_before_now(scene: tuple[Snapshot, Runtimes]) -> None:
-    snapshot, runtimes = scene
-    estimates = estimate_starts(snapshot, runtimes)
+def test_p90_is_never_before_p50_and_nothing_starts_before_now(scene: tuple[Snapshot, Runtimes, int]) -> None:
+    snapshot, runtimes, exact = scene
+    estimates = estimate_starts(snapshot, runtimes, exact=exact)
     assert set(estimates) == {w.key for w in snapshot.waiting}
     for estimate in estimates.values():
         if estimate.p50 is None:
@@ -256,3 +257,24 @@ def test_a_memo_kept_between_calls_gives_what_a_cold_call_gives() -> None:
     kept, cold = estimate_starts(later, Runtimes(), memo=memo), estimate_starts(later, Runtimes())
     assert kept == cold
     assert {k[1]: minutes(e.p50, T0) for k, e in kept.items()} == {"two": 11, "one": 1, "late": 41}
+
+
+def model_is(model: str) -> tuple[str, ...]:
+    return (f'device.attributes["gpu.nvidia.com"].productName == "{model}"',)
+
+
+def test_the_extrapolation_places_claims_where_their_model_frees() -> None:
+    """Two H100s end at 10 and 20 minutes, two A100s at 30 and 40. With exact=1 the core starts `any` at 10m on
+    the H100 that frees first; the rest are extrapolated node by node: the A100 claim waits for the first
+    A100 (30m) though an H100 frees before, and the H100 claim takes the H100 that frees at 20m."""
+    mixed = fleet(*node("h", "H100", 2), *node("a", "A100", 2))
+    ahead = running(mixed, *(claim(f"busy-{i}", "lab", runtime=f"{m}m", arrival=i, preemptible=False,
+                                   selectors=model_is(model))
+                             for i, (m, model) in enumerate(((10, "H100"), (20, "H100"), (30, "A100"), (40, "A100")))))
+    waiting = (claim("any", runtime="60m"), claim("on-a100", runtime="60m", arrival=101, selectors=model_is("A100")),
+               claim("on-h100", runtime="60m", arrival=102, selectors=model_is("H100")))
+    snapshot = Snapshot(mixed, BUILTIN_CLASSES, QuotaConfig(), ahead, waiting, now=T0)
+    for exact in (1, 300):  # extrapolated, and all through the core: the same here
+        estimates = estimate_starts(snapshot, Runtimes(), exact=exact)
+        assert {k[1]: minutes(e.p50, T0) for k, e in estimates.items()} == {"any": 10, "on-a100": 30, "on-h100": 20}
+        assert estimates[("vision", "on-a100")].blocked_by == ("lab/busy-2",)
