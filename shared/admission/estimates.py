@@ -21,7 +21,8 @@ Approximations, each cheaper than what it stands for:
   victims are not estimated a second start.
 - A running claim allocated at an unknown time (allocated_at None) is taken as allocated now.
 - Only waiting claims are estimated; claims that arrive later (and may come ahead of them) are not foreseen.
-- A gang whose members have not all arrived waits for them: its members get no estimate, and say so.
+- A gang whose members have not all arrived waits for them: its members get no estimate, and say so. The
+  extrapolation places a complete gang's members one by one; the gang then starts when its last member does.
 - Beyond the first `exact` admissions of a run (EXACT_ADMISSIONS) the claims left are extrapolated
   (`_Forward.extrapolate`), node by node: as devices free on a node (the running claims' ends, then the
   extrapolated claims' own), the claim first in `turns` (the tenants in turn, each tenant's claims by priority
@@ -376,6 +377,25 @@ def _size(waiting: Waiting) -> int:
     return total
 
 
+def _whole_gangs(started: dict[ClaimKey, _Start], waiting: Iterable[Waiting], incomplete: Set[ClaimKey]) -> None:
+    """A complete gang's members start together, when the last does, or none does."""
+    gangs: dict[tuple[str, str], list[ClaimKey]] = {}
+    for w in waiting:
+        if w.key not in incomplete and (gang := gang_name(w.claim)) is not None:
+            gangs.setdefault((w.tenant, gang), []).append(w.key)
+    for members in gangs.values():
+        starts = [started.get(key) for key in members]
+        if all(s is None for s in starts):
+            continue
+        if any(s is None for s in starts):
+            for key in members:
+                started.pop(key, None)
+            continue
+        last = max((s for s in starts if s is not None), key=lambda s: s.at)
+        for key in members:
+            started[key] = last
+
+
 def incomplete_gangs(waiting: Iterable[Waiting]) -> dict[ClaimKey, Estimate]:
     """The members of gangs not all of whose members wait: none starts before the last arrives."""
     gangs: dict[tuple[str, str], tuple[int, list[ClaimKey]]] = {}
@@ -488,6 +508,9 @@ def estimate_starts(snapshot: Snapshot, runtimes: Runtimes, *, horizon: float = 
     high.run()
     high.extrapolate(order, fits, flat)
     memo.carried = (high.kept, high.waiting) if reuse else None
+    if not reuse:  # gangs wait: each starts whole, when its last member does (the extrapolation places members)
+        for run in (low, high):
+            _whole_gangs(run.started, snapshot.waiting, gangs.keys())
     out: dict[ClaimKey, Estimate] = {}
     for w in snapshot.waiting:
         key = w.key

@@ -278,3 +278,15 @@ def test_the_extrapolation_places_claims_where_their_model_frees() -> None:
         estimates = estimate_starts(snapshot, Runtimes(), exact=exact)
         assert {k[1]: minutes(e.p50, T0) for k, e in estimates.items()} == {"any": 10, "on-a100": 30, "on-h100": 20}
         assert estimates[("vision", "on-a100")].blocked_by == ("lab/busy-2",)
+
+
+def test_an_extrapolated_gang_starts_whole_when_its_last_member_can() -> None:
+    """With exact=1 the core starts `first` at 10m; the gang's members, extrapolated one by one, would take the
+    GPUs that free at 20m and 30m: the gang starts whole at 30m."""
+    waiting = (claim("first", runtime="60m"), claim("a", gang=("g", 2), arrival=101, runtime="60m"),
+               claim("b", gang=("g", 2), arrival=102, runtime="60m"))
+    snapshot = Snapshot(FOUR, BUILTIN_CLASSES, QuotaConfig(), BUSY, waiting, now=T0)
+    extrapolated = estimate_starts(snapshot, Runtimes(), exact=1)
+    assert {k[1]: minutes(e.p50, T0) for k, e in extrapolated.items()} == {"first": 10, "a": 30, "b": 30}
+    through_the_core = estimate_starts(snapshot, Runtimes())
+    assert {k[1]: minutes(e.p50, T0) for k, e in through_the_core.items()} == {"first": 10, "a": 30, "b": 30}
