@@ -11,13 +11,14 @@ from typing import Any, NamedTuple
 from shared.admission.gang_topology import confined, ordered_values, usable_nodes
 from shared.admission.gangs import GangKey, GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
-from shared.admission.preemption import try_preempt
+from shared.admission.preemption import room_with_victims, try_preempt
 from shared.admission.quota_room import QuotaRoom
 from shared.admission.state import AdmissionState
 from shared.contract.gang_reasons import incomplete_reason
 from shared.dra.plan import Plan
 from shared.dra.results import Allocation, Decision, DeviceResult, Rejected, State
 
+MAX_PREEMPTION_VALUES = 4  # values of a topology key a refused gang searches for victims on, most free first
 RESERVED = "gang-reserve"  # the request name of the devices a starving gang holds (never given to a claim)
 
 Decided = tuple[Waiting, Decision, list[Block]]
@@ -129,8 +130,7 @@ def try_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     finally:
         trials.shrinking = shrinking
     if isinstance(outcome, Refusal):
-        if key is None:
-            cycle.gangs.refused_now.append(unit)  # it may preempt, after the pass
+        cycle.gangs.refused_now.append(unit)  # it may preempt, after the pass
         if _reserving(cycle, unit):
             _reserve(cycle, unit, members)
         return _refused(cycle, unit, outcome)
@@ -219,32 +219,61 @@ def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     """A gang refused in the pass, with victims: each member admitted where it fits, else with the victims
     the preemption search finds for it (whole gangs, by the usual rules), and kept only if every member is
     then admitted; otherwise every victim is restored and every member given back (nothing is preempted
-    for a gang that would still not be whole). Gangs with a topology key do not preempt."""
-    trials = cycle.trials
-    mark = len(cycle.preemptions)
+    for a gang that would still not be whole). With a topology key that it may not split across, all of
+    it on one value: the values with the most free first, victims only on that value's nodes."""
     held = _give_back_held(cycle, unit.key)  # what it keeps for itself is its own to use
-    placed: list[tuple[Waiting, Allocation]] = []
-    for member in unit_facts(cycle, unit).members:
-        decision, _ = trials.try_admit(member)
-        if decision.allocation is not None:
-            cycle.admit(member, decision.allocation)
-        else:
-            preempted = try_preempt(cycle, member)
-            if preempted is None or preempted.allocation is None:
-                _undo(cycle, placed, mark)
-                for allocation in held:  # kept for it again until the cycle ends
-                    cycle.placement.take(allocation)
-                if held:
-                    cycle.gangs.held_now[unit.key] = held
-                if (failed := cycle.gangs.failed_at.get(unit.key)) is not None:  # as the trial left it
-                    cycle.gangs.failed_at[unit.key] = (_stamp(cycle, unit), failed[1])
-                return []
-            decision = preempted
-        assert decision.allocation is not None
-        placed.append((member, decision.allocation))
+    members = unit_facts(cycle, unit).members
+    key = unit.settings.topology
+    placed: list[tuple[Waiting, Allocation]] | None = None
+    if key is None or _may_split(cycle, unit):
+        placed = _preempt_members(cycle, members, None)
+    elif domains := cycle.gangs.domains.of(cycle.fleet, key):
+        facts = unit_facts(cycle, unit)
+        if facts.usable is None:
+            facts.usable = usable_nodes(cycle.placement, members)
+        free = cycle.gangs.domains.free(cycle.placement, members[0], domains)
+        if facts.alike is None:
+            facts.alike = len({id(m.claim) for m in members}) == 1 or len({_spec(cycle, m) for m in members}) == 1
+        # alike members: a value whose free and preemptible devices fall short of the gang is not searched
+        values = [v for v in ordered_values(free)
+                  if not facts.alike or room_with_victims(cycle, members[0], domains[v]) >= facts.need]
+        for value in values[:MAX_PREEMPTION_VALUES]:
+            with confined(cycle.placement, cycle.fleet, domains[value], facts.usable):
+                placed = _preempt_members(cycle, members, frozenset(domains[value]))
+            if placed is not None:
+                break
+    if placed is None:
+        for allocation in held:  # kept for it again until the cycle ends
+            cycle.placement.take(allocation)
+        if held:
+            cycle.gangs.held_now[unit.key] = held
+        if (failed := cycle.gangs.failed_at.get(unit.key)) is not None:  # as the trial left it
+            cycle.gangs.failed_at[unit.key] = (_stamp(cycle, unit), failed[1])
+        return []
     for member, _ in placed:
         cycle.gangs.told.pop(member.key, None)
     return [(m, Decision(State.ALLOCATED, allocation), []) for m, allocation in placed]
+
+
+def _preempt_members(cycle: AdmissionState, members: Sequence[Waiting], within: frozenset[str] | None
+                     ) -> list[tuple[Waiting, Allocation]] | None:
+    """Every member admitted, with victims where it does not fit (only on `within`'s nodes when given), or
+    None with everything it took and preempted given back."""
+    mark = len(cycle.preemptions)
+    placed: list[tuple[Waiting, Allocation]] = []
+    for member in members:
+        decision, _ = cycle.trials.try_admit(member)
+        if decision.allocation is not None:
+            cycle.admit(member, decision.allocation)
+        else:
+            decision = try_preempt(cycle, member, within) or decision
+            if decision.allocation is None or (within is not None and decision.allocation.node not in within):
+                if decision.allocation is not None:  # a victim's gang mate freed room outside the value
+                    placed.append((member, decision.allocation))
+                _undo(cycle, placed, mark)
+                return None
+        placed.append((member, decision.allocation))
+    return placed
 
 
 def _undo(cycle: AdmissionState, placed: list[tuple[Waiting, Allocation]], mark: int) -> None:

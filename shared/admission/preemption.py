@@ -247,8 +247,9 @@ def prefilter(state: AdmissionState) -> tuple[Callable[[Waiting], bool], Callabl
 
 
 @per_claim
-def try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
-    """The smallest set of victims that lets the claim in, if any; the search is paid for by the claim's
+def try_preempt(state: AdmissionState, waiting: Waiting, within: Collection[str] | None = None) -> Decision | None:
+    """The smallest set of victims that lets the claim in, if any (with `within`, victims only on those
+    nodes: a gang member confined to one value of its topology key); the search is paid for by the claim's
     tenant (PlacementBudget.paying): a claim whose placements are expensive finds no victims once its
     tenant's budget for the cycle is spent."""
     budget = state.budget
@@ -256,19 +257,19 @@ def try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
         return None
     with budget.paying(waiting):
         try:
-            return _try_preempt(state, waiting)
+            return _try_preempt(state, waiting, within)
         except BudgetExceeded:
             budget.deferred += 1
             return None
 
 
-def _try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
+def _try_preempt(state: AdmissionState, waiting: Waiting, within: Collection[str] | None) -> Decision | None:
     try:  # victims only on nodes with devices the claim's first request accepts
         lead = state.placement.plan(waiting.claim).variants[0][0]
         index = state.placement.index(lead)
     except (Rejected, IndexError):
         return None
-    hosts = index.nodes
+    hosts = index.nodes if within is None else index.nodes & frozenset(within)
     on_hosts, units_on = _candidates(state, waiting, hosts)
     best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
     tried = 0  # nodes where evicting the candidates could make room, fewest candidate units first
@@ -304,6 +305,24 @@ def _try_preempt(state: AdmissionState, waiting: Waiting) -> Decision | None:
         state.preemptions.append(Preemption(victim.key, waiting.key, rule,
                                            _preempt_reason(state, waiting, victim, rule)))
     return Decision(State.ALLOCATED, allocation)
+
+
+def room_with_victims(state: AdmissionState, waiting: Waiting, nodes: Collection[str]) -> int:
+    """The devices on `nodes` that the claim's first request accepts and that are free or held by claims
+    the rules let it consider as victims: at most what preemption could make room for there (a gang
+    skips the values of its topology key that could not hold it even so)."""
+    try:
+        index = state.placement.index(state.placement.plan(waiting.claim).variants[0][0])
+    except (Rejected, IndexError):
+        return 0
+    hosts = index.nodes & frozenset(nodes)
+    on_hosts, _ = _candidates(state, waiting, hosts)
+    room = 0
+    for node in hosts:
+        accepted = _accepted_on(state, index, node)
+        room += len(index.free_on(node)) + sum(1 for r, _ in on_hosts.get(node, ()) for k in r.allocation.keys
+                                               if k in accepted)
+    return room
 
 
 def _accepted_on(state: AdmissionState, index: Any, node: str) -> frozenset[DeviceKey]:
