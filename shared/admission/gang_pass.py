@@ -378,4 +378,4 @@ def _refused(cycle: AdmissionState, unit: GangUnit, refusal: Refusal) -> list[De
         reason = f"gang {unit.name}: {reason}"
     told = Decision(State.PENDING, reason=reason, unsatisfiable=decision.unsatisfiable, cut=decision.cut)
     gangs = cycle.gangs
-    return [(m, told, blocks) for m in unit.members if decision.cut or gangs.due(m, reason)]
+    return [(m, told, blocks) for m in unit.members if decision.cut or gangs.due(m, reason, numbers_may_lag=True)]

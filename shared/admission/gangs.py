@@ -5,6 +5,7 @@ complete. A claim without a gang never reaches this module.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -17,6 +18,7 @@ from shared.dra.claims import GangSettings
 from shared.dra.results import Allocation
 
 GangKey = tuple[str, str]  # tenant, gang name
+_DIGITS = re.compile(r"[0-9]+")
 # A waiting gang's two clocks: since when it has been complete (its gang-topology-wait counts from it) and
 # since when it has been first in its tenant's order (its gangReserveAfter counts from it); None: not running.
 GangMark = tuple[float | None, float | None]
@@ -148,9 +150,15 @@ class WaitingGangs:
             if first is not None:
                 self.first_since.setdefault(key, first)
 
-    def due(self, waiting: Waiting, reason: str) -> bool:
-        """Whether a member is to be told `reason` (it has no answer yet, or another one)."""
-        if waiting.answered and self.told.get(waiting.key) == reason:
+    def due(self, waiting: Waiting, reason: str, *, numbers_may_lag: bool = False) -> bool:
+        """Whether a member is to be told `reason` (it has no answer yet, or another one). With
+        `numbers_may_lag` (a complete gang that does not fit), an answered member is not told the same
+        reason with other numbers ("the most free on one is 24", then 16): as a claim's answer, it is
+        refreshed when the allocator asks its waiting claims again (CLAIMBROKER_REASON_REFRESH), so a
+        busy fleet does not make every waiting gang publish its members' statuses each cycle."""
+        told = self.told.get(waiting.key)
+        if waiting.answered and told is not None and (
+                told == reason or numbers_may_lag and _DIGITS.sub("#", told) == _DIGITS.sub("#", reason)):
             return False
         self.told[waiting.key] = reason
         return True

@@ -43,3 +43,27 @@ def test_a_member_released_before_the_gang_formed() -> None:
     whole = decide(kept, b, c, again)
     allocated = {d.name: d.decision.allocation.node for d in whole.decisions if d.decision.allocation is not None}
     assert sorted(allocated) == ["a", "b", "c"] and len(set(allocated.values())) == 3
+
+
+def test_a_waiting_gang_is_not_told_again_when_only_its_numbers_move() -> None:
+    """A complete gang that does not fit, answered: the next cycle, with other numbers in its reason (a
+    claim took a device), tells its members nothing; asked again (the allocator's reason refresh), they get
+    the new numbers."""
+    from shared.admission.model import Running
+    from shared.dra.results import Allocation, DeviceResult
+
+    kept = KeptState()
+    a, b, c = member("a", 0), member("b", 1), member("c", 2)  # 12 GPUs on 12: a 1-GPU holder keeps it out
+    held = Running("u", "one", Allocation("n3", (DeviceResult("gpu", "gpu.nvidia.com", "n3", "gpu-0"),)))
+
+    def decide_with(*waiting: Waiting, running: tuple[Running, ...] = (held,)) -> CycleResult:
+        return run_cycle(Snapshot(FLEET, BUILTIN_CLASSES, QuotaConfig(), running, waiting), kept)
+
+    first = decide_with(a, b, c)
+    told = {d.name: d.decision.reason for d in first.decisions}
+    assert set(told) == {"a", "b", "c"} and "free 3" in (told["a"] or ""), told
+    a, b, c = (replace(w, answered=True) for w in (a, b, c))
+    more = Running("u", "two", Allocation("n3", (DeviceResult("gpu", "gpu.nvidia.com", "n3", "gpu-1"),)))
+    assert decide_with(a, b, c, running=(held, more)).decisions == ()  # free 2 now: the same words
+    asked = decide_with(*(replace(w, answered=False) for w in (a, b, c)), running=(held, more))
+    assert {d.name: d.decision.reason for d in asked.decisions}["a"] != told["a"]
