@@ -262,8 +262,11 @@ def scenarios(draw: st.DrawFn) -> tuple[Fleet, QuotaConfig, list[list[Any]]]:
 @settings(max_examples=150, deadline=None)
 @given(scenarios())
 def test_waves_settle_without_loops_within_quotas(scenario: tuple[Fleet, QuotaConfig, list[list[Any]]]) -> None:
+    """No claim preempts its preemptor back, no device is held twice, no tenant past its quota. Without the
+    start estimates of the claims left waiting (they come after the waves settle and change no decision; they
+    were a sixth of this test's time: tests/unit/test_estimates.py checks them)."""
     f, config, waves = scenario
-    result = run_waves(f, BUILTIN_CLASSES, waves, config)
+    result = run_waves(f, BUILTIN_CLASSES, waves, config, estimates=False)
     pairs = {(e["claim"], e["by"]) for e in result.events}
     assert not any((by, victim) in pairs for victim, by in pairs), f"preempted back and forth: {result.events}"
     assert all(e["rule"] in ("priority", "reclaim", "fair-share") for e in result.events)
