@@ -79,6 +79,16 @@ class Allocation(TypedDict):
     nodeSelector: NotRequired[dict[str, Any] | None]
 
 
+@with_config(ConfigDict(extra="allow", strict=True))
+class EstimatedStart(TypedDict):
+    """When the broker expects to allocate a waiting claim, from its decision core run forward."""
+
+    p50: Annotated[str, Field(description="RFC 3339: as likely before as after")]
+    p90: Annotated[str | None, Field(description="RFC 3339: nine times in ten before; null when not found")]
+    blockedBy: Annotated[list[str], Field(description="what it waits for: claims whose end frees its devices, "
+                                                      "a quota, a gang member missing")]
+
+
 _PUBLISHED: list[JsonValue] = ["namespace", "name", "state", "allocation", "reason", "observedAt", "sequence"]
 
 
@@ -98,6 +108,9 @@ class ClaimStatus(TypedDict, total=False):
     by: Annotated[str, Field(description="tenant/name of the claim that preempted it (Preempted only)")]
     unsatisfiable: Annotated[bool, Field(description="no device of today's fleet could ever satisfy it (Pending "
                                                      "only)")]
+    estimatedStart: Annotated[EstimatedStart | None, Field(
+        description="Pending only: when the broker expects to allocate it (null: nothing can be said); published "
+                    "again when it moves by more than a tenth of the time still to wait")]
 
 
 _CLAIM_STATUS = TypeAdapter(ClaimStatus)

@@ -13,7 +13,8 @@ from shared.ledger.queue import Queue
 from shared.ledger.schema import Claim, DeviceAllocation
 from shared.ledger.unit_of_work import ClaimRow, UnitOfWork, in_chunks
 
-_ROW_COLUMNS = tuple(getattr(Claim, f.name) for f in fields(ClaimRow) if f.name != "explain")  # in field order
+_ROW_FIELDS = tuple(f.name for f in fields(ClaimRow) if f.name != "explain")
+_ROW_COLUMNS = tuple(getattr(Claim, name) for name in _ROW_FIELDS)
 
 
 async def claim_rows(work: UnitOfWork, queue: Queue,
@@ -24,7 +25,7 @@ async def claim_rows(work: UnitOfWork, queue: Queue,
     rows: dict[tuple[str, str], ClaimRow] = {}
     for chunk in in_chunks(sorted(wanted)):
         for values in await work.session.execute(select(*_ROW_COLUMNS).where(Claim.id.in_(chunk))):
-            rows[wanted[values[0]]] = ClaimRow(*values)
+            rows[wanted[values[0]]] = ClaimRow(**dict(zip(_ROW_FIELDS, values, strict=True)))
     return rows
 
 

@@ -113,6 +113,12 @@ class Claim(Base):
     # message is redelivered after a crash), so neither is lost nor applied to the wrong claim.
     submitted_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     released_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The start estimate last published for it while it waited (the contract's estimatedStart object), which
+    # its later Pending statuses carry; and the last and first p50 published (unix seconds), kept after its
+    # allocation: the estimates' error against allocated_at (shared/ledger/estimates.py).
+    estimated_start: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    estimate_p50: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_estimate_p50: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class DeviceAllocation(Base):

@@ -72,6 +72,9 @@ class ClaimRow:
     allocated_at: datetime | None
     explain: dict[str, Any] | None = None
     flavor: str | None = None  # not read either: set with an allocation, else cleared
+    # the start estimate last published while it waited, which its Pending statuses carry; cleared when it is
+    # allocated (its estimate_p50 columns stay: the estimates' error)
+    estimated_start: dict[str, Any] | None = None
 
 
 @dataclass(eq=False)
@@ -103,6 +106,8 @@ class Writes:
             namespace=row.namespace, name=row.name, state=row.state, allocation=row.allocation,
             reason=row.reason, sequence=row.sequence, by=by, unsatisfiable=unsatisfiable,
         )
+        if row.state == State.PENDING.value and (estimate := getattr(row, "estimated_start", None)) is not None:
+            payload["estimatedStart"] = estimate
         if isinstance(row, ClaimRow):
             self.claims[row.id] = row
         self.states[row.state] += 1
@@ -142,6 +147,7 @@ class Writes:
         self.claims[row.id] = row
         row.flavor = None
         if decision.allocation is not None:
+            row.estimated_start = None
             node = decision.allocation.node
             for result in decision.allocation.results:
                 if result.admin_access:
@@ -170,7 +176,7 @@ def _event_of(status: _Status) -> dict[str, Any]:
 
 
 _WRITTEN_COLUMNS = ("state", "reason", "allocation", "node", "sequence", "updated_at", "allocated_at", "explain",
-                    "flavor")
+                    "flavor", "estimated_start")
 _UPDATE_CLAIM = (update(_CLAIMS).where(_CLAIMS.c.id == bindparam("row_id"))
                  .values({name: bindparam(f"new_{name}", type_=_CLAIMS.c[name].type) for name in
                           (*_WRITTEN_COLUMNS, "revision")}))

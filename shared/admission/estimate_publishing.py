@@ -1,0 +1,87 @@
+"""Start estimates in service (issue 39): the runtimes they run claims for, out of the runtimes the ledger
+observed, and which estimates are published. Pure: the allocator's estimator (services/allocator/estimator.py)
+reads the ledger and writes the statuses.
+
+Published (the contract's "a changed estimate is published again when it moves by more than a tenth"): a
+claim's estimate when it first waits with one, and again when its p50 moves by more than a tenth of the time
+it still had to wait by the estimate last published (and by at least MIN_MOVE seconds: an estimate already
+due moves by seconds at each run), or when it can no longer be said (null after a time). At most `limit` per
+run, the biggest moves first (first estimates before any move): the rest wait for the next run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from shared.admission.estimates import Estimate, Quantiles, Runtimes
+from shared.admission.model import ClaimKey
+
+MIN_SAMPLES = 3  # runs of a (tenant, flavor), tenant or the fleet before their quantiles are taken
+MOVE_FRACTION = 0.1
+MIN_MOVE = 1.0  # seconds
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The nearest-rank quantile of sorted `values` (non-empty): the smallest value at least a fraction q of
+    them are no larger than."""
+    return values[max(0, math.ceil(q * len(values)) - 1)]
+
+
+def quantiles(values: Iterable[float]) -> Quantiles:
+    ordered = sorted(values)
+    return Quantiles(quantile(ordered, 0.5), quantile(ordered, 0.9))
+
+
+def runtimes_from(samples: Iterable[tuple[str, str | None, float]], min_samples: int = MIN_SAMPLES) -> Runtimes:
+    """Runtimes out of observed runs (tenant, flavor or None, seconds): p50 and p90 per (tenant, flavor) and per
+    tenant, and the fleet's as the default, each where at least `min_samples` runs were seen."""
+    by_flavor: dict[tuple[str, str], list[float]] = {}
+    by_tenant: dict[str, list[float]] = {}
+    every: list[float] = []
+    for tenant, flavor, seconds in samples:
+        if seconds < 0:
+            continue
+        if flavor is not None:
+            by_flavor.setdefault((tenant, flavor), []).append(seconds)
+        by_tenant.setdefault(tenant, []).append(seconds)
+        every.append(seconds)
+    return Runtimes({k: quantiles(v) for k, v in by_flavor.items() if len(v) >= min_samples},
+                    {k: quantiles(v) for k, v in by_tenant.items() if len(v) >= min_samples},
+                    quantiles(every) if len(every) >= min_samples else None)
+
+
+@dataclass(frozen=True)
+class Due:
+    """An estimate to publish, and how far it moved from the last one published (inf: the first, or one that
+    can no longer be said)."""
+
+    key: ClaimKey
+    estimate: Estimate
+    move: float
+
+
+def due(estimates: Mapping[ClaimKey, Estimate], published: Mapping[ClaimKey, float | None], now: float,
+        limit: int) -> list[Due]:
+    """The estimates to publish now, at most `limit`, the biggest moves first. `published`: per claim, the p50
+    last published for it (None: a null estimate was); a claim not in it has had none."""
+    found: list[Due] = []
+    for key, estimate in estimates.items():
+        new = estimate.p50
+        if key not in published:
+            if new is not None:
+                found.append(Due(key, estimate, math.inf))
+            continue
+        before = published[key]
+        if before is None:
+            if new is not None:  # said again after a time it could not be
+                found.append(Due(key, estimate, math.inf))
+            continue
+        if new is None:
+            found.append(Due(key, estimate, math.inf))
+            continue
+        moved = abs(new - before)
+        if moved > max(MOVE_FRACTION * max(before - now, 0.0), MIN_MOVE):
+            found.append(Due(key, estimate, moved / max(before - now, MIN_MOVE)))
+    found.sort(key=lambda d: (-d.move, d.estimate.p50 if d.estimate.p50 is not None else math.inf, d.key))
+    return found[:limit]

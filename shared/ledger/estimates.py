@@ -1,0 +1,139 @@
+"""Start estimates in the ledger (issue 39): the runtimes claims were observed to run (what the estimates run
+claims for where no claimbroker.io/expected-runtime says), the estimates published on waiting claims'
+status subjects (each a status of its own, written in a small transaction beside the decisions), and their
+error against the actual starts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import Table, and_, bindparam, insert, select, tuple_, update
+from sqlalchemy.orm import aliased
+
+from shared.admission.model import ClaimKey
+from shared.contract import events, subjects
+from shared.dra.results import State
+from shared.ledger.schema import AllocatorLease, Claim, ClaimEvent, OutboxEvent
+from shared.ledger.unit_of_work import UnitOfWork, in_chunks
+
+_CLAIMS, _HISTORY, _OUTBOX = (cast(Table, model.__table__) for model in (Claim, ClaimEvent, OutboxEvent))
+MAX_RUNS = 20_000  # runs read at most per observation: the latest ones
+
+
+def unix(moment: datetime) -> float:
+    """Seconds since the epoch; SQLite gives back its timestamps without their zone, which is UTC."""
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
+
+
+async def observed_runtimes(work: UnitOfWork, since: float, limit: int = MAX_RUNS
+                            ) -> list[tuple[str, str | None, float]]:
+    """The runs that ended Released since `since` (unix seconds; at most `limit`, the latest allocated first):
+    per run its tenant, the flavor it held and how long it ran, from its Allocated status to its Released
+    status that came next (a claim preempted, withdrawn while waiting, or lost with its node is no run)."""
+    allocated, released = aliased(ClaimEvent), aliased(ClaimEvent)
+    rows = await work.session.execute(
+        select(Claim.namespace, Claim.flavor, allocated.at, released.at)
+        .join(released, and_(released.claim_id == Claim.id, released.state == State.RELEASED.value))
+        .join(allocated, and_(allocated.claim_id == Claim.id, allocated.sequence == released.sequence - 1,
+                              allocated.state == State.ALLOCATED.value))
+        .where(Claim.state == State.RELEASED.value, Claim.allocated_at >= datetime.fromtimestamp(since, UTC))
+        .order_by(Claim.allocated_at.desc()).limit(limit))
+    return [(tenant, flavor, unix(ended) - unix(started)) for tenant, flavor, started, ended in rows]
+
+
+async def published_estimates(work: UnitOfWork) -> dict[ClaimKey, float]:
+    """Per waiting claim with an estimate published, its p50 (unix seconds): where a restarted estimator
+    goes on from."""
+    rows = await work.session.execute(select(Claim.namespace, Claim.name, Claim.estimate_p50).where(
+        Claim.state == State.PENDING.value, Claim.estimate_p50.is_not(None)))
+    return {(tenant, name): float(p50) for tenant, name, p50 in rows if p50 is not None}
+
+
+@dataclass(frozen=True)
+class EstimateWrite:
+    """A waiting claim's estimate to publish: the contract's estimatedStart object (None: nothing can be said)
+    and its p50 (unix seconds)."""
+
+    tenant: str
+    name: str
+    estimated_start: dict[str, Any] | None
+    p50: float | None
+
+
+_SET_ESTIMATE = (update(_CLAIMS).where(_CLAIMS.c.id == bindparam("row_id"),
+                                       _CLAIMS.c.sequence == bindparam("old_sequence"))
+                 .values(sequence=bindparam("new_sequence"),
+                         estimated_start=bindparam("new_estimate", type_=_CLAIMS.c.estimated_start.type),
+                         estimate_p50=bindparam("new_p50", type_=_CLAIMS.c.estimate_p50.type),
+                         first_estimate_p50=bindparam("new_first", type_=_CLAIMS.c.first_estimate_p50.type)))
+
+
+async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[EstimateWrite]) -> list[ClaimKey]:
+    """Each estimate as the claim's next status (its state and reason as they are, the next sequence, the
+    estimate), with its history row and its outbox event, for the claims still Pending and answered (a claim
+    a decision took meanwhile, or sent back to the queue unanswered, is left to its decisions). The shard's
+    turn is taken first (its lease row locked, as a decision transaction does, not renewed), so no decision
+    reads a claim's sequence while this writes it (nothing is written before a decision transaction committed
+    the lease row). The claim rows keep their revision: nothing the allocator's
+    queue reads changes. Returns the claims written."""
+    session = work.session
+    if await session.scalar(select(AllocatorLease.shard).where(AllocatorLease.shard == shard)
+                            .with_for_update()) is None:
+        return []  # no decision committed yet (the first creates the lease row): nothing to publish an estimate on
+    wanted = {(e.tenant, e.name): e for e in estimates}
+    rows: list[Any] = []
+    for chunk in in_chunks(sorted(wanted)):
+        rows += (await session.execute(
+            select(Claim.id, Claim.namespace, Claim.name, Claim.reason, Claim.sequence, Claim.first_estimate_p50)
+            .where(tuple_(Claim.namespace, Claim.name).in_(chunk), Claim.state == State.PENDING.value,
+                   Claim.reason.is_not(None)))).all()
+    if not rows:
+        return []
+    updates, history, outbox = [], [], []
+    for row_id, tenant, name, reason, sequence, first in sorted(rows):
+        estimate = wanted[(tenant, name)]
+        following = (sequence or 0) + 1
+        updates.append({"row_id": row_id, "old_sequence": sequence, "new_sequence": following,
+                        "new_estimate": estimate.estimated_start, "new_p50": estimate.p50,
+                        "new_first": first if first is not None else estimate.p50})
+        history.append({"claim_id": row_id, "sequence": following, "state": State.PENDING.value, "reason": reason,
+                        "node": None, "by": None})
+        payload = events.claim_status(namespace=tenant, name=name, state=State.PENDING.value, allocation=None,
+                                      reason=reason, sequence=following)
+        payload["estimatedStart"] = cast(Any, estimate.estimated_start)
+        outbox.append({"subject": subjects.status(tenant, name), "message_id": f"status:{row_id}:{following}",
+                       "payload": payload, "ttl_s": None})
+    await session.execute(_SET_ESTIMATE, updates)
+    await session.execute(insert(_HISTORY), history)
+    await session.execute(insert(_OUTBOX), outbox)
+    return [(tenant, name) for _, tenant, name, *_ in rows]
+
+
+@dataclass(frozen=True)
+class EstimateError:
+    """A claim allocated with an estimate published: its tenant, flavor, and how much later than the first
+    and the last p50 published it started (seconds; negative: earlier)."""
+
+    tenant: str
+    flavor: str | None
+    first: float | None
+    last: float
+
+
+async def estimate_errors(work: UnitOfWork, since: float, limit: int = MAX_RUNS) -> list[EstimateError]:
+    """The claims allocated since `since` (unix seconds; at most `limit`, the latest first) that had an
+    estimate published while they waited."""
+    rows = await work.session.execute(
+        select(Claim.namespace, Claim.flavor, Claim.allocated_at, Claim.first_estimate_p50, Claim.estimate_p50)
+        .where(Claim.allocated_at >= datetime.fromtimestamp(since, UTC), Claim.estimate_p50.is_not(None))
+        .order_by(Claim.allocated_at.desc()).limit(limit))
+    out = []
+    for tenant, flavor, allocated_at, first, last in rows:
+        if allocated_at is None or last is None:  # what the query leaves out
+            continue
+        started = unix(allocated_at)
+        out.append(EstimateError(tenant, flavor, started - first if first is not None else None, started - last))
+    return out
