@@ -37,10 +37,12 @@ async def test_a_drain_and_a_quota_on_the_live_broker_change_nothing(tmp_path: P
                 for _ in range(400):
                     held = {n: node for n, node in (await s.execute(
                         select(Claim.name, Claim.node).where(Claim.state == "Allocated"))).all()}
+                    # ended before the wait: on SQLite every transaction holds the write lock (BEGIN
+                    # IMMEDIATE), and one kept open while waiting starved the allocator (19 s for 3 claims)
+                    await s.rollback()
                     if len(held) == 3:
                         break
                     await asyncio.sleep(0.05)  # the allocator decides them
-                    await s.rollback()
         finally:
             await nc.close()
         assert len(held) == 3
@@ -88,10 +90,10 @@ async def test_advise_mig_plans_a_layout_for_the_slices_that_wait(tmp_path: Path
             async with sessions(stack.engine)() as s:
                 for _ in range(200):
                     states = dict((await s.execute(select(Claim.name, Claim.state))).all())
+                    await s.rollback()  # the write lock released before the wait, as above
                     if len(states) == 8 and "Allocated" in states.values() and "Pending" in states.values():
                         break
                     await asyncio.sleep(0.05)  # the allocator decides them
-                    await s.rollback()
         finally:
             await nc.close()
         waiting = sorted(f"lab/{n}" for n, state in states.items() if state == "Pending")
