@@ -90,6 +90,7 @@ class AllocatorSettings:
     placement_continue_after: float
     inbox_retention: float
     early_releases_per_tenant: int
+    estimate_interval: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +256,9 @@ class BrokerSettings(BaseSettings):
     # Releases of unknown claims remembered per tenant at most, the oldest forgotten first: a flood of
     # releases of names never submitted cannot grow the ledger, and costs only its own tenant.
     early_releases_per_tenant: int = Field(default=1000, ge=1)
+    # Start estimates (issue 39): worked out beside the decisions at most this often (seconds), and only when a
+    # cycle changed something since (else once a minute); 0 turns them off.
+    estimate_interval: float = Field(default=5.0, ge=0.0)
 
     @field_validator("pending_alert_after", "reason_refresh", "min_runtime", "gang_reserve_after", "inbox_retention",
                      mode="before")

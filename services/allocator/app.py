@@ -27,5 +27,6 @@ def create_app(settings: AllocatorSettings, engine: AsyncEngine, nats_url: str) 
         reason_refresh=settings.reason_refresh, min_runtime=settings.min_runtime,
         gang_reserve_after=settings.gang_reserve_after,
         tenant_budget=settings.tenant_placement_budget, continue_after=settings.placement_continue_after,
-        inbox_retention=settings.inbox_retention, early_releases_per_tenant=settings.early_releases_per_tenant),
+        inbox_retention=settings.inbox_retention, early_releases_per_tenant=settings.early_releases_per_tenant,
+        estimate_interval=settings.estimate_interval),
         settings.tls_ca)

@@ -66,6 +66,15 @@ class DecisionCycle:
         self.clock = clock
         self.waiting = True
         self.work_left = False
+        self._snapshot: Snapshot | None = None  # the last cycle's input (None: nothing waited), until it commits
+        self.committed_snapshot: Snapshot | None = None  # the last committed cycle's input: what estimates run on
+        self.changes = 0  # committed cycles that changed something (statuses written): the estimator's cue
+
+    def committed(self, changed: bool) -> None:
+        """The transaction of the last cycle committed: its input is what estimates run on next (a snapshot is
+        never changed once built), and `changed` says whether it wrote anything."""
+        self.committed_snapshot = self._snapshot
+        self.changes += changed
 
     async def run(self, work: UnitOfWork, config: QuotaConfig | None = None) -> Cycled:
         """Send lost nodes' claims back to the queue, decide, write. `config`: the quotas, when this
@@ -83,6 +92,7 @@ class DecisionCycle:
         held = await queue.load_queue(work, self.queue_cache)
         self.metrics.waiting = held.waiting
         if not held.waiting:
+            self._snapshot = None
             self.waiting = self.work_left = False
             self.reasons.clear()
             await self.gang_clocks.after_cycle(work.session, None)
@@ -102,6 +112,7 @@ class DecisionCycle:
         snapshot = Snapshot(self.inventory.fleet, self.classes, config, tuple(held.running.values()), waiting,
                             self.inventory.unusable_nodes(), None if self.set_aside else changes, now=cycle_at,
                             recent_preemptions=recent, tenant_budget=self.tenant_budget)
+        self._snapshot = snapshot
         await self.gang_clocks.before_cycle(work.session)
         started = time.perf_counter()
         result = run_cycle(snapshot, self.kept)

@@ -7,7 +7,8 @@
 - `transaction` (transaction.py): the decision transaction, the batch applied to the claims
   (claim_batch.py) and one decision `cycle` (cycle.py), whose waiting claims' reasons are kept current
   (reasons.py) and whose metrics are recorded (decision_metrics.py);
-- `relay` (outbox_relay.py): the committed events published in order.
+- `relay` (outbox_relay.py): the committed events published in order;
+- `estimator` (estimator.py): start estimates of the waiting claims, beside the decisions, published as statuses.
 A cycle also runs every `cycle_interval` while claims wait, so quota changes reach waiting claims without a
 message, and `continue_after` while a cycle cut placement work short.
 """
@@ -27,6 +28,7 @@ from nats.js import JetStreamContext
 from services.allocator.claim_batch import DEFAULT_EARLY_RELEASES_PER_TENANT, RELEASE_ANSWER_TTL_S
 from services.allocator.cycle import DecisionCycle
 from services.allocator.decision_metrics import DecisionMetrics
+from services.allocator.estimator import Estimator
 from services.allocator.intake import ClaimIntake
 from services.allocator.inventory import Inventory
 from services.allocator.messages import CONSUMER
@@ -72,6 +74,7 @@ class Allocator:
         early_releases_per_tenant: int = DEFAULT_EARLY_RELEASES_PER_TENANT,
         release_answer_ttl: float = RELEASE_ANSWER_TTL_S,
         prune_interval: float = 10.0,
+        estimate_interval: float = 0.0,
     ) -> None:
         self.nc: Client  # both bound by run(): its FastStream app's connection
         self.js: JetStreamContext
@@ -89,6 +92,9 @@ class Allocator:
             cycle_interval=cycle_interval, clock=clock, early_releases_per_tenant=early_releases_per_tenant,
             release_answer_ttl=release_answer_ttl)
         self.relay = OutboxRelay(self.sessions)
+        # start estimates beside the decisions, off their transactions (0: none)
+        self.estimator = (Estimator(self.sessions, self.cycle, self.relay, shard=shard, interval=estimate_interval,
+                                    clock=clock) if estimate_interval > 0 else None)
         self.nats_outage = Outage("NATS", log)
         self.startup_outage = Outage("the ledger or NATS", log)  # reading what a crash left, at start
         self.ledger_outage = Outage("the ledger", log)  # a batch held while the ledger does not answer
@@ -160,6 +166,9 @@ class Allocator:
                               outage=self.nats_outage, on_recovered=self._nats_recovered)
         await claims.open()
         publisher = asyncio.create_task(self.relay.run(), name="allocator-outbox")
+        tasks = [publisher]
+        if self.estimator is not None:
+            tasks.append(asyncio.create_task(self.estimator.run(), name="allocator-estimates"))
         log.info("allocator ready")
         next_cycle, cycle, fleet_changed = 0.0, self.cycle, self.inventory.changed
         try:
@@ -179,9 +188,10 @@ class Allocator:
                         await self.intake.take(messages)
                 await self.pruner.run_if_due()  # between transactions: no decision waits on it
         finally:
-            publisher.cancel()
-            with contextlib.suppress(BaseException):  # it ends at its next await
-                await publisher
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(BaseException):  # it ends at its next await (an estimate's thread runs on)
+                    await task
             if self._stopping.is_set():  # a clean stop publishes what committed, within a bound
                 with contextlib.suppress(TimeoutError):  # publish_when_possible logs its own failures
                     await asyncio.wait_for(self.relay.publish_when_possible(), 5)

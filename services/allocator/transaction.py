@@ -81,4 +81,5 @@ class DecisionTransaction:
         self.cycle.inventory.lost_nodes -= cycled.lost  # only once committed: a rollback handles them again
         self.decided = collections.Counter({f"preempted:{rule}": n for rule, n in cycled.preempted.items()})
         self.decided.update(work.writes.states)
+        self.cycle.committed(bool(self.decided))
         self.metrics.record(len(messages), time.perf_counter() - started, self.decided)

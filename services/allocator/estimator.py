@@ -1,0 +1,162 @@
+"""Start estimates beside the decisions (issue 39): at most every `interval` seconds, and only when a committed
+cycle changed something since the last run (else once `refresh` has passed), the input of the last committed
+cycle (an immutable Snapshot) is run forward by shared/admission/estimates.estimate_starts with one
+EstimateMemo kept from run to run, in a worker thread (the event loop goes on taking messages and deciding;
+the thread holds the GIL while it computes, so the loop runs in the interpreter's switch intervals, about
+5 ms), never inside a decision transaction. The estimates that are due (shared/admission/estimate_publishing:
+first wait with one, a move by more than a tenth of the time still to wait; at most `per_run`, the biggest
+moves first) are written as statuses in a small transaction of their own (shared/ledger/estimates
+.write_estimates: only on claims still Pending, the shard's turn taken so no decision races it) and go out
+through the outbox. The runtimes observed in the ledger are read again every `runtimes_every` seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.allocator.cycle import DecisionCycle
+from services.allocator.outbox_relay import OutboxRelay
+from services.runtime.outage import Outage
+from shared.admission.estimate_publishing import due, runtimes_from
+from shared.admission.estimates import Estimate, EstimateMemo, Runtimes, estimate_starts
+from shared.admission.model import ClaimKey, Snapshot
+from shared.ledger import estimates as ledger
+from shared.ledger.handles import AsyncSession
+from shared.ledger.unit_of_work import unit_of_work
+
+log = logging.getLogger("claimbroker.allocator")
+RUNTIMES_WINDOW = 14 * 86400.0  # runs observed over this window
+PER_RUN = 500  # estimate statuses written per run at most
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What one run cost: CPU seconds in the worker thread, wall seconds of the estimate, the event loop's
+    longest lateness meanwhile (a probe's sleeps of `PROBE` seconds, measured), estimates worked out and
+    statuses written."""
+
+    cpu_s: float
+    wall_s: float
+    loop_late_s: float
+    estimated: int
+    published: int
+
+
+PROBE = 0.002
+
+
+class Estimator:
+    def __init__(self, sessions: Callable[[], AsyncSession], cycle: DecisionCycle, relay: OutboxRelay, *,
+                 shard: str, interval: float, refresh: float = 60.0, runtimes_every: float = 300.0,
+                 per_run: int = PER_RUN, clock: Callable[[], float] = time.time) -> None:
+        self.sessions, self.cycle, self.relay, self.shard = sessions, cycle, relay, shard
+        self.interval, self.refresh, self.runtimes_every, self.per_run = interval, refresh, runtimes_every, per_run
+        self.clock = clock
+        self.memo = EstimateMemo()
+        self.runtimes = Runtimes()
+        self.runtimes_at: float | None = None  # monotonic time of the last read
+        self.published: dict[ClaimKey, float | None] | None = None  # p50 last published per waiting claim
+        self.seen_changes = -1  # the cycle's `changes` at the last run
+        self.last_run: float | None = None  # monotonic
+        self.figures: RunFigures | None = None  # the last run's
+        self.runs = 0
+        self.outage = Outage("start estimates", log)
+
+    def due_now(self, now: float) -> bool:
+        if self.cycle.committed_snapshot is None:
+            return False
+        if self.last_run is None:
+            return True
+        if now - self.last_run < self.interval:
+            return False
+        return self.cycle.changes != self.seen_changes or now - self.last_run >= self.refresh
+
+    async def run(self) -> None:
+        """The task: looks every `interval` (or sooner while nothing ran yet) whether a run is due."""
+        while True:
+            now = time.monotonic()
+            if self.due_now(now):
+                try:
+                    await self.run_once()
+                except Exception as error:  # the task's guard: the ledger away, or a fault of ours in the estimate
+                    await self.outage.failed(error)
+                else:
+                    self.outage.ok()
+            wait = self.interval if self.last_run is None else max(0.0, self.last_run + self.interval - now)
+            await asyncio.sleep(min(max(wait, 0.05), self.interval))  # pacing: how often it looks, nothing waits on it
+
+    async def run_once(self) -> RunFigures | None:
+        """One run on the last committed cycle's input: estimate, publish what is due. None: nothing waited."""
+        snapshot = self.cycle.committed_snapshot
+        self.seen_changes, self.last_run = self.cycle.changes, time.monotonic()
+        if snapshot is None:
+            return None
+        await self._read_ledger()
+        assert self.published is not None
+        started = time.perf_counter()
+        probe = _Probe(PROBE)
+        probing = asyncio.create_task(probe.run())
+        try:
+            estimates, cpu = await asyncio.to_thread(_estimate, snapshot, self.runtimes, self.memo)
+        finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+        wall = time.perf_counter() - started
+        published = self.published
+        for key in [k for k in published if k not in estimates]:  # no longer waiting
+            del published[key]
+        found = due(estimates, published, self.clock(), self.per_run)
+        written: list[ClaimKey] = []
+        if found:
+            writes = [ledger.EstimateWrite(d.key[0], d.key[1], d.estimate.to_json(), d.estimate.p50) for d in found]
+            async with unit_of_work(self.sessions) as work:
+                written = await ledger.write_estimates(work, self.shard, writes)
+            by_key = {d.key: d.estimate for d in found}
+            for key in written:
+                published[key] = by_key[key].p50
+            if written:
+                self.relay.due()
+        self.runs += 1
+        self.figures = RunFigures(cpu, wall, probe.late, len(estimates), len(written))
+        log.debug("start estimates: %d claims, %.3f CPU s, loop late %.1f ms at most, %d published",
+                  len(estimates), cpu, self.figures.loop_late_s * 1e3, len(written))
+        return self.figures
+
+    async def _read_ledger(self) -> None:
+        now = time.monotonic()
+        if self.runtimes_at is None or now - self.runtimes_at >= self.runtimes_every:
+            async with unit_of_work(self.sessions) as work:
+                runs = await ledger.observed_runtimes(work, self.clock() - RUNTIMES_WINDOW)
+                if self.published is None:  # a restarted estimator goes on from what was published
+                    self.published = dict(await ledger.published_estimates(work))
+            self.runtimes, self.runtimes_at = runtimes_from(runs), now
+        if self.published is None:
+            async with unit_of_work(self.sessions) as work:
+                self.published = dict(await ledger.published_estimates(work))
+
+
+def _estimate(snapshot: Snapshot, runtimes: Runtimes, memo: EstimateMemo) -> tuple[dict[ClaimKey, Estimate], float]:
+    """In the worker thread: the estimates, and the thread's CPU seconds for them."""
+    started = time.thread_time()
+    estimates = estimate_starts(snapshot, runtimes, memo=memo)
+    return estimates, time.thread_time() - started
+
+
+class _Probe:
+    """Sleeps of `period` until cancelled: `late`, the longest an event loop turn came after its time (how long
+    the loop could not serve)."""
+
+    def __init__(self, period: float) -> None:
+        self.period, self.late = period, 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.period)
+            self.late = max(self.late, loop.time() - before - self.period)
