@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from shared.admission.gang_topology import confined, ordered_values, usable_nodes
 from shared.admission.gangs import GangKey, GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
-from shared.admission.preemption import room_with_victims, try_preempt
+from shared.admission.preemption import rooms_with_victims, try_preempt
 from shared.admission.quota_room import QuotaRoom
 from shared.admission.state import AdmissionState
 from shared.contract.gang_reasons import incomplete_reason
@@ -222,21 +222,24 @@ def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     for a gang that would still not be whole). With a topology key that it may not split across, all of
     it on one value: the values with the most free first, victims only on that value's nodes."""
     held = _give_back_held(cycle, unit.key)  # what it keeps for itself is its own to use
-    members = unit_facts(cycle, unit).members
+    facts = unit_facts(cycle, unit)
+    members = facts.members
     key = unit.settings.topology
+    if facts.alike is None:
+        facts.alike = len({id(m.claim) for m in members}) == 1 or len({_spec(cycle, m) for m in members}) == 1
     placed: list[tuple[Waiting, Allocation]] | None = None
     if key is None or _may_split(cycle, unit):
         placed = _preempt_members(cycle, members, None)
     elif domains := cycle.gangs.domains.of(cycle.fleet, key):
-        facts = unit_facts(cycle, unit)
         if facts.usable is None:
             facts.usable = usable_nodes(cycle.placement, members)
         free = cycle.gangs.domains.free(cycle.placement, members[0], domains)
-        if facts.alike is None:
-            facts.alike = len({id(m.claim) for m in members}) == 1 or len({_spec(cycle, m) for m in members}) == 1
-        # alike members: a value whose free and preemptible devices fall short of the gang is not searched
-        values = [v for v in ordered_values(free)
-                  if not facts.alike or room_with_victims(cycle, members[0], domains[v]) >= facts.need]
+        values = ordered_values(free)
+        # alike members of one placement each: a value whose free and preemptible devices fall short of
+        # the gang is not searched
+        if facts.alike and len(cycle.placement.plan(members[0].claim).variants) == 1:
+            rooms = rooms_with_victims(cycle, members[0], domains)
+            values = [v for v in values if rooms[v] >= facts.need]
         for value in values[:MAX_PREEMPTION_VALUES]:
             with confined(cycle.placement, cycle.fleet, domains[value], facts.usable):
                 placed = _preempt_members(cycle, members, frozenset(domains[value]))

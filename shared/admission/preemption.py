@@ -307,22 +307,28 @@ def _try_preempt(state: AdmissionState, waiting: Waiting, within: Collection[str
     return Decision(State.ALLOCATED, allocation)
 
 
-def room_with_victims(state: AdmissionState, waiting: Waiting, nodes: Collection[str]) -> int:
-    """The devices on `nodes` that the claim's first request accepts and that are free or held by claims
-    the rules let it consider as victims: at most what preemption could make room for there (a gang
-    skips the values of its topology key that could not hold it even so)."""
+def rooms_with_victims(state: AdmissionState, waiting: Waiting, groups: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """Per group of nodes (the values of a gang's topology key), the devices on them that the claim's first
+    request accepts and that are free or held by claims the rules let it consider as victims: at most what
+    preemption could make room for there. The candidates are worked out once, for every group."""
     try:
         index = state.placement.index(state.placement.plan(waiting.claim).variants[0][0])
     except (Rejected, IndexError):
-        return 0
-    hosts = index.nodes & frozenset(nodes)
+        return dict.fromkeys(groups, 0)
+    hosts = index.nodes
     on_hosts, _ = _candidates(state, waiting, hosts)
-    room = 0
-    for node in hosts:
-        accepted = _accepted_on(state, index, node)
-        room += len(index.free_on(node)) + sum(1 for r, _ in on_hosts.get(node, ()) for k in r.allocation.keys
-                                               if k in accepted)
-    return room
+    rooms = {}
+    for group, nodes in groups.items():
+        room = 0
+        for node in nodes:
+            if node not in hosts:
+                continue
+            room += len(index.free_on(node))
+            if found := on_hosts.get(node):
+                accepted = _accepted_on(state, index, node)
+                room += sum(1 for r, _ in found for k in r.allocation.keys if k in accepted)
+        rooms[group] = room
+    return rooms
 
 
 def _accepted_on(state: AdmissionState, index: Any, node: str) -> frozenset[DeviceKey]:
