@@ -3,10 +3,10 @@
 A claim's namespace is its tenant, so a scoped viewer's filter is on namespace.
 """
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from services.admin_api.access import Caller, Principal, Session, admin, visible
 from services.admin_api.fields import Model, Name, Stamp
@@ -33,6 +33,15 @@ class ClaimOut(Model):
     preemptible: bool
     submitted_at: Stamp
     updated_at: Stamp
+    estimated_start: dict[str, Any] | None = Field(
+        default=None, description="Pending only: the start estimate last published on its status subject "
+                                  "({p50, p90, blockedBy}); null if none was")
+
+    @model_validator(mode="after")
+    def _pending_only(self) -> Self:
+        if self.state != "Pending":  # a claim withdrawn while it waited keeps its last estimate in the ledger
+            self.estimated_start = None
+        return self
 
 
 class ClaimPage(Model):
@@ -59,6 +68,9 @@ class ExplainOut(Model):
     state: str
     reason: str | None
     explain: dict[str, Any] | None = Field(description="the allocator's structured reason; null if none")
+    estimated_start: dict[str, Any] | None = Field(
+        default=None, description="Pending only: the start estimate last published ({p50, p90, blockedBy}); "
+                                  "null if none was")
 
 
 class AlertOut(Model):
@@ -119,7 +131,11 @@ async def explain_claim(namespace: Name, name: Name, s: Session, token: Caller) 
     """Why it waits, as the allocator wrote it with its latest Pending decision."""
     row = await _claim(s, token, namespace, name)
     return ExplainOut(namespace=row.namespace, name=row.name, state=row.state, reason=row.reason,
-                      explain=row.explain)
+                      explain=row.explain, estimated_start=_estimate(row))
+
+
+def _estimate(row: Claim) -> dict[str, Any] | None:
+    return row.estimated_start if row.state == "Pending" else None
 
 
 @router.get("/v1/alerts", response_model=list[AlertOut], tags=["alerts"])

@@ -225,9 +225,11 @@ def explanation_lines(result: dict[str, Any]) -> list[str]:
         lines.append(gang_line(gang))
     if found.get("unsatisfiable"):
         lines.append("no device of today's fleet could ever satisfy it as written")
-    estimate = found.get("estimatedStart")
+    estimate = result.get("estimatedStart") or found.get("estimatedStart")
     if isinstance(estimate, dict) and estimate.get("p50"):
-        lines.append(f"estimated start: {estimate['p50']} (p90 {estimate.get('p90') or '?'})")
+        blocked = ", ".join(estimate.get("blockedBy") or [])
+        lines.append(f"estimated start: {estimate['p50']} (p90 {estimate.get('p90') or '?'})"
+                     + (f", waiting for {blocked}" if blocked else ""))
     preemption = found.get("preemption") or {}
     if preemption:
         lines.append(f"preemption: {preemption.get('candidates', 0)} preemptible claim(s) running; "

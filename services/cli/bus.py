@@ -440,13 +440,21 @@ def own_tenant_only(url: str, tenant: str) -> None:
         raise typer.Exit(1)
 
 
+def eta(status: Mapping[str, Any]) -> str:
+    """A Pending claim's estimated start (the p50 of its estimatedStart; '-': none published), else ''."""
+    if status.get("state") != "Pending":
+        return ""
+    estimate = status.get("estimatedStart")
+    return str(estimate["p50"]) if isinstance(estimate, dict) and estimate.get("p50") else "-"
+
+
 def status_table(statuses: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(show_lines=False)
-    for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "REASON"):
+    for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "ETA", "REASON"):
         table.add_column(column, overflow="fold")
     for s in statuses:
         allocation = s.get("allocation") or {}
         devices = ", ".join(r["device"] for r in (allocation.get("devices") or {}).get("results", []))
-        table.add_row(s["namespace"], s["name"], s["state"], allocation.get("nodeName", ""), devices,
+        table.add_row(s["namespace"], s["name"], s["state"], allocation.get("nodeName", ""), devices, eta(s),
                       s.get("reason") or "")
     return table
