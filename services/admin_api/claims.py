@@ -3,6 +3,7 @@
 A claim's namespace is its tenant, so a scoped viewer's filter is on namespace.
 """
 
+import time
 from typing import Annotated, Any, Self
 
 from fastapi import APIRouter, HTTPException, Query
@@ -11,7 +12,8 @@ from pydantic import Field, model_validator
 from services.admin_api.access import Caller, Principal, Session, admin, visible
 from services.admin_api.fields import Model, Name, Stamp
 from services.admin_api.problems import PROBLEMS
-from shared.ledger import alerts, audit, dead_letters
+from shared.admission.estimate_publishing import error_summary
+from shared.ledger import alerts, audit, dead_letters, estimates
 from shared.ledger.claim_listing import ClaimFilter, claim_events, claim_named, claim_page
 from shared.ledger.handles import AsyncSession
 from shared.ledger.schema import Claim
@@ -136,6 +138,36 @@ async def explain_claim(namespace: Name, name: Name, s: Session, token: Caller) 
 
 def _estimate(row: Claim) -> dict[str, Any] | None:
     return row.estimated_start if row.state == "Pending" else None
+
+
+class EstimateErrorOut(Model):
+    """Start estimates against actual starts, in seconds: the median and p90 of |actual start - p50|."""
+
+    tenant: str | None = Field(description="null: every tenant")
+    flavor: str | None = Field(description="the flavor it was allocated on; null: every flavor, or none")
+    claims: int = Field(description="claims allocated in the window with an estimate published")
+    first_p50: float | None = Field(description="of the first estimate published for each claim")
+    first_p90: float | None
+    last_p50: float = Field(description="of the last estimate published before its start")
+    last_p90: float
+
+
+class EstimatesOut(Model):
+    window: float = Field(description="seconds: the claims allocated within it, up to now")
+    overall: EstimateErrorOut | None = Field(description="every tenant and flavor; null when none was measured")
+    groups: list[EstimateErrorOut] = Field(description="per tenant and flavor")
+
+
+@router.get("/v1/estimates", response_model=EstimatesOut, tags=["claims"])
+async def estimate_error(s: Session, token: Caller,
+                         window: Annotated[float, Query(gt=0, le=30 * 86400, description="seconds")] = 7 * 86400,
+                         ) -> EstimatesOut:
+    """How good the start estimates were (issue 39): over the claims allocated within `window`, per tenant and
+    flavor, the error of the first and the last estimate published for each. A tenant's token sees its own."""
+    errors = await estimates.estimate_errors(s, time.time() - window, tenant=token.tenant)
+    overall, groups = error_summary((e.tenant, e.flavor, e.first, e.last) for e in errors)
+    return EstimatesOut(window=window, overall=EstimateErrorOut.model_validate(overall) if overall else None,
+                        groups=[EstimateErrorOut.model_validate(g) for g in groups])
 
 
 @router.get("/v1/alerts", response_model=list[AlertOut], tags=["alerts"])

@@ -7,7 +7,8 @@ the thread holds the GIL while it computes, so the loop runs in the interpreter'
 first wait with one, a move by more than a tenth of the time still to wait; at most `per_run`, the biggest
 moves first) are written as statuses in a small transaction of their own (shared/ledger/estimates
 .write_estimates: only on claims still Pending, the shard's turn taken so no decision races it) and go out
-through the outbox. The runtimes observed in the ledger are read again every `runtimes_every` seconds."""
+through the outbox. The runtimes observed in the ledger are read again every `runtimes_every` seconds, and with them the
+estimates' error over the last day is exported (claimbroker_estimate_error_seconds)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 from services.allocator.cycle import DecisionCycle
 from services.allocator.outbox_relay import OutboxRelay
+from services.runtime import metrics
 from services.runtime.outage import Outage
-from shared.admission.estimate_publishing import due, runtimes_from
+from shared.admission.estimate_publishing import due, error_summary, runtimes_from
 from shared.admission.estimates import Estimate, EstimateMemo, Runtimes, estimate_starts
 from shared.admission.model import ClaimKey, Snapshot
 from shared.ledger import estimates as ledger
@@ -30,6 +32,7 @@ from shared.ledger.unit_of_work import unit_of_work
 
 log = logging.getLogger("claimbroker.allocator")
 RUNTIMES_WINDOW = 14 * 86400.0  # runs observed over this window
+ERROR_WINDOW = 86400.0  # the estimates' error exported over the claims allocated within it
 PER_RUN = 500  # estimate statuses written per run at most
 
 
@@ -107,6 +110,7 @@ class Estimator:
             with contextlib.suppress(asyncio.CancelledError):
                 await probing
         wall = time.perf_counter() - started
+        metrics.ESTIMATE_RUN_SECONDS.observe(cpu)
         published = self.published
         for key in [k for k in published if k not in estimates]:  # no longer waiting
             del published[key]
@@ -132,12 +136,26 @@ class Estimator:
         if self.runtimes_at is None or now - self.runtimes_at >= self.runtimes_every:
             async with unit_of_work(self.sessions) as work:
                 runs = await ledger.observed_runtimes(work, self.clock() - RUNTIMES_WINDOW)
+                errors = await ledger.estimate_errors(work.session, self.clock() - ERROR_WINDOW)
                 if self.published is None:  # a restarted estimator goes on from what was published
                     self.published = dict(await ledger.published_estimates(work))
             self.runtimes, self.runtimes_at = runtimes_from(runs), now
+            export_errors(errors)
         if self.published is None:
             async with unit_of_work(self.sessions) as work:
                 self.published = dict(await ledger.published_estimates(work))
+
+
+def export_errors(errors: list[ledger.EstimateError]) -> None:
+    """The estimates' error, all tenants and flavors together, as Prometheus gauges (NaN: nothing measured)."""
+    overall, _ = error_summary((e.tenant, e.flavor, e.first, e.last) for e in errors)
+    figures: dict[tuple[str, str], float | None] = {
+        ("first", "0.5"): overall.first_p50 if overall else None,
+        ("first", "0.9"): overall.first_p90 if overall else None,
+        ("last", "0.5"): overall.last_p50 if overall else None,
+        ("last", "0.9"): overall.last_p90 if overall else None}
+    for (estimate, q), value in figures.items():
+        metrics.ESTIMATE_ERROR.labels(estimate, q).set(float("nan") if value is None else value)
 
 
 def _estimate(snapshot: Snapshot, runtimes: Runtimes, memo: EstimateMemo) -> tuple[dict[ClaimKey, Estimate], float]:

@@ -203,6 +203,43 @@ def explain(
                 console.print(make_table(columns, rows))
 
 
+@app.command()
+def estimates(
+    window: Annotated[str, typer.Option(help="the claims allocated within this much time (7d, 24h, 90m)")] = "7d",
+    output: Output = "table",
+) -> None:
+    """How good the start estimates were: over the claims allocated within WINDOW, per tenant and flavor, the
+    median and p90 of |actual start - estimated p50|, for the first and the last estimate published."""
+    from shared.settings import parse_duration
+
+    try:
+        seconds = parse_duration(window)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--window") from None
+    result = api_request("GET", "/v1/estimates", params={"window": seconds}).json()
+    if emit_document(result, output):
+        return
+    rows = estimate_rows(result)
+    if not rows:
+        console.print(f"no claim allocated within {window} had an estimate published")
+        return
+    console.print(make_table(["TENANT", "FLAVOR", "CLAIMS", "FIRST P50", "FIRST P90", "LAST P50", "LAST P90"], rows))
+
+
+def estimate_rows(result: dict[str, Any]) -> list[list[Any]]:
+    """`estimates`' table: a row per tenant and flavor, then the whole ('*'); errors as durations."""
+    def took(seconds: float | None) -> str:
+        if seconds is None:
+            return "-"
+        return f"{seconds / 3600:.1f}h" if seconds >= 3600 else f"{seconds / 60:.1f}m" if seconds >= 60 else (
+            f"{seconds:.0f}s")
+
+    groups = [*result.get("groups", []), *([{**result["overall"], "tenant": "*", "flavor": "*"}]
+                                           if result.get("overall") else [])]
+    return [[g["tenant"], g["flavor"] or "-", g["claims"], took(g["firstP50"]), took(g["firstP90"]),
+             took(g["lastP50"]), took(g["lastP90"])] for g in groups]
+
+
 def explanation_lines(result: dict[str, Any]) -> list[str]:
     """The head of `explain`'s table output: the claim, its state and reason, and the figures that are
     one line each (tenant, priority, flavors, estimated start, preemption, what would admit it)."""

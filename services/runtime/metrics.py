@@ -31,6 +31,13 @@ QUEUE_DEPTH = Gauge("claimbroker_queue_depth", "Waiting claims after the last cy
                     "flavor they wait for ('any' when no flavor is named)", ["tenant", "flavor"])
 CONSUMER_PENDING = Gauge("claimbroker_consumer_pending_messages",
                          "Messages of the stream not yet delivered to the consumer (its lag)", ["consumer"])
+ESTIMATE_ERROR = Gauge("claimbroker_estimate_error_seconds",
+                       "Start estimates against actual starts, over the claims allocated in the last day with an "
+                       "estimate published: the median and p90 of |start - p50|, of the first and of the last "
+                       "estimate published for each", ["estimate", "quantile"])
+ESTIMATE_RUN_SECONDS = Histogram("claimbroker_estimate_cpu_seconds",
+                                 "CPU time of one start-estimate run of the allocator (its worker thread)",
+                                 buckets=_TIME_BUCKETS)
 OUTBOX_UNPUBLISHED = Gauge("claimbroker_outbox_unpublished",
                            "Committed events waiting in the outbox to be published")
 ALERTS_SENT = Counter("claimbroker_alerts_sent", "Alert messages published by the notifier",

@@ -85,3 +85,38 @@ def due(estimates: Mapping[ClaimKey, Estimate], published: Mapping[ClaimKey, flo
             found.append(Due(key, estimate, moved / max(before - now, MIN_MOVE)))
     found.sort(key=lambda d: (-d.move, d.estimate.p50 if d.estimate.p50 is not None else math.inf, d.key))
     return found[:limit]
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    """How far off the estimates were, for a tenant and flavor (None: all of them): over `claims` allocated
+    with an estimate published, the median and p90 of |actual start - p50|, in seconds, of the first estimate
+    published for each (`first_*`; None where none was recorded) and of the last one (`last_*`)."""
+
+    tenant: str | None
+    flavor: str | None
+    claims: int
+    first_p50: float | None
+    first_p90: float | None
+    last_p50: float
+    last_p90: float
+
+
+def _summary(tenant: str | None, flavor: str | None, rows: list[tuple[float | None, float]]) -> ErrorSummary:
+    first = sorted(abs(f) for f, _ in rows if f is not None)
+    last = sorted(abs(x) for _, x in rows)
+    return ErrorSummary(tenant, flavor, len(rows), quantile(first, 0.5) if first else None,
+                        quantile(first, 0.9) if first else None, quantile(last, 0.5), quantile(last, 0.9))
+
+
+def error_summary(errors: Iterable[tuple[str, str | None, float | None, float]]
+                  ) -> tuple[ErrorSummary | None, list[ErrorSummary]]:
+    """Out of (tenant, flavor, first error, last error) per claim allocated (seconds, signed): the summary of
+    all of them (None: none), and one per tenant and flavor, in that order."""
+    groups: dict[tuple[str, str | None], list[tuple[float | None, float]]] = {}
+    every: list[tuple[float | None, float]] = []
+    for tenant, flavor, first, last in errors:
+        groups.setdefault((tenant, flavor), []).append((first, last))
+        every.append((first, last))
+    return (_summary(None, None, every) if every else None,
+            [_summary(t, f, rows) for (t, f), rows in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1] or ""))])

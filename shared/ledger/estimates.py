@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import Table, and_, bindparam, insert, select, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from shared.admission.model import ClaimKey
@@ -123,13 +124,16 @@ class EstimateError:
     last: float
 
 
-async def estimate_errors(work: UnitOfWork, since: float, limit: int = MAX_RUNS) -> list[EstimateError]:
-    """The claims allocated since `since` (unix seconds; at most `limit`, the latest first) that had an
-    estimate published while they waited."""
-    rows = await work.session.execute(
+async def estimate_errors(session: AsyncSession, since: float, tenant: str | None = None,
+                          limit: int = MAX_RUNS) -> list[EstimateError]:
+    """The claims allocated since `since` (unix seconds; at most `limit`, the latest first; of `tenant` only
+    when given) that had an estimate published while they waited."""
+    where = [Claim.allocated_at >= datetime.fromtimestamp(since, UTC), Claim.estimate_p50.is_not(None)]
+    if tenant is not None:
+        where.append(Claim.namespace == tenant)
+    rows = await session.execute(
         select(Claim.namespace, Claim.flavor, Claim.allocated_at, Claim.first_estimate_p50, Claim.estimate_p50)
-        .where(Claim.allocated_at >= datetime.fromtimestamp(since, UTC), Claim.estimate_p50.is_not(None))
-        .order_by(Claim.allocated_at.desc()).limit(limit))
+        .where(*where).order_by(Claim.allocated_at.desc()).limit(limit))
     out = []
     for tenant, flavor, allocated_at, first, last in rows:
         if allocated_at is None or last is None:  # what the query leaves out

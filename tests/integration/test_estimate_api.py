@@ -3,6 +3,8 @@ its explanation, on SQLite and PostgreSQL; a claim that no longer waits shows no
 
 from __future__ import annotations
 
+import pytest
+
 from shared.ledger.schema import Claim
 from tests.integration.admin import Api
 
@@ -26,3 +28,37 @@ async def test_claims_and_explain_carry_the_estimate(api: Api) -> None:
     assert {c["name"]: c["estimatedStart"] for c in listed} == {"waits": ESTIMATE, "plain": None, "withdrawn": None}
     withdrawn = (await api.client.get("/v1/claims/vision/withdrawn/explain", headers=api.viewer)).json()
     assert withdrawn["estimatedStart"] is None
+
+
+async def test_estimates_error_per_tenant_and_flavor(api: Api) -> None:
+    import time
+    from datetime import UTC, datetime
+
+    now = time.time()
+    started = datetime.fromtimestamp(now - 600, UTC)
+    async with api.factory() as s, s.begin():
+        s.add_all([
+            Claim(namespace="vision", name="early", state="Allocated", spec={}, sequence=4, flavor="H100",
+                  allocated_at=started, first_estimate_p50=now - 600 + 120, estimate_p50=now - 600 - 30),
+            Claim(namespace="vision", name="late", state="Released", spec={}, sequence=6, flavor="H100",
+                  allocated_at=started, first_estimate_p50=now - 600 - 60, estimate_p50=now - 600 - 10),
+            Claim(namespace="speech", name="asr", state="Allocated", spec={}, sequence=3, flavor=None,
+                  allocated_at=started, first_estimate_p50=now - 600, estimate_p50=now - 600 + 5),
+            Claim(namespace="speech", name="never-estimated", state="Allocated", spec={}, sequence=2,
+                  allocated_at=started),
+            Claim(namespace="speech", name="long-ago", state="Released", spec={}, sequence=2,
+                  allocated_at=datetime.fromtimestamp(now - 3 * 86400, UTC), estimate_p50=1.0),
+        ])
+    result = (await api.client.get("/v1/estimates", params={"window": 86400}, headers=api.viewer)).json()
+    assert result["overall"]["claims"] == 3
+    groups = {(g["tenant"], g["flavor"]): g for g in result["groups"]}
+    vision = groups[("vision", "H100")]
+    assert vision["claims"] == 2
+    assert (vision["firstP50"], vision["firstP90"]) == (pytest.approx(60, abs=1), pytest.approx(120, abs=1))
+    assert (vision["lastP50"], vision["lastP90"]) == (pytest.approx(10, abs=1), pytest.approx(30, abs=1))
+    assert groups[("speech", None)]["lastP50"] == pytest.approx(5, abs=1)
+    scoped = (await api.client.get("/v1/estimates", params={"window": 86400}, headers=api.scoped)).json()
+    assert {g["tenant"] for g in scoped["groups"]} == {"vision"}, "a tenant's token sees its own"
+    wide = (await api.client.get("/v1/estimates", params={"window": 7 * 86400}, headers=api.viewer)).json()
+    assert wide["overall"]["claims"] == 4
+    assert (await api.client.get("/v1/estimates", params={"window": 0}, headers=api.viewer)).status_code == 422

@@ -184,7 +184,8 @@ async def test_pending_statuses_carry_the_estimate_until_allocated(ledger_url: s
                                           .where(Claim.name == "a"))).one()
             assert tuple(kept) == (None, p50), "the p50 stays after allocation: the estimates' error"
         async with unit_of_work(make) as work:
-            [error] = await estimate_errors(work, p50 - 3600)
+            [error] = await estimate_errors(work.session, p50 - 3600)
+            assert await estimate_errors(work.session, p50 - 3600, tenant="other") == []
             assert (error.tenant, error.first, error.last) == ("t", 90.0, 90.0)
     finally:
         await engine.dispose()

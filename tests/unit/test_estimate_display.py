@@ -33,3 +33,24 @@ def test_explain_estimated_start_line() -> None:
     assert "estimated start: 2026-12-01T12:20:00Z (p90 2026-12-01T12:40:00Z), waiting for vision/train" in (
         explanation_lines(result))
     assert not any(line.startswith("estimated start") for line in explanation_lines({**result, "estimatedStart": None}))
+
+
+def test_estimates_table_and_gauges() -> None:
+    from prometheus_client import REGISTRY
+
+    from services.allocator.estimator import export_errors
+    from services.cli.admin import estimate_rows
+    from shared.ledger.estimates import EstimateError
+
+    result = {"window": 86400, "groups": [
+        {"tenant": "a", "flavor": "h100", "claims": 2, "firstP50": 5400.0, "firstP90": None, "lastP50": 90.0,
+         "lastP90": 30.0}],
+        "overall": {"tenant": None, "flavor": None, "claims": 2, "firstP50": 5400.0, "firstP90": None,
+                    "lastP50": 90.0, "lastP90": 30.0}}
+    assert estimate_rows(result) == [["a", "h100", 2, "1.5h", "-", "1.5m", "30s"],
+                                     ["*", "*", 2, "1.5h", "-", "1.5m", "30s"]]
+    assert estimate_rows({"window": 1, "groups": [], "overall": None}) == []
+    export_errors([EstimateError("a", "h100", 120.0, -60.0), EstimateError("a", None, None, 30.0)])
+    value = REGISTRY.get_sample_value
+    assert value("claimbroker_estimate_error_seconds", {"estimate": "last", "quantile": "0.5"}) == 30.0
+    assert value("claimbroker_estimate_error_seconds", {"estimate": "first", "quantile": "0.9"}) == 120.0

@@ -58,3 +58,14 @@ def test_runtimes_from_observed_runs() -> None:
     assert runtimes.of("b", ["h100"], None) == runtimes.default
     assert runtimes.of("b", ["h100"], 7.0) == Quantiles(7.0, 7.0)  # the annotation first
     assert runtimes_from([]).default is None
+
+
+def test_error_summary_per_tenant_and_flavor() -> None:
+    from shared.admission.estimate_publishing import error_summary
+
+    overall, groups = error_summary([("a", "h100", 60.0, -10.0), ("a", "h100", None, 30.0), ("b", None, -600.0, 5.0)])
+    assert overall is not None and (overall.claims, overall.first_p50, overall.last_p50, overall.last_p90) == (
+        3, 60.0, 10.0, 30.0)
+    assert [(g.tenant, g.flavor, g.claims, g.first_p50, g.first_p90, g.last_p50, g.last_p90) for g in groups] == [
+        ("a", "h100", 2, 60.0, 60.0, 10.0, 30.0), ("b", None, 1, 600.0, 600.0, 5.0, 5.0)]
+    assert error_summary([]) == (None, [])
