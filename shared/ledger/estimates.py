@@ -46,11 +46,12 @@ async def observed_runtimes(work: UnitOfWork, since: float, limit: int = MAX_RUN
 
 
 async def published_estimates(work: UnitOfWork) -> dict[ClaimKey, float]:
-    """Per waiting claim with an estimate published, its p50 (unix seconds): where a restarted estimator
-    goes on from."""
-    rows = await work.session.execute(select(Claim.namespace, Claim.name, Claim.estimate_p50).where(
-        Claim.state == State.PENDING.value, Claim.estimate_p50.is_not(None)))
-    return {(tenant, name): float(p50) for tenant, name, p50 in rows if p50 is not None}
+    """Per waiting claim with an estimate published in its current wait, its p50 (unix seconds): where a
+    restarted estimator goes on from. A claim sent back to the queue keeps the p50 of its earlier wait (the
+    estimates' error) but not its estimate (cleared at its allocation; JSON null, so looked at here)."""
+    rows = await work.session.execute(select(Claim.namespace, Claim.name, Claim.estimate_p50, Claim.estimated_start)
+                                      .where(Claim.state == State.PENDING.value, Claim.estimate_p50.is_not(None)))
+    return {(tenant, name): float(p50) for tenant, name, p50, estimate in rows if p50 is not None and estimate}
 
 
 @dataclass(frozen=True)

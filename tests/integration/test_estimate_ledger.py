@@ -10,7 +10,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from shared.dra.results import Allocation, Decision, DeviceResult, State
 from shared.ledger.decisions import claim_rows
@@ -105,6 +105,8 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
         [status] = await _outbox(make)
         assert (status["state"], status["reason"], status["sequence"], status["estimatedStart"]) == (
             "Pending", "waits", 4, estimate)
+        async with unit_of_work(make) as work:
+            assert await published_estimates(work) == {("t", "waits"): p50}
         # a second one moves the last, not the first
         async with unit_of_work(make) as work:
             await write_estimates(work, "default", [EstimateWrite("t", "waits", None, None)])
@@ -183,6 +185,9 @@ async def test_pending_statuses_carry_the_estimate_until_allocated(ledger_url: s
             kept = (await session.execute(select(Claim.estimated_start, Claim.estimate_p50)
                                           .where(Claim.name == "a"))).one()
             assert tuple(kept) == (None, p50), "the p50 stays after allocation: the estimates' error"
+        async with unit_of_work(make) as work:  # preempted: back in the queue, with no estimate of this wait yet
+            await work.session.execute(update(Claim).where(Claim.name == "a").values(state="Pending"))
+            assert await published_estimates(work) == {}
         async with unit_of_work(make) as work:
             [error] = await estimate_errors(work.session, p50 - 3600)
             assert await estimate_errors(work.session, p50 - 3600, tenant="other") == []
