@@ -235,9 +235,10 @@ def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
             facts.usable = usable_nodes(cycle.placement, members)
         free = cycle.gangs.domains.free(cycle.placement, members[0], domains)
         values = ordered_values(free)
-        # alike members of one placement each: a value whose free and preemptible devices fall short of
-        # the gang is not searched
-        if facts.alike and len(cycle.placement.plan(members[0].claim).variants) == 1:
+        plan = cycle.placement.plan(members[0].claim)
+        # alike members of one request and placement each: a value whose free and preemptible devices that
+        # request accepts fall short of the gang is not searched
+        if facts.alike and len(plan.variants) == 1 and len(plan.requests) == 1:
             rooms = rooms_with_victims(cycle, members[0], domains)
             values = [v for v in values if rooms[v] >= facts.need]
         for value in values[:MAX_PREEMPTION_VALUES]:
