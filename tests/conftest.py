@@ -1,9 +1,10 @@
-"""Real parts for tests: a nats-server per test with its own store, a fresh database per test.
+"""Real parts for tests: a nats-server per test with its own store, a database of its own per test.
 
 `db_url` and `postgres_url` are empty databases (the migration tests start from nothing); `ledger_url` is
-a database already at the newest schema, copied from one migrated once per run (a SQLite file copied, a
-PostgreSQL database created `TEMPLATE` it): migrating each test's database from nothing cost about half a
-second per PostgreSQL test, and hundreds of tests only need the result."""
+a database already at the newest schema: a SQLite file copied from one migrated once per run, or a
+PostgreSQL database made `TEMPLATE` one migrated once per run (or such a database emptied after the test
+before it: see _Databases). Migrating each test's database from nothing cost about half a second per
+PostgreSQL test, and hundreds of tests only need the result."""
 
 from __future__ import annotations
 
