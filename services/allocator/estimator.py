@@ -86,6 +86,7 @@ class Estimator:
                 try:
                     await self.run_once()
                 except Exception as error:  # the task's guard: the ledger away, or a fault of ours in the estimate
+                    self.memo = EstimateMemo()  # a run cut short may leave what it keeps half done
                     await self.outage.failed(error)
                 else:
                     self.outage.ok()
