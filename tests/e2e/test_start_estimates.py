@@ -1,11 +1,13 @@
 """Start estimates live (issue 39), with a real nats-server and the ledger on SQLite and PostgreSQL: a claim
 that waits behind running claims with a claimbroker.io/expected-runtime gets an estimatedStart on its status
-subject (a Pending status of its own, the next sequence, valid as the contract's ClaimStatus), and a
-release that lets it start sooner republishes a lower one."""
+subject (a Pending status of its own, the next sequence, valid as the contract's ClaimStatus), a release
+that lets it start sooner republishes a lower one, and at its start the error of its first and last
+estimates is kept."""
 
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from services.bus.publish import publish_json
 from shared.contract import subjects
 from shared.contract.messages import read_status
 from shared.ledger.engine import sessions
+from shared.ledger.estimates import estimate_errors
 from shared.ledger.schema import Claim
 from tests.builders import a_claim
 from tests.e2e.helpers import statuses
@@ -65,8 +68,8 @@ async def test_a_waiting_claim_gets_an_estimate_and_a_release_lowers_it(nats_ser
         assert set(first["estimatedStart"]["blockedBy"]) == {"team/busy-1", "team/busy-2"}
 
         await publish_json(nc.jetstream(), subjects.release("team"), {"name": "busy-2"}, msg_id="release-busy-2")
-        await seen.wait_for(lambda: len(estimates()) >= 2)
-        lowered = estimates()[1]
+        await seen.wait_for(lambda: any(s["estimatedStart"] != first["estimatedStart"] for s in estimates()))
+        lowered = next(s for s in estimates() if s["estimatedStart"] != first["estimatedStart"])
         assert lowered["state"] == "Pending"
         assert abs(unix(lowered["estimatedStart"]["p50"]) - (unix(started["busy-1"]) + 3600)) < 5, (
             "busy-2 gone: when busy-1 ends, 1 h after it started")
@@ -78,4 +81,15 @@ async def test_a_waiting_claim_gets_an_estimate_and_a_release_lowers_it(nats_ser
         assert row.estimated_start == lowered["estimatedStart"]
         assert row.first_estimate_p50 == pytest.approx(p50, abs=1)
         assert allocator.estimator is not None and allocator.estimator.figures is not None
+
+        # busy-1 ends an hour early: big starts, and its estimates' error is kept against its start
+        await publish_json(nc.jetstream(), subjects.release("team"), {"name": "busy-1"}, msg_id="release-busy-1")
+        await seen.wait_for(lambda: seen.latest()[("team", "big")]["state"] == "Allocated")
+        assert "estimatedStart" not in seen.latest()[("team", "big")]
+        async with sessions(b.engine)() as session:
+            [error] = await estimate_errors(session, time.time() - 3600)
+        assert error.tenant == "team"
+        assert error.last == pytest.approx(time.time() - unix(lowered["estimatedStart"]["p50"]), abs=30)
+        assert error.first is not None and error.first < error.last < 0, (
+            "both estimates were later than its start (the claims ended early), the first by more")
         await nc.close()
