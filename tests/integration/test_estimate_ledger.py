@@ -34,8 +34,9 @@ def _spec(name: str) -> dict[str, Any]:
     return json.loads(a_claim(name, "t").request().build().model_dump_json(by_alias=True, exclude_none=True))
 
 
-def _claim(name: str, state: str, *, reason: str | None = "waits", sequence: int = 1, **more: Any) -> Claim:
-    return Claim(namespace="t", name=name, state=state, spec=_spec(name), sequence=sequence, reason=reason, **more)
+def _claim(name: str, state: str, *, reason: str | None = "waits", sequence: int = 1, tenant: str = "t",
+           **more: Any) -> Claim:
+    return Claim(namespace=tenant, name=name, state=state, spec=_spec(name), sequence=sequence, reason=reason, **more)
 
 
 async def test_observed_runtimes_are_allocated_to_released(ledger_url: str) -> None:
@@ -85,7 +86,8 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
     try:
         async with make() as session, session.begin():
             session.add_all([_claim("waits", "Pending", sequence=3), _claim("unanswered", "Pending", reason=None),
-                             _claim("runs", "Allocated", reason=None)])
+                             _claim("runs", "Allocated", reason=None), _claim("waits", "Pending", tenant="u"),
+                             _claim("runs", "Pending", tenant="u")])
         async with unit_of_work(make) as work:
             assert await write_estimates(work, "default", [EstimateWrite("t", "waits", estimate, p50)]) == [], (
                 "nothing before the first decision transaction")
@@ -93,9 +95,11 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
         async with unit_of_work(make) as work:
             written = await write_estimates(work, "default", [
                 EstimateWrite("t", name, estimate, p50) for name in ("waits", "unanswered", "runs", "gone")])
-        assert written == [("t", "waits")]
+        assert written == [("t", "waits")], "only t's: u's claims of the same names are not asked for"
         async with make() as session:
-            row = await session.scalar(select(Claim).where(Claim.name == "waits"))
+            assert [s for s in await session.scalars(select(Claim.sequence).where(Claim.namespace == "u"))] == [1, 1]
+        async with make() as session:
+            row = await session.scalar(select(Claim).where(Claim.namespace == "t", Claim.name == "waits"))
             assert row is not None
             assert (row.sequence, row.state, row.reason, row.estimated_start, row.estimate_p50,
                     row.first_estimate_p50) == (4, "Pending", "waits", estimate, p50, p50)
@@ -112,7 +116,7 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
             await write_estimates(work, "default", [EstimateWrite("t", "waits", None, None)])
             assert await published_estimates(work) == {}
         async with make() as session:
-            row = await session.scalar(select(Claim).where(Claim.name == "waits"))
+            row = await session.scalar(select(Claim).where(Claim.namespace == "t", Claim.name == "waits"))
             assert row is not None
             assert (row.sequence, row.estimated_start, row.estimate_p50, row.first_estimate_p50) == (5, None, None, p50)
     finally:
