@@ -120,10 +120,13 @@ class Estimator:
         if found:
             writes = [ledger.EstimateWrite(d.key[0], d.key[1], d.estimate.to_json(), d.estimate.p50) for d in found]
             async with unit_of_work(self.sessions) as work:
-                written = await ledger.write_estimates(work, self.shard, writes)
+                done = await ledger.write_estimates(work, self.shard, writes, now=self.clock())
+            written = done.claims
             by_key = {d.key: d.estimate for d in found}
             for key in written:
                 published[key] = by_key[key].p50
+            published.update(done.held)  # published already as it is (by another allocator): what its row holds
+            # the others (decided meanwhile, or back in the queue unanswered) are due again as they come
             if written:
                 self.relay.due()
         self.runs += 1

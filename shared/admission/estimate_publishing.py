@@ -61,28 +61,29 @@ class Due:
     move: float
 
 
+def move(published: bool, before: float | None, new: float | None, now: float) -> float | None:
+    """How far an estimate moved from the one last published (inf: the first, one said again after a null, or a
+    null after a value; else its move over the time that one still had to wait), or None when it is not due.
+    `published`: one was (`before` its p50, None for a null)."""
+    if not published or before is None:
+        return math.inf if new is not None else None
+    if new is None:
+        return math.inf
+    moved = abs(new - before)
+    if moved > max(MOVE_FRACTION * max(before - now, 0.0), MIN_MOVE):
+        return moved / max(before - now, MIN_MOVE)
+    return None
+
+
 def due(estimates: Mapping[ClaimKey, Estimate], published: Mapping[ClaimKey, float | None], now: float,
         limit: int) -> list[Due]:
     """The estimates to publish now, at most `limit`, the biggest moves first. `published`: per claim, the p50
     last published for it (None: a null estimate was); a claim not in it has had none."""
     found: list[Due] = []
     for key, estimate in estimates.items():
-        new = estimate.p50
-        if key not in published:
-            if new is not None:
-                found.append(Due(key, estimate, math.inf))
-            continue
-        before = published[key]
-        if before is None:
-            if new is not None:  # said again after a time it could not be
-                found.append(Due(key, estimate, math.inf))
-            continue
-        if new is None:
-            found.append(Due(key, estimate, math.inf))
-            continue
-        moved = abs(new - before)
-        if moved > max(MOVE_FRACTION * max(before - now, 0.0), MIN_MOVE):
-            found.append(Due(key, estimate, moved / max(before - now, MIN_MOVE)))
+        moved = move(key in published, published.get(key), estimate.p50, now)
+        if moved is not None:
+            found.append(Due(key, estimate, moved))
     found.sort(key=lambda d: (-d.move, d.estimate.p50 if d.estimate.p50 is not None else math.inf, d.key))
     return found[:limit]
 

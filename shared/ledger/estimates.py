@@ -14,6 +14,7 @@ from sqlalchemy import Table, and_, bindparam, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from shared.admission.estimate_publishing import move
 from shared.admission.model import ClaimKey
 from shared.contract import events, subjects
 from shared.dra.results import State
@@ -73,30 +74,51 @@ _SET_ESTIMATE = (update(_CLAIMS).where(_CLAIMS.c.id == bindparam("row_id"),
                          first_estimate_p50=bindparam("new_first", type_=_CLAIMS.c.first_estimate_p50.type)))
 
 
-async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[EstimateWrite]) -> list[ClaimKey]:
+@dataclass(frozen=True)
+class Written:
+    """What write_estimates did: the claims it wrote, and those whose row holds an estimate it was not due
+    against (with that estimate's p50; None: the row holds none, or a null one)."""
+
+    claims: list[ClaimKey]
+    held: dict[ClaimKey, float | None]
+
+
+async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[EstimateWrite],
+                          now: float | None = None) -> Written:
     """Each estimate as the claim's next status (its state and reason as they are, the next sequence, the
     estimate), with its history row and its outbox event, for the claims still Pending and answered (a claim
     a decision took meanwhile, or sent back to the queue unanswered, is left to its decisions). The shard's
     turn is taken first (its lease row locked, as a decision transaction does, not renewed), so no decision
     reads a claim's sequence while this writes it (nothing is written before a decision transaction committed
     the lease row). The claim rows keep their revision: nothing the allocator's
-    queue reads changes. Returns the claims written."""
+    queue reads changes. With `now`, an estimate is written only where it is still due against what the row
+    holds (shared/admission/estimate_publishing.move: a second allocator, or a restarted one, may have
+    published it already)."""
     session = work.session
     if await session.scalar(select(AllocatorLease.shard).where(AllocatorLease.shard == shard)
                             .with_for_update()) is None:
-        return []  # no decision committed yet (the first creates the lease row): nothing to publish an estimate on
+        return Written([], {})  # no decision committed yet (the first creates the lease row): nothing to publish an estimate on
     wanted = {(e.tenant, e.name): e for e in estimates}
     rows: list[Any] = []
+    held: dict[ClaimKey, float | None] = {}
     for chunk in in_chunks(sorted(wanted)):
         # by tenants and names, each a list, then the pairs kept: PostgreSQL searches the (namespace, name) index
         # with both lists, where a list of pairs was a scan of every claim row (120 ms for 500 of 10,000)
         found = await session.execute(
-            select(Claim.id, Claim.namespace, Claim.name, Claim.reason, Claim.sequence, Claim.first_estimate_p50)
+            select(Claim.id, Claim.namespace, Claim.name, Claim.reason, Claim.sequence, Claim.first_estimate_p50,
+                   Claim.estimate_p50, Claim.estimated_start)
             .where(Claim.namespace.in_(sorted({t for t, _ in chunk})), Claim.name.in_([n for _, n in chunk]),
                    Claim.state == State.PENDING.value, Claim.reason.is_not(None)))
-        rows += [row for row in found if (row[1], row[2]) in wanted]
+        for row in found:
+            key = (row[1], row[2])
+            if key not in wanted:
+                continue
+            if now is not None and move(bool(row[7]), row[6], wanted[key].p50, now) is None:
+                held[key] = row[6] if row[7] else None
+            else:
+                rows.append(row[:6])
     if not rows:
-        return []
+        return Written([], held)
     updates, history, outbox = [], [], []
     for row_id, tenant, name, reason, sequence, first in sorted(rows):
         estimate = wanted[(tenant, name)]
@@ -114,7 +136,7 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
     await session.execute(_SET_ESTIMATE, updates)
     await session.execute(insert(_HISTORY), history)
     await session.execute(insert(_OUTBOX), outbox)
-    return [(tenant, name) for _, tenant, name, *_ in rows]
+    return Written([(tenant, name) for _, tenant, name, *_ in rows], held)
 
 
 @dataclass(frozen=True)

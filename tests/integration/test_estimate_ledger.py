@@ -89,12 +89,12 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
                              _claim("runs", "Allocated", reason=None), _claim("waits", "Pending", tenant="u"),
                              _claim("runs", "Pending", tenant="u")])
         async with unit_of_work(make) as work:
-            assert await write_estimates(work, "default", [EstimateWrite("t", "waits", estimate, p50)]) == [], (
-                "nothing before the first decision transaction")
+            early = await write_estimates(work, "default", [EstimateWrite("t", "waits", estimate, p50)])
+            assert early.claims == [], "nothing before the first decision transaction"
             await work.take_turn("default", "me", T0.timestamp() + 60)
         async with unit_of_work(make) as work:
-            written = await write_estimates(work, "default", [
-                EstimateWrite("t", name, estimate, p50) for name in ("waits", "unanswered", "runs", "gone")])
+            written = (await write_estimates(work, "default", [
+                EstimateWrite("t", name, estimate, p50) for name in ("waits", "unanswered", "runs", "gone")])).claims
         assert written == [("t", "waits")], "only t's: u's claims of the same names are not asked for"
         async with make() as session:
             assert [s for s in await session.scalars(select(Claim.sequence).where(Claim.namespace == "u"))] == [1, 1]
@@ -111,6 +111,13 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
             "Pending", "waits", 4, estimate)
         async with unit_of_work(make) as work:
             assert await published_estimates(work) == {("t", "waits"): p50}
+        # checked against the row (another allocator published it): a move of less than a tenth is not written
+        now = p50 - 1200
+        async with unit_of_work(make) as work:
+            done = await write_estimates(work, "default", [EstimateWrite("t", "waits", estimate, p50 + 100)], now=now)
+            assert (done.claims, done.held) == ([], {("t", "waits"): p50})
+            done = await write_estimates(work, "default", [EstimateWrite("t", "waits", estimate, p50 + 130)], now=now)
+            assert done.claims == [("t", "waits")]
         # a second one moves the last, not the first
         async with unit_of_work(make) as work:
             await write_estimates(work, "default", [EstimateWrite("t", "waits", None, None)])
@@ -118,7 +125,7 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
         async with make() as session:
             row = await session.scalar(select(Claim).where(Claim.namespace == "t", Claim.name == "waits"))
             assert row is not None
-            assert (row.sequence, row.estimated_start, row.estimate_p50, row.first_estimate_p50) == (5, None, None, p50)
+            assert (row.sequence, row.estimated_start, row.estimate_p50, row.first_estimate_p50) == (6, None, None, p50)
     finally:
         await engine.dispose()
 
@@ -144,7 +151,7 @@ async def test_a_decision_in_flight_is_waited_for_and_wins(ledger_url: str) -> N
 
             async def estimate_now() -> list[tuple[str, str]]:
                 async with unit_of_work(make) as work:
-                    return await write_estimates(work, "default", [EstimateWrite("t", "a", estimate, 1.0)])
+                    return (await write_estimates(work, "default", [EstimateWrite("t", "a", estimate, 1.0)])).claims
 
             writer = asyncio.create_task(estimate_now())
             done, _ = await asyncio.wait({writer}, timeout=0.3)
