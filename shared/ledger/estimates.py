@@ -97,7 +97,7 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
     session = work.session
     if await session.scalar(select(AllocatorLease.shard).where(AllocatorLease.shard == shard)
                             .with_for_update()) is None:
-        return Written([], {})  # no decision committed yet (the first creates the lease row): nothing to publish an estimate on
+        return Written([], {})  # no decision committed yet (the first creates the lease row): no estimate either
     wanted = {(e.tenant, e.name): e for e in estimates}
     rows: list[Any] = []
     held: dict[ClaimKey, float | None] = {}
