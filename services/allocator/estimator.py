@@ -3,7 +3,8 @@ cycle changed something since the last run (else once `refresh` has passed), the
 cycle (an immutable Snapshot) is run forward by shared/admission/estimates.estimate_starts with one
 EstimateMemo kept from run to run, in a worker thread (the event loop goes on taking messages and deciding;
 the thread holds the GIL while it computes, so the loop runs in the interpreter's switch intervals, about
-5 ms), never inside a decision transaction. The estimates that are due (shared/admission/estimate_publishing:
+5 ms), never inside a decision transaction, and not while the allocator has a backlog (a full batch fetched, or
+placement work left over) unless `refresh` has passed. The estimates that are due (shared/admission/estimate_publishing:
 first wait with one, a move by more than a tenth of the time still to wait; at most `per_run`, the biggest
 moves first) are written as statuses in a small transaction of their own (shared/ledger/estimates
 .write_estimates: only on claims still Pending, the shard's turn taken so no decision races it) and go out
@@ -55,10 +56,12 @@ PROBE = 0.002
 class Estimator:
     def __init__(self, sessions: Callable[[], AsyncSession], cycle: DecisionCycle, relay: OutboxRelay, *,
                  shard: str, interval: float, refresh: float = 60.0, runtimes_every: float = 300.0,
-                 per_run: int = PER_RUN, clock: Callable[[], float] = time.time) -> None:
+                 per_run: int = PER_RUN, clock: Callable[[], float] = time.time,
+                 busy: Callable[[], bool] = lambda: False) -> None:
         self.sessions, self.cycle, self.relay, self.shard = sessions, cycle, relay, shard
         self.interval, self.refresh, self.runtimes_every, self.per_run = interval, refresh, runtimes_every, per_run
         self.clock = clock
+        self.busy = busy  # the allocator has a backlog: estimates wait (at most `refresh`), decisions go first
         self.memo = EstimateMemo()
         self.runtimes = Runtimes()
         self.runtimes_at: float | None = None  # monotonic time of the last read
@@ -76,7 +79,10 @@ class Estimator:
             return True
         if now - self.last_run < self.interval:
             return False
-        return self.cycle.changes != self.seen_changes or now - self.last_run >= self.refresh
+        if now - self.last_run >= self.refresh:
+            return True
+        # an estimate's thread shares the GIL with the decisions (they run about half as fast beside it)
+        return self.cycle.changes != self.seen_changes and not self.busy()
 
     async def run(self) -> None:
         """The task: looks every `interval` (or sooner while nothing ran yet) whether a run is due."""

@@ -93,8 +93,10 @@ class Allocator:
             release_answer_ttl=release_answer_ttl)
         self.relay = OutboxRelay(self.sessions)
         # start estimates beside the decisions, off their transactions (0: none)
+        self.backlog = False  # the last fetch brought a full batch
         self.estimator = (Estimator(self.sessions, self.cycle, self.relay, shard=shard, interval=estimate_interval,
-                                    clock=clock) if estimate_interval > 0 else None)
+                                    clock=clock, busy=lambda: self.backlog or self.cycle.work_left)
+                          if estimate_interval > 0 else None)
         self.nats_outage = Outage("NATS", log)
         self.startup_outage = Outage("the ledger or NATS", log)  # reading what a crash left, at start
         self.ledger_outage = Outage("the ledger", log)  # a batch held while the ledger does not answer
@@ -175,6 +177,7 @@ class Allocator:
             while not self._stopping.is_set():
                 interval = self.continue_after if cycle.work_left else self.cycle_interval
                 messages = await claims.fetch(timeout=min(0.5, interval))
+                self.backlog = len(messages) >= self.batch
                 if self._stopping.is_set():
                     for message in messages:
                         await claims.nak(message, None)
