@@ -85,9 +85,10 @@ class Written:
 
 async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[EstimateWrite],
                           now: float | None = None) -> Written:
-    """Each estimate as the claim's next status (its state and reason as they are, the next sequence, the
-    estimate), with its history row and its outbox event, for the claims still Pending and answered (a claim
-    a decision took meanwhile, or sent back to the queue unanswered, is left to its decisions). The shard's
+    """Each estimate as the claim's next status (its state, reason and unsatisfiable mark as its last decision
+    gave them, the next sequence, the estimate), with its history row and its outbox event, for the claims still
+    Pending and answered (a claim a decision took meanwhile, or sent back to the queue unanswered, is left to its
+    decisions). The shard's
     turn is taken first (its lease row locked, as a decision transaction does, not renewed), so no decision
     reads a claim's sequence while this writes it (nothing is written before a decision transaction committed
     the lease row). The claim rows keep their revision: nothing the allocator's
@@ -106,7 +107,7 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
         # with both lists, where a list of pairs was a scan of every claim row (120 ms for 500 of 10,000)
         found = await session.execute(
             select(Claim.id, Claim.namespace, Claim.name, Claim.reason, Claim.sequence, Claim.first_estimate_p50,
-                   Claim.estimate_p50, Claim.estimated_start)
+                   Claim.estimate_p50, Claim.estimated_start, Claim.explain)
             .where(Claim.namespace.in_(sorted({t for t, _ in chunk})), Claim.name.in_([n for _, n in chunk]),
                    Claim.state == State.PENDING.value, Claim.reason.is_not(None)))
         for row in found:
@@ -116,11 +117,12 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
             if now is not None and move(bool(row[7]), row[6], wanted[key].p50, now) is None:
                 held[key] = row[6] if row[7] else None
             else:
-                rows.append(row[:6])
+                explained = row[8] if isinstance(row[8], dict) else {}
+                rows.append((*row[:6], explained.get("unsatisfiable") is True))
     if not rows:
         return Written([], held)
     updates, history, outbox = [], [], []
-    for row_id, tenant, name, reason, sequence, first in sorted(rows):
+    for row_id, tenant, name, reason, sequence, first, unsatisfiable in sorted(rows):
         estimate = wanted[(tenant, name)]
         following = (sequence or 0) + 1
         updates.append({"row_id": row_id, "old_sequence": sequence, "new_sequence": following,
@@ -129,7 +131,7 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
         history.append({"claim_id": row_id, "sequence": following, "state": State.PENDING.value, "reason": reason,
                         "node": None, "by": None})
         payload = events.claim_status(namespace=tenant, name=name, state=State.PENDING.value, allocation=None,
-                                      reason=reason, sequence=following)
+                                      reason=reason, sequence=following, unsatisfiable=unsatisfiable)
         payload["estimatedStart"] = cast(Any, estimate.estimated_start)
         outbox.append({"subject": subjects.status(tenant, name), "message_id": f"status:{row_id}:{following}",
                        "payload": payload, "ttl_s": None})

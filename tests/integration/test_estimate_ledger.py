@@ -87,7 +87,8 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
         async with make() as session, session.begin():
             session.add_all([_claim("waits", "Pending", sequence=3), _claim("unanswered", "Pending", reason=None),
                              _claim("runs", "Allocated", reason=None), _claim("waits", "Pending", tenant="u"),
-                             _claim("runs", "Pending", tenant="u")])
+                             _claim("runs", "Pending", tenant="u"),
+                             _claim("never", "Pending", explain={"unsatisfiable": True})])
         async with unit_of_work(make) as work:
             early = await write_estimates(work, "default", [EstimateWrite("t", "waits", estimate, p50)])
             assert early.claims == [], "nothing before the first decision transaction"
@@ -96,6 +97,9 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
             written = (await write_estimates(work, "default", [
                 EstimateWrite("t", name, estimate, p50) for name in ("waits", "unanswered", "runs", "gone")])).claims
         assert written == [("t", "waits")], "only t's: u's claims of the same names are not asked for"
+        async with unit_of_work(make) as work:  # an estimate gone null on a claim the fleet cannot satisfy now
+            assert (await write_estimates(work, "default", [EstimateWrite("t", "never", None, None)])).claims == [
+                ("t", "never")]
         async with make() as session:
             assert [s for s in await session.scalars(select(Claim.sequence).where(Claim.namespace == "u"))] == [1, 1]
         async with make() as session:
@@ -106,9 +110,12 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
             history = (await session.execute(select(ClaimEvent.sequence, ClaimEvent.state, ClaimEvent.reason)
                                              .where(ClaimEvent.claim_id == row.id))).all()
             assert [tuple(h) for h in history] == [(4, "Pending", "waits")]
-        [status] = await _outbox(make)
+        status, never = await _outbox(make)
         assert (status["state"], status["reason"], status["sequence"], status["estimatedStart"]) == (
             "Pending", "waits", 4, estimate)
+        assert "unsatisfiable" not in status
+        assert (never["name"], never["estimatedStart"], never["unsatisfiable"]) == ("never", None, True), (
+            "the mark its last decision gave it stays: the notifier resolves its alert on a status without")
         async with unit_of_work(make) as work:
             assert await published_estimates(work) == {("t", "waits"): p50}
         # checked against the row (another allocator published it): a move of less than a tenth is not written
