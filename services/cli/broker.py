@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 import time
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -338,7 +339,7 @@ def demo(
         settings = cli_settings(data_dir=Path(folder), api_port=0).model_copy(update={"data_dir": Path(folder)})
         statuses, expected = asyncio.run(_demo(settings, timeout))
     if not emit_document(statuses, output):
-        console.print(status_table(statuses))
+        console.print(status_table(statuses, datetime.now(UTC)))
         counts: dict[str, int] = {}
         for s in statuses:
             counts[s["state"]] = counts.get(s["state"], 0) + 1

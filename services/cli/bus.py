@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -440,21 +441,40 @@ def own_tenant_only(url: str, tenant: str) -> None:
         raise typer.Exit(1)
 
 
-def eta(status: Mapping[str, Any]) -> str:
-    """A Pending claim's estimated start (the p50 of its estimatedStart; '-': none published), else ''."""
+def eta(status: Mapping[str, Any], now: datetime | None = None) -> str:
+    """A Pending claim's estimated start (the p50 of its estimatedStart, and how far off it is from `now`
+    when given: "2026-12-07T02:15:49Z (in 20m)"; '-': none published), else ''."""
     if status.get("state") != "Pending":
         return ""
     estimate = status.get("estimatedStart")
-    return str(estimate["p50"]) if isinstance(estimate, dict) and estimate.get("p50") else "-"
+    if not isinstance(estimate, dict) or not estimate.get("p50"):
+        return "-"
+    p50 = str(estimate["p50"])
+    try:
+        ahead = (datetime.fromisoformat(p50.replace("Z", "+00:00")) - now).total_seconds() if now else None
+    except ValueError:
+        ahead = None
+    if ahead is None:
+        return p50
+    return f"{p50} ({'in ' + _rough(ahead) if ahead >= 60 else 'now'})"
 
 
-def status_table(statuses: Sequence[Mapping[str, Any]]) -> Table:
+def _rough(seconds: float) -> str:
+    """45m, 3h20m, 2d4h: two units at most, a person's reading of a wait."""
+    minutes = int(seconds // 60)
+    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
+    parts = [f"{n}{u}" for n, u in ((days, "d"), (hours, "h"), (minutes, "m")) if n]
+    return "".join(parts[:2]) or "1m"
+
+
+def status_table(statuses: Sequence[Mapping[str, Any]], now: datetime | None = None) -> Table:
+    """The statuses as a table; with `now`, each ETA also says how far off it is."""
     table = Table(show_lines=False)
     for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "ETA", "REASON"):
         table.add_column(column, overflow="fold")
     for s in statuses:
         allocation = s.get("allocation") or {}
         devices = ", ".join(r["device"] for r in (allocation.get("devices") or {}).get("results", []))
-        table.add_row(s["namespace"], s["name"], s["state"], allocation.get("nodeName", ""), devices, eta(s),
+        table.add_row(s["namespace"], s["name"], s["state"], allocation.get("nodeName", ""), devices, eta(s, now),
                       s.get("reason") or "")
     return table

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -104,7 +105,7 @@ def submit(
         for status in results:
             print(json.dumps(status))
     elif not emit_document(results, output):
-        console.print(status_table(results))
+        console.print(status_table(results, datetime.now(UTC)))
     if len(results) < len(set(sent)):
         say_error(f"claimbroker: {len(set(sent)) - len(results)} claim(s) had no status within {wait:g}s")
         raise typer.Exit(1)
@@ -126,7 +127,7 @@ def status(
 
     def show(statuses: list[ClaimStatus]) -> None:
         if not emit_document(statuses, output):
-            console.print(status_table(statuses))
+            console.print(status_table(statuses, datetime.now(UTC)))
 
     if not watch:
         statuses = asyncio.run(read_statuses(url, tenant or "*", name or "*"))

@@ -3,6 +3,7 @@ without one, nothing for the others) and `explain`'s line, from the API's estima
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rich.console import Console
@@ -21,6 +22,10 @@ def test_status_eta_column() -> None:
         {"namespace": "vision", "name": "runs", "state": "Allocated", "allocation": None, "reason": None},
     ]
     assert [eta(r) for r in rows] == ["2026-12-01T12:20:00Z", "-", "-", ""]
+    now = datetime(2026, 12, 1, 9, 5, tzinfo=UTC)
+    assert eta(rows[0], now) == "2026-12-01T12:20:00Z (in 3h15m)"
+    assert eta(rows[0], now - timedelta(days=2, hours=1)) == "2026-12-01T12:20:00Z (in 2d4h)"
+    assert eta(rows[0], datetime(2026, 12, 1, 12, 19, 30, tzinfo=UTC)) == "2026-12-01T12:20:00Z (now)"
     console = Console(width=200, record=True)
     console.print(status_table(rows))
     text = console.export_text()
