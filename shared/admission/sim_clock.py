@@ -13,7 +13,7 @@ from dataclasses import replace
 from shared.admission.kept import KeptState
 from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot
 from shared.admission.quota import QuotaConfig
-from shared.admission.settling import run_until_settled
+from shared.admission.settling import MAX_GOING_ON, run_until_settled
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra import model as dra
 from shared.dra.inventory import Fleet
@@ -26,6 +26,7 @@ class ClockedQueue:
     instants at which a time rule lets go. Subclasses apply a cycle's result (`apply`)."""
 
     most_changing = 8  # cycles that change something per settling; preemption victims retry in the next
+    most_going_on = MAX_GOING_ON  # cycles that only go on with placement work a budget cut short
 
     def __init__(self, fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaConfig,
                  start: float) -> None:
@@ -58,7 +59,8 @@ class ClockedQueue:
         raise NotImplementedError
 
     def settle(self) -> None:
-        run_until_settled(self.snapshot, self.kept, self.apply, most_changing=self.most_changing)
+        run_until_settled(self.snapshot, self.kept, self.apply, most_changing=self.most_changing,
+                          most_going_on=self.most_going_on)
 
     def ask_again(self) -> None:
         """Time passed: every waiting claim is decided again, as the allocator refreshes its answers."""
