@@ -4,6 +4,7 @@ backends terminated and PostgreSQL itself restarted; every invariant count must 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ async def test_a_short_chaos_run_breaks_no_invariant(postgres_url: str) -> None:
                              pg_terminations=1, pg_restarts=1, seed=3)
     counts = {k: result[k] for k in ("devices_allocated_twice", "quota_breaches", "claims_lost",
                                      "statuses_disagreeing", "releases_lost", "claims_without_status", "claims_stuck")}
-    assert counts == dict.fromkeys(counts, 0), result
+    assert counts == dict.fromkeys(counts, 0), json.dumps(result)  # whole: its examples say where it went wrong
     assert result["service_exits"] == [] and result["claims"] == 300, result
     assert result["faults"]["pg_restarts"] == 1, result
     assert result["faults"]["allocator_kills"] >= 3 and result["quota_samples"] >= 10, result
