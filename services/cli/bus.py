@@ -468,13 +468,15 @@ def _rough(seconds: float) -> str:
 
 
 def status_table(statuses: Sequence[Mapping[str, Any]], now: datetime | None = None) -> Table:
-    """The statuses as a table; with `now`, each ETA also says how far off it is."""
+    """The statuses as a table; with `now`, each ETA also says how far off it is. The ETA column only when
+    some status carries an estimate (the broker publishes them with CLAIMBROKER_ESTIMATE_INTERVAL set)."""
+    with_eta = any(isinstance(s.get("estimatedStart"), dict) for s in statuses)
     table = Table(show_lines=False)
-    for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "ETA", "REASON"):
+    for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", *(("ETA",) if with_eta else ()), "REASON"):
         table.add_column(column, overflow="fold")
     for s in statuses:
         allocation = s.get("allocation") or {}
         devices = ", ".join(r["device"] for r in (allocation.get("devices") or {}).get("results", []))
-        table.add_row(s["namespace"], s["name"], s["state"], allocation.get("nodeName", ""), devices, eta(s, now),
-                      s.get("reason") or "")
+        table.add_row(s["namespace"], s["name"], s["state"], allocation.get("nodeName", ""), devices,
+                      *((eta(s, now),) if with_eta else ()), s.get("reason") or "")
     return table

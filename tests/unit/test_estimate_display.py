@@ -30,6 +30,9 @@ def test_status_eta_column() -> None:
     console.print(status_table(rows))
     text = console.export_text()
     assert "ETA" in text.splitlines()[1] and "2026-12-01T12:20:00Z" in text
+    console = Console(width=200, record=True)
+    console.print(status_table(rows[1:]))  # no estimate among them (estimates off): no ETA column
+    assert "ETA" not in console.export_text()
 
 
 def test_explain_estimated_start_line() -> None:
