@@ -233,10 +233,18 @@ def _migrate_now(url: str) -> None:
 
 
 @pytest.fixture
-async def postgres_url(test_databases: _Databases) -> AsyncIterator[str]:
-    """An empty database of its own on the local PostgreSQL; in CI an unreachable server fails, never skips."""
-    async for url in _own_database(test_databases):
-        yield url
+async def postgres_url() -> AsyncIterator[str]:
+    """An empty database of its own on the local PostgreSQL, created and dropped on the test's loop (not the
+    pool of databases made ahead: the short chaos run, which starts and stops processes and a cluster of its
+    own, twice hung or failed on its loop's close in the fresh-clone suite with it); in CI an unreachable
+    server fails, never skips."""
+    name = f"cb_test_{uuid.uuid4().hex[:12]}"
+    try:
+        await _admin_execute(f'CREATE DATABASE "{name}"')
+    except OSError as error:
+        _unreachable(error)
+    yield _database_url(name)
+    await _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
