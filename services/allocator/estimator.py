@@ -124,7 +124,8 @@ class Estimator:
         found = due(estimates, published, self.clock(), self.per_run)
         written: list[ClaimKey] = []
         if found:
-            writes = [ledger.EstimateWrite(d.key[0], d.key[1], d.estimate.to_json(), d.estimate.p50) for d in found]
+            writes = [ledger.EstimateWrite(d.key[0], d.key[1], d.estimate.to_json(), d.estimate.p50, d.estimate.reason)
+                      for d in found]
             async with unit_of_work(self.sessions) as work:
                 done = await ledger.write_estimates(work, self.shard, writes, now=self.clock())
             written = done.claims

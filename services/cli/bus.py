@@ -443,12 +443,14 @@ def own_tenant_only(url: str, tenant: str) -> None:
 
 def eta(status: Mapping[str, Any], now: datetime | None = None) -> str:
     """A Pending claim's estimated start (the p50 of its estimatedStart, and how far off it is from `now`
-    when given: "2026-12-07T02:15:49Z (in 20m)"; '-': none published), else ''."""
+    when given: "2026-12-07T02:15:49Z (in 20m)"; 'none: <why>' for a null one with its reason; '-': none
+    published), else ''."""
     if status.get("state") != "Pending":
         return ""
     estimate = status.get("estimatedStart")
     if not isinstance(estimate, dict) or not estimate.get("p50"):
-        return "-"
+        why = status.get("estimatedStartReason")
+        return f"none: {why}" if estimate is None and isinstance(why, str) and why else "-"
     p50 = str(estimate["p50"])
     try:
         ahead = (datetime.fromisoformat(p50.replace("Z", "+00:00")) - now).total_seconds() if now else None
@@ -469,8 +471,9 @@ def _rough(seconds: float) -> str:
 
 def status_table(statuses: Sequence[Mapping[str, Any]], now: datetime | None = None) -> Table:
     """The statuses as a table; with `now`, each ETA also says how far off it is. The ETA column only when
-    some status carries an estimate (the broker publishes them with CLAIMBROKER_ESTIMATE_INTERVAL set)."""
-    with_eta = any(isinstance(s.get("estimatedStart"), dict) for s in statuses)
+    some status carries an estimate, or why none can be said (the broker publishes them with
+    CLAIMBROKER_ESTIMATE_INTERVAL set)."""
+    with_eta = any(isinstance(s.get("estimatedStart"), dict) or s.get("estimatedStartReason") for s in statuses)
     table = Table(show_lines=False)
     for column in ("TENANT", "CLAIM", "STATE", "NODE", "DEVICES", *(("ETA",) if with_eta else ()), "REASON"):
         table.add_column(column, overflow="fold")

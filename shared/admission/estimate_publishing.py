@@ -5,8 +5,9 @@ reads the ledger and writes the statuses.
 Published (the contract's "a changed estimate is published again when it moves by more than a tenth"): a
 claim's estimate when it first waits with one, and again when its p50 moves by more than a tenth of the time
 it still had to wait by the estimate last published (and by at least MIN_MOVE seconds: an estimate already
-due moves by seconds at each run), or when it can no longer be said (null after a time). At most `limit` per
-run, the biggest moves first (first estimates before any move): the rest wait for the next run."""
+due moves by seconds at each run), or when it can no longer be said (null, with its reason: at first or after a
+time). At most `limit` per run, the biggest moves first (first estimates before any move): the rest wait for the
+next run."""
 
 from __future__ import annotations
 
@@ -62,10 +63,12 @@ class Due:
 
 
 def move(published: bool, before: float | None, new: float | None, now: float) -> float | None:
-    """How far an estimate moved from the one last published (inf: the first, one said again after a null, or a
-    null after a value; else its move over the time that one still had to wait), or None when it is not due.
-    `published`: one was (`before` its p50, None for a null)."""
-    if not published or before is None:
+    """How far an estimate moved from the one last published (inf: the first, a null included, one said again
+    after a null, or a null after a value; else its move over the time that one still had to wait), or None when
+    it is not due. `published`: one was (`before` its p50, None for a null)."""
+    if not published:
+        return math.inf
+    if before is None:
         return math.inf if new is not None else None
     if new is None:
         return math.inf

@@ -115,6 +115,14 @@ class Estimate:
         return {"p50": rfc3339(self.p50), "p90": rfc3339(self.p90) if self.p90 is not None else None,
                 "blockedBy": list(self.blocked_by)}
 
+    def status_fields(self) -> dict[str, Any]:
+        """What a Pending status carries of it: estimatedStart, and with a null one estimatedStartReason (why
+        nothing can be said, a sentence a person can act on)."""
+        fields: dict[str, Any] = {"estimatedStart": self.to_json()}
+        if self.p50 is None and self.reason:
+            fields["estimatedStartReason"] = self.reason
+        return fields
+
 
 def rfc3339(unix: float) -> str:
     """'2026-01-01T00:20:00Z' (whole seconds, rounded up: a start is never shown early)."""
@@ -127,6 +135,13 @@ def duration_text(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:g}{unit}"
     return f"{seconds:g}s"
+
+
+def beyond_horizon(horizon: float) -> str:
+    """Why a claim that could be placed has no estimate: the forward runs found it no start."""
+    return (f"it does not start within {duration_text(horizon)} of the claims running now, as far as their "
+            "runtimes are known (a claim without claimbroker.io/expected-runtime, nor runtimes observed for its "
+            "tenant, is taken to run on past that)")
 
 
 def named(names: Iterable[str]) -> tuple[str, ...]:
@@ -524,8 +539,7 @@ def estimate_starts(snapshot: Snapshot, runtimes: Runtimes, *, horizon: float = 
             continue
         a, b = low.started.get(key), high.started.get(key)
         if a is None and b is None:
-            reason = never.get(key) or (REJECTED if key in low.rejected else
-                                        f"not within {duration_text(horizon)} of the claims running now")
+            reason = never.get(key) or (REJECTED if key in low.rejected else beyond_horizon(horizon))
             out[key] = Estimate(None, None, (), reason)
             continue
         first = a if a is not None else b

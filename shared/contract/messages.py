@@ -111,6 +111,9 @@ class ClaimStatus(TypedDict, total=False):
     estimatedStart: Annotated[EstimatedStart | None, Field(
         description="Pending only: when the broker expects to allocate it (null: nothing can be said); published "
                     "again when it moves by more than a tenth of the time still to wait")]
+    estimatedStartReason: Annotated[str, Field(
+        description="Pending only, with a null estimatedStart: why nothing can be said (a sentence a person can "
+                    "act on)")]
 
 
 _CLAIM_STATUS = TypeAdapter(ClaimStatus)

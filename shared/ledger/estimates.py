@@ -57,13 +57,14 @@ async def published_estimates(work: UnitOfWork) -> dict[ClaimKey, float]:
 
 @dataclass(frozen=True)
 class EstimateWrite:
-    """A waiting claim's estimate to publish: the contract's estimatedStart object (None: nothing can be said)
-    and its p50 (unix seconds)."""
+    """A waiting claim's estimate to publish: the contract's estimatedStart object (None: nothing can be said,
+    and `reason` why: its status's estimatedStartReason) and its p50 (unix seconds)."""
 
     tenant: str
     name: str
     estimated_start: dict[str, Any] | None
     p50: float | None
+    reason: str | None = None
 
 
 _SET_ESTIMATE = (update(_CLAIMS).where(_CLAIMS.c.id == bindparam("row_id"),
@@ -133,6 +134,8 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
         payload = events.claim_status(namespace=tenant, name=name, state=State.PENDING.value, allocation=None,
                                       reason=reason, sequence=following, unsatisfiable=unsatisfiable)
         payload["estimatedStart"] = cast(Any, estimate.estimated_start)
+        if estimate.estimated_start is None and estimate.reason:
+            payload["estimatedStartReason"] = estimate.reason
         outbox.append({"subject": subjects.status(tenant, name), "message_id": f"status:{row_id}:{following}",
                        "payload": payload, "ttl_s": None})
     await session.execute(_SET_ESTIMATE, updates)

@@ -12,6 +12,8 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from shared.admission.estimates import UNSATISFIABLE
+from shared.contract.messages import read_status
 from shared.dra.results import Allocation, Decision, DeviceResult, State
 from shared.ledger.decisions import claim_rows
 from shared.ledger.engine import create_engine, sessions
@@ -98,8 +100,8 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
                 EstimateWrite("t", name, estimate, p50) for name in ("waits", "unanswered", "runs", "gone")])).claims
         assert written == [("t", "waits")], "only t's: u's claims of the same names are not asked for"
         async with unit_of_work(make) as work:  # an estimate gone null on a claim the fleet cannot satisfy now
-            assert (await write_estimates(work, "default", [EstimateWrite("t", "never", None, None)])).claims == [
-                ("t", "never")]
+            assert (await write_estimates(work, "default", [EstimateWrite("t", "never", None, None, UNSATISFIABLE)])
+                    ).claims == [("t", "never")]
         async with make() as session:
             assert [s for s in await session.scalars(select(Claim.sequence).where(Claim.namespace == "u"))] == [1, 1]
         async with make() as session:
@@ -116,6 +118,9 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
         assert "unsatisfiable" not in status
         assert (never["name"], never["estimatedStart"], never["unsatisfiable"]) == ("never", None, True), (
             "the mark its last decision gave it stays: the notifier resolves its alert on a status without")
+        assert never["estimatedStartReason"] == UNSATISFIABLE, "a null says why"
+        assert read_status(json.dumps(never)) == never, "the contract's status model reads it"
+        assert "estimatedStartReason" not in status
         async with unit_of_work(make) as work:
             assert await published_estimates(work) == {("t", "waits"): p50}
         # checked against the row (another allocator published it): a move of less than a tenth is not written

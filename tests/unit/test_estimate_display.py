@@ -21,7 +21,10 @@ def test_status_eta_column() -> None:
         {"namespace": "vision", "name": "null", "state": "Pending", "reason": "never", "estimatedStart": None},
         {"namespace": "vision", "name": "runs", "state": "Allocated", "allocation": None, "reason": None},
     ]
-    assert [eta(r) for r in rows] == ["2026-12-01T12:20:00Z", "-", "-", ""]
+    never = {"namespace": "vision", "name": "b300", "state": "Pending", "reason": "no device could",
+             "estimatedStart": None, "estimatedStartReason": "no device of today's fleet could ever satisfy it"}
+    assert [eta(r) for r in [*rows, never]] == ["2026-12-01T12:20:00Z", "-", "-", "",
+                                                 "none: no device of today's fleet could ever satisfy it"]
     now = datetime(2026, 12, 1, 9, 5, tzinfo=UTC)
     assert eta(rows[0], now) == "2026-12-01T12:20:00Z (in 3h15m)"
     assert eta(rows[0], now - timedelta(days=2, hours=1)) == "2026-12-01T12:20:00Z (in 2d4h)"
@@ -33,6 +36,10 @@ def test_status_eta_column() -> None:
     console = Console(width=200, record=True)
     console.print(status_table(rows[1:]))  # no estimate among them (estimates off): no ETA column
     assert "ETA" not in console.export_text()
+    console = Console(width=200, record=True)
+    console.print(status_table([*rows[1:], never]))  # a null estimate with its reason shows the column
+    text = console.export_text()
+    assert "ETA" in text and "none: no device of today's fleet" in text
 
 
 def test_explain_estimated_start_line() -> None:

@@ -21,7 +21,7 @@ def est(p50: float | None) -> Estimate:
 
 @pytest.mark.parametrize(("published", "estimate", "expected"), [
     ({}, est(NOW + 600), True),  # first wait with an estimate
-    ({}, est(None), False),  # first wait, nothing can be said: nothing to publish
+    ({}, est(None), True),  # first wait, nothing can be said: the null is published, with its reason
     ({K: NOW + 600}, est(NOW + 600 + 59), False),  # a tenth of 600 s still to wait is 60 s
     ({K: NOW + 600}, est(NOW + 600 + 61), True),
     ({K: NOW + 600}, est(NOW + 600 - 61), True),  # earlier counts as much as later

@@ -121,7 +121,7 @@ CASES = {
                                         reason_has={"eight": UNSATISFIABLE}),
     "unknown-runtimes-never-end-within-the-horizon": Case(
         busy(None, None, None, None), [claim("one")], {"one": None},
-        reason_has={"one": "not within 7d of the claims running now"}),
+        reason_has={"one": "does not start within 7d of the claims running now"}),
     "observed-runtimes-stand-in-for-an-annotation": Case(
         busy(None, None, None, None), [claim("one")], {"one": 30}, p90={"one": 90},
         runtimes=Runtimes(by_tenant={"lab": Quantiles(30 * MINUTE, 90 * MINUTE)})),
