@@ -78,6 +78,13 @@ def spec(count: int) -> dict[str, object]:
         "deviceClassName": "gpu.nvidia.com", "count": count}}]}}}
 
 
+ETA_AHEAD = timedelta(minutes=20, seconds=40)  # wait-big's estimated start: "in 20m" for the test's first 40 s
+
+
+def stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def explained(flavors: list[str], **parts: object) -> dict[str, object]:
     """An explanation as the allocator writes it, with the parts the page's filters read."""
     return {"state": "Pending", "unsatisfiable": False, "flavors": flavors, "quota": [], **parts}
@@ -109,10 +116,15 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
                    Quota(tenant="speech", flavor="H100", nominal=2),
                    Quota(tenant="speech", flavor="A100", nominal=3)])
         now = datetime.now(UTC)
+        # their start estimates' error (GET /v1/estimates): train started 10 min after its first p50, 1 min after
+        # its last; asr 2 min before its only one
+        allocated = now - timedelta(minutes=41)
         held = Claim(namespace="vision", name="train", state="Allocated", spec={}, sequence=1, node="node-01",
-                     flavor="H100", submitted_at=now - timedelta(minutes=50), allocated_at=now - timedelta(minutes=41))
+                     flavor="H100", submitted_at=now - timedelta(minutes=50), allocated_at=allocated,
+                     first_estimate_p50=allocated.timestamp() - 600, estimate_p50=allocated.timestamp() - 60)
         small = Claim(namespace="speech", name="asr", state="Allocated", spec={}, sequence=1, node="node-02",
-                      flavor="A100", submitted_at=now - timedelta(minutes=20), allocated_at=now - timedelta(minutes=19))
+                      flavor="A100", submitted_at=now - timedelta(minutes=20), allocated_at=now - timedelta(minutes=19),
+                      estimate_p50=(now - timedelta(minutes=17)).timestamp())
         s.add_all([held, small])
         await s.flush()
         s.add_all([DeviceAllocation(driver="gpu.nvidia.com", pool="node-01", device=f"gpu-{i}", claim_id=held.id,
@@ -121,7 +133,9 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
                                node="node-02", request="gpu", flavor="A100", units=1.0))
         s.add_all([
             Claim(namespace="speech", name="wait-big", state="Pending", spec=spec(2), sequence=1, reason=BIG,
-                  explain=explained(["A100", "H100"]), submitted_at=now - timedelta(minutes=5)),
+                  explain=explained(["A100", "H100"]), submitted_at=now - timedelta(minutes=5),
+                  estimated_start={"p50": stamp(now + ETA_AHEAD), "p90": stamp(now + 2 * ETA_AHEAD),
+                                   "blockedBy": ["vision/train"]}),
             Claim(namespace="vision", name="wait-quota", state="Pending", spec=spec(2), sequence=1, reason=QUOTA,
                   explain=explained(["H100"], quota=[{"flavor": "H100"}]), submitted_at=now - timedelta(minutes=2)),
             Claim(namespace="speech", name="wait-a100", state="Pending", spec=spec(4), sequence=1, reason=A100,
@@ -291,6 +305,37 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     await browse(binary, tmp_path / "profile-shot", f"--screenshot={shot}", address)
     assert shot.exists() and shot.stat().st_size > 10_000
     print(f"usage page screenshot: {shot}")
+
+
+ESTIMATE_ROWS = ("[...document.querySelectorAll('tr.estimate-error')]"
+                 ".map(r => [...r.children].map(c => c.textContent).join('|'))")
+
+
+async def test_the_waiting_panel_shows_estimated_starts_and_their_error(page: Page, tmp_path: Path) -> None:
+    """A waiting claim's estimated start shows in its opened group (how far off, then when), and the estimates'
+    error per tenant and flavor (GET /v1/estimates over the page's window), and over all, follows the filters."""
+    browser = await Browser.open(chromium(), tmp_path / "profile", f"{page.url}/?token={page.token}")
+    try:
+        assert await browser.wait_for(f"{ROWS}.length === 3 && {ESTIMATE_ROWS}.length")
+        assert await browser.evaluate(ESTIMATE_ROWS) == ["speech|A100|1|–|–|2 min|2 min",
+                                                         "vision|H100|1|10 min|10 min|60 s|60 s",
+                                                         "all|2|10 min|10 min|60 s|2 min"]
+        assert "over the last hour" in await browser.evaluate("document.getElementById('estimates-title').textContent")
+        await browser.evaluate("document.querySelector('tr.waiting-group[data-claims=\"1\"][data-devices=\"2\"]"
+                               "[data-tenant=speech] details').open = true")
+        eta = await browser.wait_for("document.querySelector('.claim-eta[data-claim=wait-big]')?.textContent")
+        assert eta.startswith("wait-big (in 20m, "), eta
+        title = await browser.evaluate("document.querySelector('.claim-eta[data-claim=wait-big]').title")
+        assert title.startswith("estimated start "), title
+        await choose(browser, "filter-tenant", "vision")
+        assert await browser.evaluate(ESTIMATE_ROWS) == ["vision|H100|1|10 min|10 min|60 s|60 s"], "no overall row"
+        await choose(browser, "filter-flavor", "A100")
+        assert await browser.evaluate(ESTIMATE_ROWS) == []
+        assert "no claim allocated in the last hour had an estimate published" in await browser.evaluate(
+            "document.getElementById('estimates').textContent")
+        assert browser.errors == []
+    finally:
+        await browser.close()
 
 
 def test_the_page_passes_its_linter() -> None:

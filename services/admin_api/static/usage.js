@@ -8,6 +8,7 @@ const SOON_MS = 500; // events coalesce: a panel is fetched at most this often, 
 // its last fetch took (the API may share its process with the allocator)
 const HISTORY_MS = 60000; // usage samples are a minute apart
 const WINDOWS = ["hour", "day", "week"];
+const WINDOW_SECONDS = { hour: 3600, day: 86400, week: 604800 };
 const SEVERITY = { critical: 3, warning: 2, info: 1 };
 const WAIT_KINDS = {
   quota: "quota",
@@ -28,7 +29,7 @@ let stream = null;
 let lastFull = 0;
 let lastHistory = 0;
 let scopeTenant = null; // a tenant-scoped token's tenant, once the API has said so
-const data = { usage: null, waiting: null, counts: null, resolved: null, nodes: undefined };
+const data = { usage: null, waiting: null, estimates: null, counts: null, resolved: null, nodes: undefined };
 let waitingAt = 0; // performance.now() when /v1/waiting answered: the oldest wait ticks from there
 const alertLists = new Map(); // an opened alert kind -> its open alerts, newest first
 const openGroups = new Set(); // waiting groups whose claims are shown, "tenant\nreason"
@@ -71,6 +72,16 @@ function durationParts(seconds) {
 
 function duration(seconds) {
   return durationParts(seconds).join(" ");
+}
+
+/** How far off a start is, as a waiting person reads it: "in 45m", "in 3h20m", "in 2d4h" (two units at most,
+ * as `claimbroker status` says it), "now" within the minute or past it. */
+function fromNow(stamp, now = Date.now()) {
+  const minutes = Math.floor((new Date(stamp).getTime() - now) / 60000);
+  if (!(minutes >= 1)) return "now";
+  const parts = [[Math.floor(minutes / 1440), "d"], [Math.floor(minutes / 60) % 24, "h"], [minutes % 60, "m"]]
+    .filter(([n]) => n).map(([n, u]) => `${n}${u}`);
+  return `in ${parts.slice(0, 2).join("")}`;
 }
 
 /** When, as short as it reads unambiguously: the time today, else the day and time. */
@@ -760,10 +771,22 @@ function groupKey(g) {
   return `${g.tenant}\n${g.reason}`;
 }
 
+function claimEta(c) { // a waiting claim's name and, where one was published, its estimated start (p50)
+  const p50 = c.estimatedStart?.p50;
+  if (!p50) return el("span", { class: "claim-eta", "data-claim": c.name }, c.name);
+  const p90 = c.estimatedStart.p90;
+  return el("span", { class: "claim-eta", "data-claim": c.name, "data-p50": p50,
+                      title: `estimated start ${new Date(p50).toLocaleString()}${p90 ? `, p90 ${new Date(p90).toLocaleString()}` : ""}` },
+    c.name, " ", el("span", { class: "eta" }, `(${fromNow(p50)}, ${when(p50)})`));
+}
+
 async function showClaims(row, group) { // a group's claims, fetched when it is opened
   const page = await get(`/v1/claims?state=Pending&namespace=${encodeURIComponent(group.tenant)}&limit=200`);
-  const names = page.items.filter((c) => (c.reason || "not decided yet") === group.reason).map((c) => c.name);
-  row.querySelector(".claims").textContent = names.join(", ") + (page.next ? " …" : "");
+  const shown = page.items.filter((c) => (c.reason || "not decided yet") === group.reason);
+  const list = row.querySelector(".claims");
+  list.replaceChildren();
+  for (const [i, c] of shown.entries()) list.append(...(i ? [", "] : []), claimEta(c));
+  if (page.next) list.append(" …");
 }
 
 function waitingShown(g) {
@@ -824,6 +847,37 @@ function renderWaiting() {
   }
   document.getElementById("admitted-title").textContent =
     `Waited before admission, per tenant and flavor, over the last ${waiting.window}`;
+  renderEstimates(waiting.window);
+}
+
+function renderEstimates(window_) { // the start estimates' error (GET /v1/estimates), per tenant and flavor
+  const body = document.getElementById("estimates");
+  body.replaceChildren();
+  const found = data.estimates;
+  document.getElementById("estimates-title").textContent =
+    `Start estimates' error, per tenant and flavor, over the last ${window_}`;
+  if (!found) {
+    body.append(el("tr", {}, el("td", { colspan: 7, class: "empty" }, "this API does not measure start estimates")));
+    return;
+  }
+  const rows = found.groups.filter((g) => (!view.tenant || g.tenant === view.tenant) && (!view.flavor || g.flavor === view.flavor));
+  const cell = (v) => el("td", { class: "num" }, v === null || v === undefined ? "–" : duration(v));
+  for (const g of rows) {
+    body.append(el("tr", { class: "estimate-error", "data-tenant": g.tenant, "data-flavor": g.flavor || "",
+                           "data-last-p50": g.lastP50 },
+      el("td", {}, g.tenant), el("td", {}, g.flavor === null ? "unflavored" : g.flavor), el("td", { class: "num" }, num(g.claims)),
+      cell(g.firstP50), cell(g.firstP90), cell(g.lastP50), cell(g.lastP90)));
+  }
+  if (rows.length > 1 && found.overall && !view.tenant && !view.flavor) {
+    const o = found.overall;
+    body.append(el("tr", { class: "estimate-error overall", "data-tenant": "", "data-flavor": "", "data-last-p50": o.lastP50 },
+      el("td", { colspan: 2 }, "all"), el("td", { class: "num" }, num(o.claims)),
+      cell(o.firstP50), cell(o.firstP90), cell(o.lastP50), cell(o.lastP90)));
+  }
+  if (!rows.length) {
+    body.append(el("tr", {}, el("td", { colspan: 7, class: "empty" },
+      `no claim allocated in the last ${window_} had an estimate published`)));
+  }
 }
 
 // --- alerts, folded by kind ------------------------------------------------------------------------
@@ -927,6 +981,10 @@ async function load(panels) { // fetch what these panels show, then render them
   if (want.has("usage") || want.has("waiting")) {
     jobs.usage = get("/v1/usage");
     jobs.waiting = get(`/v1/waiting?window=${view.window}`);
+    jobs.estimates = get(`/v1/estimates?window=${WINDOW_SECONDS[view.window]}`).catch((error) => {
+      if (error.status === 404) return null; // an API from before start estimates
+      throw error;
+    });
   }
   if (want.has("alerts")) {
     jobs.counts = get("/v1/alerts/counts");
@@ -943,6 +1001,7 @@ async function load(panels) { // fetch what these panels show, then render them
   if (got.usage) {
     data.usage = got.usage;
     data.waiting = got.waiting;
+    data.estimates = got.estimates;
     waitingAt = performance.now();
   }
   if (got.counts) {
