@@ -128,7 +128,8 @@ async def _up(settings: BrokerSettings) -> bool:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running_stack(settings) as stack:
+    # the allocator in a process of its own: a core for its decisions (services/runtime/allocator_process.py)
+    async with running_stack(settings, own_process=("allocator",)) as stack:
         if stack.api_url is None:  # its port was taken after preflight's check, or it never listened
             serving = stack.tasks.get("admin-api")
             failure = serving.exception() if serving is not None and serving.done() and not serving.cancelled() \
@@ -163,7 +164,11 @@ async def _up(settings: BrokerSettings) -> bool:
             def not_ready() -> str | None:
                 return next((why for name in stack.tasks if (why := stack.not_ready(name))), None)
 
-            health = asyncio.create_task(serve_health(settings.health_host, settings.health_port, not_ready))
+            def allocator_metrics() -> bytes:
+                return stack.allocator_process.metrics() if stack.allocator_process is not None else b""
+
+            health = asyncio.create_task(serve_health(settings.health_host, settings.health_port, not_ready,
+                                                      allocator_metrics))
             console.print(f"health    http://{settings.health_host}:{settings.health_port} (/healthz /readyz /metrics)")
         try:
             told = await supervise(stack, settings, stop)

@@ -19,20 +19,23 @@ _REASONS = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
 TEXT = "text/plain; charset=utf-8"
 
 
-def answer(path: str, not_ready: Callable[[], str | None]) -> tuple[int, str, str]:
-    """Status, body and content type for a path."""
+def answer(path: str, not_ready: Callable[[], str | None],
+           other_metrics: Callable[[], bytes] = lambda: b"") -> tuple[int, str, str]:
+    """Status, body and content type for a path. `other_metrics`: another process's own series, served
+    with this one's (under `up`, the allocator's process)."""
     if path == "/healthz":
         return 200, "ok", TEXT
     if path == "/readyz":
         why = not_ready()
         return (200, "ready", TEXT) if why is None else (503, mask_secrets(why), TEXT)
     if path == "/metrics":
-        body, content_type = exposition()
+        body, content_type = exposition(other_metrics())
         return 200, body.decode(), content_type
     return 404, "not found", TEXT
 
 
-async def serve_health(host: str, port: int, not_ready: Callable[[], str | None]) -> None:
+async def serve_health(host: str, port: int, not_ready: Callable[[], str | None],
+                       other_metrics: Callable[[], bytes] = lambda: b"") -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)
@@ -40,7 +43,7 @@ async def serve_health(host: str, port: int, not_ready: Callable[[], str | None]
                 pass  # headers: nothing in them matters here
             parts = request.decode("latin-1").split()
             path = parts[1].split("?", 1)[0] if len(parts) > 1 else "/"
-            status, body, content_type = answer(path, not_ready)
+            status, body, content_type = answer(path, not_ready, other_metrics)
             data = body.encode()
             writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
                          f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)

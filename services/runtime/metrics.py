@@ -1,6 +1,8 @@
 """Prometheus metrics of the services, served at /metrics by the health server (`serve X` with
-CLAIMBROKER_HEALTH_PORT, and `up` with it). One process-wide registry: `up` runs every service in one
-process, so each series says which part it measures by its name, not by a service label.
+CLAIMBROKER_HEALTH_PORT, and `up` with it). One registry per process: each series says which part it
+measures by its name, not by a service label. Under `up` the allocator runs in a process of its own and
+reports its series to the parent every second (services/runtime/allocator_process.py), which serves them
+beside its own (`merged`).
 
 What an operator watches: how many decisions of each state are written, how long the decision core and the
 whole decision transaction take, how deep the queue is per tenant and flavor, how far the allocator's
@@ -56,6 +58,48 @@ def set_queue_depth(waiting: Iterable[tuple[str, str]]) -> None:
         QUEUE_DEPTH.labels(tenant, flavor).set(count)
 
 
-def exposition() -> tuple[bytes, str]:
-    """The text format of every metric and its content type."""
-    return generate_latest(), CONTENT_TYPE_LATEST
+def exposition(*others: bytes) -> tuple[bytes, str]:
+    """The text format of every metric of this process, with those of `others` (other processes' own
+    series, from `own_series`) merged in, and its content type."""
+    own = generate_latest()
+    return (merged(own, *others) if any(others) else own), CONTENT_TYPE_LATEST
+
+
+OWN_PREFIX = "claimbroker_"
+
+
+def own_series() -> bytes:
+    """The broker's own families in text format (not the process_ and python_ ones every process has)."""
+    families = _families(generate_latest())
+    return _render({name: lines for name, lines in families.items() if name.startswith(OWN_PREFIX)})
+
+
+def merged(*texts: bytes) -> bytes:
+    """Several processes' text formats as one: each family once, its samples from every text; a sample
+    (name and labels) that two texts both have is the later text's (a family this process only declares,
+    such as an unlabelled histogram at zero, gives way to the process that fills it)."""
+    result: dict[str, tuple[list[str], dict[str, str]]] = {}
+    for text in texts:
+        for name, (header, samples) in _families(text).items():
+            kept = result.setdefault(name, (header, {}))
+            kept[1].update(samples)
+    return _render(result)
+
+
+def _families(text: bytes) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Per family (the name of its `# TYPE` line): its comment lines, and its sample lines by name and labels."""
+    families: dict[str, tuple[list[str], dict[str, str]]] = {}
+    name = ""
+    for line in text.decode().splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            name = line.split(" ", 3)[2]
+            families.setdefault(name, ([], {}))[0].append(line)
+        elif line and not line.startswith("#"):
+            key = line.rsplit(" ", 1)[0] if "}" not in line else line[:line.rindex("}") + 1]
+            families.setdefault(name, ([], {}))[1][key] = line
+    return families
+
+
+def _render(families: dict[str, tuple[list[str], dict[str, str]]]) -> bytes:
+    lines = [line for header, samples in families.values() for line in (*header, *samples.values())]
+    return ("\n".join(lines) + "\n").encode() if lines else b""

@@ -20,6 +20,7 @@ from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.streams import ensure_streams, read_fleet
 from services.notifier import app as notifier_app
+from services.runtime.allocator_process import AllocatorProcess, ChildArgs
 from services.runtime.service_app import ServiceApp
 from services.watcher import app as watcher_app
 from shared.contract import bus_auth
@@ -47,6 +48,9 @@ class Stack:
     service_urls: dict[str, str] = field(default_factory=dict)
     readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)  # per service: why not ready
     api_ready: asyncio.Event = field(default_factory=asyncio.Event)  # the admin API listens, at api_url
+    # `up`: the allocator in a process of its own (then `allocator` is None here, and this is its handle)
+    allocator_process: AllocatorProcess | None = None
+    own_process: tuple[str, ...] = ()  # services run in a process of their own
 
     def __post_init__(self) -> None:
         self.admin_url = self.admin_url or self.nats_url  # no bus auth here: the server's own business
@@ -176,10 +180,16 @@ def _app(stack: Stack, name: str, settings: BrokerSettings) -> ServiceApp:
 
 
 async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> None:
-    """Start one service as a task of this process: a FastStream app on its own connection, or the admin
-    API's ASGI app."""
+    """Start one service as a task of this process: a FastStream app on its own connection, the admin
+    API's ASGI app, or (the allocator, where `stack.own_process` names it) a task that runs and watches the
+    service's own process."""
     if name == "admin-api":
         runner: Coroutine[Any, Any, None] = _serve_api(stack, settings.admin_api)
+    elif name == "allocator" and name in stack.own_process:
+        process = stack.allocator_process = AllocatorProcess(ChildArgs(
+            settings.allocator, stack.service_urls.get(name, stack.nats_url), stack.db_url, settings.log_format))
+        stack.readiness[name] = process.not_ready
+        runner = process.run()
     else:
         app = _app(stack, name, settings)
         if isinstance(app.service, Allocator):
@@ -269,11 +279,12 @@ def _start_embedded(embedded: EmbeddedNats, last_url: Path) -> str:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    settings: BrokerSettings, *, services: tuple[str, ...] = SERVICES
+    settings: BrokerSettings, *, services: tuple[str, ...] = SERVICES, own_process: tuple[str, ...] = ()
 ) -> AsyncIterator[Stack]:
     """Embedded NATS and SQLite unless settings name external ones; migrations run first. The embedded
     server asks every client for a credential unless settings say `insecure`: the services and the data
-    folder's admin get identities of their own, tenants theirs from the ledger (services/bus/authority.py)."""
+    folder's admin get identities of their own, tenants theirs from the ledger (services/bus/authority.py).
+    `own_process`: services run in a process of their own (`up`: the allocator), the others as tasks here."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     bus = settings.bus
     db_url = settings.database_url()
@@ -298,7 +309,7 @@ async def running_stack(
     if authority is not None:  # tenant accounts' status streams, as the bus admin, once the server runs
         authority.provisioner = Provisioner(urls["admin"], authority.limits, bus.tls_ca)
     stack = Stack(nats_url=nats_url, db_url=db_url, engine=engine, embedded=embedded, authority=authority,
-                  admin_url=urls.pop("admin", nats_url), service_urls=urls)
+                  admin_url=urls.pop("admin", nats_url), service_urls=urls, own_process=own_process)
     nc = await connect(stack.admin_url, name="claimbroker-setup", tls_ca=bus.tls_ca)
     await ensure_streams(nc.jetstream(), bus.stream_replicas, bus.tenant_backlog)
     await nc.close()
