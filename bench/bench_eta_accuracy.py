@@ -171,11 +171,15 @@ def replay(claims: list[TraceClaim], nodes: int, annotate: bool, tick: float, wa
         if not gaps:
             return {"claims": 0}
         waits = sorted((run.started[k] - by_key[k].arrives) / 60 for k in keys)
+        late = sorted((run.started[k] - at_submission[k]) / 60 for k in keys)  # > 0: later than its p50
+        said = sorted((at_submission[k] - by_key[k].arrives) / 60 for k in keys)
         between = sum(1 for k in keys if at_submission[k] - tick <= run.started[k] <= (p90s[k] or math.inf) + tick)
         before_p90 = sum(1 for k in keys if run.started[k] <= (p90s[k] or math.inf) + tick)
         return {"claims": len(keys), "error_p50_min": round(quantile(gaps, 0.5), 1),
                 "error_p90_min": round(quantile(gaps, 0.9), 1),
+                "late_p10_p50_p90_min": [round(quantile(late, q), 1) for q in (0.1, 0.5, 0.9)],
                 "wait_p50_min": round(quantile(waits, 0.5), 1), "wait_p90_min": round(quantile(waits, 0.9), 1),
+                "said_p50_min": round(quantile(said, 0.5), 1), "said_p90_min": round(quantile(said, 0.9), 1),
                 "within_p50_p90": round(between / len(keys), 2), "before_p90": round(before_p90 / len(keys), 2)}
 
     out: dict[str, Any] = {"annotated": "half" if annotate else "none", "nodes": nodes, "claims": len(claims),

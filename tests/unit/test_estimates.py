@@ -178,6 +178,38 @@ def test_runtimes_an_annotation_then_the_flavor_then_the_tenant_then_the_default
     assert runtimes.of(tenant, flavors, expected) == got
 
 
+OBSERVED = Quantiles(30 * MINUTE, 90 * MINUTE)
+
+
+@pytest.mark.parametrize(("runtime", "ran", "upper", "ends_after"), [
+    (OBSERVED, 0.0, False, 30.0),  # just started: the quantiles themselves
+    (OBSERVED, 0.0, True, 90.0),
+    (OBSERVED, 45.0, False, 70.6),  # past the p50 already: the median of the runs that ran 45 min
+    (OBSERVED, 45.0, True, 147.1),
+    (OBSERVED, 10.0, False, 33.4),  # a short while in: a little later
+    (Quantiles(20 * MINUTE, 20 * MINUTE), 45.0, False, 45.0),  # one runtime (an annotation) past: ends now
+])
+def test_a_running_claim_ends_as_the_runs_that_ran_as_long(runtime: Quantiles, ran: float, upper: bool,
+                                                          ends_after: float) -> None:
+    """Minutes after its allocation: a lognormal through the observed p50 and p90, given it still runs."""
+    now = T0 + ran * MINUTE
+    assert (runtime.end(T0, now, upper=upper) - T0) / MINUTE == pytest.approx(ends_after, abs=0.1)
+
+
+@pytest.mark.parametrize("annotation", [None, "10m"])
+def test_a_claim_behind_runs_past_their_p50_or_annotation_does_not_start_now(annotation: str | None) -> None:
+    """Four busy GPUs of lab running 45 min (none, or each annotated 10 min): the claim behind them starts when
+    the runs of lab's observed runtimes that ran 45 min end, not at once (as their unconditioned p50 said)."""
+    ahead = running(FOUR, *(claim(f"busy-{i}", "lab", runtime=annotation, arrival=i, preemptible=False)
+                            for i in range(4)))
+    now = T0 + 45 * MINUTE
+    [estimate] = estimate_starts(Snapshot(FOUR, BUILTIN_CLASSES, QuotaConfig(), ahead, (claim("one"),), now=now),
+                                 Runtimes(by_tenant={"lab": OBSERVED})).values()
+    assert estimate.p50 == pytest.approx(OBSERVED.end(T0, now, upper=False))
+    assert estimate.p90 == pytest.approx(OBSERVED.end(T0, now, upper=True))
+    assert (estimate.p50 - now) / MINUTE == pytest.approx(25.6, abs=0.1)
+
+
 def test_blocked_by_names_four_then_counts_the_rest() -> None:
     """An 8-GPU claim behind eight 1-GPU claims that end one minute apart."""
     eight = fleet(*node("n1", "H100", 8))
