@@ -229,10 +229,10 @@ class _Forward(ClockedQueue):
         for r in snapshot.running:
             self.running[r.key] = r
             since = r.allocated_at if r.allocated_at is not None else self.now
-            expected = r.expected_runtime
-            if expected is not None and since + expected < self.now and (runtimes.by_tenant or runtimes.default):
-                expected = None  # run past what it said: it ends as its tenant's runs that ran as long did
-            runtime = runtimes.of(r.tenant, held.get(r.key, ()), expected)
+            said = r.expected_runtime
+            if said is not None and since + said < self.now and (runtimes.by_tenant or runtimes.default):
+                said = None  # run past what it said: it ends as its tenant's runs that ran as long did
+            runtime = runtimes.of(r.tenant, held.get(r.key, ()), said)
             self._schedule(r, since, runtime)
         if carried is not None:  # an earlier run's state, brought back to the snapshot's: O(what that run changed)
             self.kept, self.waiting = carried
