@@ -10,8 +10,9 @@ from the ledger, and one EstimateMemo kept). At its actual start, |start - p50| 
 The same trace (same arrivals, sizes and runtimes) runs twice: with half the claims annotated, and with none.
 The first `--warmup` of the trace is left out of the figures (runtimes observed are few there).
 Prints one JSON line per run: claims that waited, median and p90 absolute error of the p50 in minutes (all,
-and in the annotated run the annotated and the other half), the share that started within [p50, p90] and
-before p90, and the waits themselves (median, p90) for scale.
+and in the annotated run the annotated and the other half), the signed error's p10, p50 and p90 (actual start -
+p50: above 0, later than said), the waits themselves and the waits said (p50 - submission), median and p90,
+and the share that started within [p50, p90] and before p90 (a tick's slack either side).
 Run: `make bench-eta` prints the cost; this prints the accuracy (`python bench/bench_eta_accuracy.py`).
 """
 
