@@ -203,6 +203,7 @@ async def _serve_api(stack: Stack, settings: AdminApiSettings) -> None:
     import uvicorn
 
     from services.admin_api.app import create_app
+    from services.admin_api.fleet_view import FleetView
     from services.admin_api.live import LiveFeed
     from services.admin_api.offload import Limits
 
@@ -210,10 +211,16 @@ async def _serve_api(stack: Stack, settings: AdminApiSettings) -> None:
 
     bus_url = stack.service_urls.get("admin-api", stack.admin_url)  # its own identity: it only reads the bus
 
+    # the allocator in its own process (`up`): the bus's fleet, followed in this process
+    view = FleetView(lambda: connect(bus_url, name="claimbroker-admin-api-fleet", tls_ca=settings.tls_ca)) \
+        if stack.own_process else None
+
     async def fleet() -> Fleet:
         """The allocator's when it runs in this process, else every node's last inventory on the bus."""
         if stack.allocator is not None:
             return stack.allocator.fleet
+        if view is not None:
+            return await view.current()
         return await read_fleet(bus_url, settings.tls_ca)
 
     def last_heard() -> dict[str, float] | None:
@@ -256,6 +263,8 @@ async def _serve_api(stack: Stack, settings: AdminApiSettings) -> None:
         raise
     finally:
         await live.close()
+        if view is not None:
+            await view.close()
 
 
 SERVICES = ("watcher", "allocator", "notifier", "admin-api")

@@ -133,6 +133,10 @@ async def test_up_decides_in_an_allocator_process_that_is_restarted_and_stopped_
         first = await until(lambda: up.allocators(), "an allocator process", up)
         assert isinstance(first, list) and len(first) == 1 and first[0] != up.pid
         await decided(nc.jetstream(), statuses, "in-its-own-process", up)
+        # the node map, from the fleet the API's process follows on the bus: every node, the claim's GPU taken
+        api, token = ((up.data / name).read_text().strip() for name in ("api.url", "admin.token"))
+        nodes = httpx.get(f"{api}/v1/nodes", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+        assert len(nodes) == 6 and sum(d.get("claim") is not None for n in nodes for d in n["devices"]) == 1, nodes
         # its decisions are counted in its process and served by `up`'s /metrics
         await until(lambda: 'claimbroker_decisions_total{state="Allocated"} 1.0' in metrics(up),
                     "the allocator's series in up's /metrics", up)

@@ -1,0 +1,70 @@
+"""The fleet as the bus has it, kept current in the API's process: what /v1/nodes shows when the allocator
+runs in a process of its own (`up`). One ordered consumer replays every node's last inventory and then
+follows each new one, so a page's poll reads memory instead of replaying the stream per request. Each
+message is read whole (heartbeats too): a node's observed time is when it was last heard, as the node map
+judges freshness by. Until the replay has caught up, `current()` waits for it (a fleet half read would show
+nodes missing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.client import Client
+from nats.js.api import DeliverPolicy
+
+from shared.contract import subjects
+from shared.contract.events import read_inventory
+from shared.dra import model as dra
+from shared.dra.inventory import Fleet
+
+log = logging.getLogger("claimbroker.admin_api")
+CATCH_UP_S = 30.0  # how long `current()` waits for the first replay
+
+
+class FleetView:
+    def __init__(self, connect: Callable[[], Awaitable[Client]]) -> None:
+        self.connect = connect
+        self.fleet = Fleet()
+        self.caught_up = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def current(self) -> Fleet:
+        """The fleet once the replay has caught up (started with the first call)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._follow(), name="fleet-view")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.caught_up.wait(), CATCH_UP_S)
+        return self.fleet
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _follow(self) -> None:
+        nc = await self.connect()
+        try:
+            js = nc.jetstream()
+            if not (await js.stream_info(subjects.INVENTORY_STREAM)).state.messages:
+                self.caught_up.set()  # nothing published yet: the empty fleet is the bus's
+            await js.subscribe(subjects.INVENTORY_ALL, ordered_consumer=True,
+                               deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_message)
+            await asyncio.Event().wait()  # until closed
+        finally:
+            await nc.close()
+
+    async def _on_message(self, message: Any) -> None:
+        try:
+            inventory = read_inventory(json.loads(message.data))
+        except (ValueError, dra.DocumentError) as error:
+            log.warning("the node map ignores an invalid inventory message: %s", error)
+        else:
+            self.fleet = self.fleet.with_node(inventory)
+        if message.metadata.num_pending == 0:
+            self.caught_up.set()
