@@ -6,7 +6,8 @@ shared server at CLAIMBROKER_TEST_PG, created and dropped here) the run writes a
 (`--nodes` nodes of 8 GPUs, numaNodes 2: A100, H100 and H200 nodes, and one node in twenty an H100 with MIG
 slices 1g.10gb and 3g.40gb), loads quotas for `--tenants` tenants in cohorts of four into the ledger (after
 `migrate`, with `apply_quota_config`), starts `python -m services.cli --data-dir DIR up --inventory FILE
---api-port PORT [--db URL]` (embedded nats-server, all services in one process), waits for DIR/nats.url, for
+--api-port PORT [--db URL]` (embedded nats-server; the allocator in a process of its own, the other services
+in another), waits for DIR/nats.url, for
 every node's inventory in its stream and for a probe claim to be Allocated, then measures:
 
 - `echo`: the ceiling for a Python JetStream service on this nats-server. A do-nothing service in a
@@ -20,6 +21,9 @@ every node's inventory in its stream and for a probe claim to be Allocated, then
   claim's first status on `claimbroker.v1.claims.status.>`), p50/p99 from each publish to its first status.
 - `churn`: then, `--churn-rate` times a second for `--churn-seconds`, release one Allocated claim and submit
   a new one; claims/s as for the burst, p50/p99 from each new claim's publish to its first status.
+- `echo-churn`: the echo service again, its messages published at the churn's rate (two a tick, as many as
+  the churn's releases and claims): p50/p99 from each publish to its reply, the floor of what this bus and
+  machine allow the churn's first statuses.
 
 Every line: {"db", "phase", "claims", "claims_per_s", "echo_per_s", "ratio" (claims_per_s / echo_per_s,
 both of this run and this nats-server), "p50_ms", "p99_ms", "without_status" (claims that got no status
@@ -237,7 +241,10 @@ async def echo_serve(url: str, count: int, deadline_s: float) -> None:
     await nc.close()
 
 
-async def echo_phase(url: str, documents: list[dict[str, Any]]) -> tuple[dict[Any, float], dict[Any, float]]:
+async def echo_phase(url: str, documents: list[dict[str, Any]],
+                     per_second: float | None = None) -> tuple[dict[Any, float], dict[Any, float]]:
+    """The echo service carrying `documents`: all at once (its ceiling), or `per_second` a second (its
+    latency at the churn's message rate: the floor of what this bus allows a first status)."""
     nc = await nats.connect(url)
     js = nc.jetstream(publish_async_max_pending=len(documents) + 1)
     for name, subject in ((ECHO_IN, ECHO_IN_SUBJECTS), (ECHO_OUT, ECHO_OUT_SUBJECTS)):
@@ -260,7 +267,8 @@ async def echo_phase(url: str, documents: list[dict[str, Any]]) -> tuple[dict[An
     ready = await asyncio.wait_for(service.stdout.readline(), 60)
     if ready.strip() != b"ready":
         raise RuntimeError(f"echo service did not start: {ready!r}")
-    published, acks = await publish_all(js, documents, lambda tenant: f"bench.e2e.echo.in.{tenant}", "echo-in")
+    published, acks = await publish_all(js, documents, lambda tenant: f"bench.e2e.echo.in.{tenant}", "echo-in",
+                                        per_second)
     await report_failed_acks("echo", acks)
     await wait_until_answered("echo", published, answered, stall=30)
     try:
@@ -413,12 +421,15 @@ async def wait_ready(broker: Broker, js: Any, statuses: Statuses, nodes: int, te
 
 
 async def publish_all(js: Any, documents: list[dict[str, Any]], subject_of: Callable[[str], str],
-                      id_prefix: str) -> tuple[dict[Any, float], list[Any]]:
-    """Publish every claim document at once (publish_async), each to its tenant's subject with a
-    Nats-Msg-Id; when each was published, and the acknowledgements to await."""
+                      id_prefix: str, per_second: float | None = None) -> tuple[dict[Any, float], list[Any]]:
+    """Publish every claim document (publish_async), each to its tenant's subject with a Nats-Msg-Id: at
+    once, or `per_second` a second; when each was published, and the acknowledgements to await."""
     published: dict[Any, float] = {}
     acks = []
-    for document in documents:
+    start = time.perf_counter()
+    for i, document in enumerate(documents):
+        if per_second is not None and (delay := start + i / per_second - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
         metadata = document["metadata"]
         key = (metadata["namespace"], metadata["name"])
         published[key] = time.perf_counter()
@@ -564,6 +575,14 @@ async def run_one(db: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         lines.append(line(db, "churn", published, statuses.first, echo_per_s))
         print(json.dumps(lines[-1]), flush=True)
         log(f"churn: states {state_counts(statuses, published)}")
+
+        # the echo service at the churn's message rate (a release and a claim a tick): its latency beside
+        # the broker's, on the same bus in the same run
+        paced = [claim_document(random.Random(args.seed + 2), tenant_name(i % args.tenants), f"echo-churn-{i:06d}")
+                 for i in range(round(2 * args.churn_rate * args.churn_seconds))]
+        sent, replied = await echo_phase(url, paced, 2 * args.churn_rate)
+        lines.append(line(db, "echo-churn", sent, replied, echo_per_s))
+        print(json.dumps(lines[-1]), flush=True)
     except BaseException:
         failed = True
         raise
