@@ -22,6 +22,7 @@ import yaml
 from rich.table import Table
 
 from services.cli.common import Refused, Unreachable, cli_settings, err
+from shared.admission.estimate_text import rough_duration
 from shared.contract import subjects
 from shared.contract.messages import ClaimStatus, UnreadableStatus, read_status
 from shared.settings import BrokerSettings
@@ -458,15 +459,7 @@ def eta(status: Mapping[str, Any], now: datetime | None = None) -> str:
         ahead = None
     if ahead is None:
         return p50
-    return f"{p50} ({'in ' + _rough(ahead) if ahead >= 60 else 'now'})"
-
-
-def _rough(seconds: float) -> str:
-    """45m, 3h20m, 2d4h: two units at most, a person's reading of a wait."""
-    minutes = int(seconds // 60)
-    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
-    parts = [f"{n}{u}" for n, u in ((days, "d"), (hours, "h"), (minutes, "m")) if n]
-    return "".join(parts[:2]) or "1m"
+    return f"{p50} ({'in ' + rough_duration(ahead) if ahead >= 60 else 'now'})"
 
 
 def status_table(statuses: Sequence[Mapping[str, Any]], now: datetime | None = None) -> Table:

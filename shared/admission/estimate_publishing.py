@@ -15,8 +15,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from shared.admission.estimates import Estimate, Quantiles, Runtimes
+from shared.admission.estimates import Estimate
 from shared.admission.model import ClaimKey
+from shared.admission.runtimes import Quantiles, Runtimes
 
 MIN_SAMPLES = 3  # runs of a (tenant, flavor), tenant or the fleet before their quantiles are taken
 MOVE_FRACTION = 0.1
