@@ -479,6 +479,43 @@ async def churn_phase(js: Any, statuses: Statuses, rng: random.Random, tenants: 
     return published
 
 
+def parts_of(log_path: Path, start: int) -> dict[str, Any]:
+    """Where the allocator's time went, from its JSON log after byte `start`: per message, each part of the
+    decision transactions (turn, inbox, parse, quotas, intake, queue, decide, write, flush, commit) summed
+    over the transactions and divided by their messages; per event, the outbox relay's (read, publish,
+    mark); and the transactions' mean size and depth waiting."""
+    transactions: list[dict[str, Any]] = []
+    relays: list[dict[str, Any]] = []
+    with log_path.open("rb") as lines:
+        lines.seek(start)
+        for raw in lines:
+            if not raw.startswith(b"{"):
+                continue
+            record = json.loads(raw)
+            if record.get("message") == "decision batch":
+                transactions.append(record)
+            elif record.get("message") == "outbox batch":
+                relays.append(record)
+
+    def per(records: list[dict[str, Any]], count: str) -> dict[str, float]:
+        total = sum(r[count] for r in records) or 1
+        sums: dict[str, float] = {}
+        for r in records:
+            for part, ms in r.get("parts_ms", {}).items():
+                sums[part] = sums.get(part, 0.0) + ms
+        return {part: round(ms / total, 3) for part, ms in sums.items()}
+
+    messages = sum(r["messages"] for r in transactions)
+    return {"transactions": len(transactions), "messages": messages,
+            "messages_per_transaction": round(messages / len(transactions), 1) if transactions else None,
+            "transaction_ms_mean": round(sum(r["transaction_ms"] for r in transactions) / len(transactions), 1)
+            if transactions else None,
+            "waiting_mean": round(sum(r["waiting"] for r in transactions) / len(transactions))
+            if transactions else None,
+            "per_message_ms": per(transactions, "messages"), "outbox_batches": len(relays),
+            "outbox_per_event_ms": per(relays, "events")}
+
+
 def state_counts(statuses: Statuses, keys: dict[Any, float]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for key in keys:
@@ -530,7 +567,9 @@ async def run_one(db: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     inventory.write_text(yaml.safe_dump(topology(args.nodes)))
     drop: Callable[[], Awaitable[None]] | None = None
     broker_db: str | None = None
-    broker = Broker(work, inventory, None, dict(item.split("=", 1) for item in args.env))
+    # JSON logs: a line per decision transaction, where its time went (parts_of)
+    broker = Broker(work, inventory, None, {"CLAIMBROKER_LOG_FORMAT": "json",
+                                            **dict(item.split("=", 1) for item in args.env)})
     nc = None
     lines: list[dict[str, Any]] = []
     failed = False
@@ -571,10 +610,12 @@ async def run_one(db: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         print(json.dumps(lines[-1]), flush=True)
         log(f"burst: states {state_counts(statuses, published)}")
 
+        log_from = broker.log_path.stat().st_size
         published = await churn_phase(js, statuses, rng, args.tenants, args.churn_rate, args.churn_seconds)
         lines.append(line(db, "churn", published, statuses.first, echo_per_s))
         print(json.dumps(lines[-1]), flush=True)
         log(f"churn: states {state_counts(statuses, published)}")
+        print(json.dumps({"db": db, "phase": "churn-parts", **parts_of(broker.log_path, log_from)}), flush=True)
 
         # the echo service at the churn's message rate (a release and a claim a tick): its latency beside
         # the broker's, on the same bus in the same run

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from services.allocator.decision_metrics import DecisionMetrics
+from services.allocator.decision_metrics import DecisionMetrics, Parts
 from services.allocator.gang_clocks import ClockedKeptState, GangClocks
 from services.allocator.inventory import Inventory
 from services.allocator.reasons import ReasonRefresh
@@ -76,9 +76,10 @@ class DecisionCycle:
         self.committed_snapshot = self._snapshot
         self.changes += changed
 
-    async def run(self, work: UnitOfWork, config: QuotaConfig | None = None) -> Cycled:
+    async def run(self, work: UnitOfWork, config: QuotaConfig | None = None, parts: Parts | None = None) -> Cycled:
         """Send lost nodes' claims back to the queue, decide, write. `config`: the quotas, when this
-        transaction read them already."""
+        transaction read them already; `parts`: where its time goes (queue, decide, write)."""
+        parts = parts or Parts()
         cycled = Cycled(set(self.inventory.lost_nodes))
         writes = work.writes
         if cycled.lost:
@@ -96,6 +97,7 @@ class DecisionCycle:
             self.waiting = self.work_left = False
             self.reasons.clear()
             await self.gang_clocks.after_cycle(work.session, None)
+            parts.lap("queue")
             return cycled
         self.reasons.ask_again(held)
         config = config if config is not None else await load_quota_config(work.session)
@@ -114,11 +116,13 @@ class DecisionCycle:
                             recent_preemptions=recent, tenant_budget=self.tenant_budget)
         self._snapshot = snapshot
         await self.gang_clocks.before_cycle(work.session)
+        parts.lap("queue")
         started = time.perf_counter()
         result = run_cycle(snapshot, self.kept)
         self.work_left = result.deferred > 0
         metrics.CYCLE_SECONDS.observe(time.perf_counter() - started)
         self.collector.after_cycle()
+        parts.lap("decide")
         now = datetime.now(UTC)
         rows = await decisions.claim_rows(work, held, itertools.chain(
             (p.victim for p in result.preemptions), ((d.tenant, d.name) for d in result.decisions)))
@@ -155,6 +159,7 @@ class DecisionCycle:
         await self.gang_clocks.after_cycle(work.session, self.kept.admission)
         cycled.preempted.update(preemption.rule for preemption in result.preemptions)
         self.waiting = len(held.waiting) > settled or bool(result.preemptions)
+        parts.lap("write")
         return cycled
 
     def _without_set_aside(self, waiting: tuple[Waiting, ...], held: queue.Queue) -> tuple[Waiting, ...]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from nats.js import JetStreamContext
 
+from services.allocator.decision_metrics import Parts, batch_log
 from services.allocator.messages import printable
 from services.bus.publish import publish_pipelined
 from services.runtime import metrics
@@ -59,15 +60,20 @@ class OutboxRelay:
                 # Read, publish, then mark in a second short transaction: no ledger lock is held while
                 # we wait on NATS (SQLite has one writer), and a crash in between only re-publishes
                 # events that JetStream then drops as duplicates.
+                parts = Parts()
                 async with unit_of_work(self.sessions) as work:
                     events = await outbox.unpublished(work)
+                parts.lap("read")
                 metrics.OUTBOX_UNPUBLISHED.set(len(events))
                 if not events:
                     return
                 await publish_pipelined(self.js, [(e.subject, e.payload, e.message_id) for e in events],
                                         ttls=[e.ttl_s if self.answers_expire else None for e in events])
+                parts.lap("publish")
                 async with unit_of_work(self.sessions) as work:
                     await outbox.mark_published(work, [e.id for e in events])
+                parts.lap("mark")
+                batch_log.info("outbox batch", extra={"events": len(events), "parts_ms": parts.rounded()})
 
     async def publish_when_possible(self) -> None:
         """Publish what committed; while NATS or the ledger is down the events wait in the outbox for the

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 
 from services.allocator.claim_batch import DEFAULT_EARLY_RELEASES_PER_TENANT, RELEASE_ANSWER_TTL_S, apply_messages
 from services.allocator.cycle import Cycled, DecisionCycle
-from services.allocator.decision_metrics import DecisionMetrics
+from services.allocator.decision_metrics import DecisionMetrics, Parts
 from services.allocator.messages import CONSUMER, message_key, read_message
 from shared.ledger import inbox
 from shared.ledger.handles import AsyncSession
@@ -51,11 +51,14 @@ class DecisionTransaction:
     async def decide(self, messages: Sequence[Msg]) -> None:
         """One transaction: the batch's inbox rows and claim changes, one decision cycle, its events."""
         started = time.perf_counter()
+        parts = Parts()
         try:
             async with unit_of_work(self.sessions) as work:
                 await work.take_turn(self.shard, self.holder, self.clock() + 3 * self.cycle_interval + 30)
+                parts.lap("turn")
                 keys = [message_key(message) for message in messages]
                 done = await inbox.seen(work.session, CONSUMER, keys)
+                parts.lap("inbox")
                 fresh, recorded = [], []
                 for message, key in zip(messages, keys, strict=True):
                     if key in done:
@@ -64,15 +67,22 @@ class DecisionTransaction:
                     recorded.append(key)
                     fresh.append(read_message(message.subject, message.data, key.message_id,
                                               message.metadata.sequence.stream))
+                parts.lap("parse")
                 now = datetime.fromtimestamp(self.clock(), UTC)
                 await inbox.record(work.session, CONSUMER, recorded, now)
+                parts.lap("inbox")
                 # the quotas, read once: submissions are checked against maxPending, the cycle decides on them
                 config = await load_quota_config(work.session) if any(m.claim is not None for m in fresh) else None
+                parts.lap("quotas")
                 if await apply_messages(work, fresh, config, now=now,
                                         early_releases_per_tenant=self.early_releases_per_tenant,
                                         answer_ttl=self.release_answer_ttl):
                     self.cycle.waiting = True  # claims to place, or devices freed that may let waiting claims in
-                cycled: Cycled = await self.cycle.run(work, config)
+                parts.lap("intake")
+                cycled: Cycled = await self.cycle.run(work, config, parts)
+                await work.flush()
+                parts.lap("flush")
+            parts.lap("commit")
         except BaseException:
             self.cycle.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             self.cycle.gang_clocks.rolled_back()
@@ -82,4 +92,4 @@ class DecisionTransaction:
         self.decided = collections.Counter({f"preempted:{rule}": n for rule, n in cycled.preempted.items()})
         self.decided.update(work.writes.states)
         self.cycle.committed(bool(self.decided))
-        self.metrics.record(len(messages), time.perf_counter() - started, self.decided)
+        self.metrics.record(len(messages), time.perf_counter() - started, self.decided, parts)

@@ -21,6 +21,12 @@ def test_the_quick_benchmark_prints_a_line_per_phase_and_every_claim_gets_a_stat
                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [json.loads(text) for text in run.stdout.splitlines() if text.strip()]
+    parts = [line for line in lines if line["phase"] == "churn-parts"]
+    lines = [line for line in lines if line["phase"] != "churn-parts"]
+    # where the allocator's time went during the churn, from its JSON log: every part of a transaction
+    assert len(parts) == 1 and parts[0]["transactions"] > 0 and parts[0]["messages"] >= 100, parts
+    assert {"turn", "inbox", "parse", "intake", "queue", "flush", "commit"} <= set(parts[0]["per_message_ms"]), parts
+    assert parts[0]["outbox_batches"] > 0 and {"read", "publish", "mark"} == set(parts[0]["outbox_per_event_ms"])
     assert [(line["db"], line["phase"]) for line in lines] == [
         ("sqlite", "echo"), ("sqlite", "burst"), ("sqlite", "churn"), ("sqlite", "echo-churn")], run.stdout
     echo = lines[0]["claims_per_s"]
