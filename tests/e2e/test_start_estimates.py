@@ -2,23 +2,33 @@
 that waits behind running claims with a claimbroker.io/expected-runtime gets an estimatedStart on its status
 subject (a Pending status of its own, the next sequence, valid as the contract's ClaimStatus), a release
 that lets it start sooner republishes a lower one, and at its start the error of its first and last
-estimates is kept."""
+estimates is kept. And as a user meets them: `claimbroker up` with CLAIMBROKER_ESTIMATE_INTERVAL set, a queue
+of claims whose expected runtimes are seconds, each released when its runtime is over: each claim's first
+estimate lands within a fifth of its actual wait."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import signal
+import sys
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from sqlalchemy import select
 
+from services.bus.authority import ADMIN_PASSWORD_FILE
 from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.publish import publish_json
-from shared.contract import subjects
+from shared.contract import bus_auth, subjects
 from shared.contract.messages import read_status
 from shared.ledger.engine import sessions
 from shared.ledger.estimates import estimate_errors
@@ -93,3 +103,86 @@ async def test_a_waiting_claim_gets_an_estimate_and_a_release_lowers_it(nats_ser
         assert error.first is not None and error.first < error.last < 0, (
             "both estimates were later than its start (the claims ended early), the first by more")
         await nc.close()
+
+
+# one node of 2 GPUs; each claim takes both, so they run one after the other, each its expected runtime
+FLEET = "kind: Topology\nnodes:\n- {namePrefix: node-, count: 1, gpuModel: H100, gpuCount: 2}\n"
+# seconds each runs, in the order they are submitted: q1, q2 and q3 wait about 6, 9 and 13 s, whose fifths hold
+# the estimate's rounding up to the second and the releases' latency
+QUEUE = {"q0": 6.0, "q1": 3.0, "q2": 4.0, "q3": 3.0}
+UP_S = 60.0
+
+
+@contextlib.asynccontextmanager
+async def up_with_estimates(tmp_path: Path) -> AsyncIterator[nats.NATS]:
+    """`claimbroker up` on FLEET with start estimates every 0.2 s, in a session of its own (killed with its
+    children at the end); its bus as the admin."""
+    data, inventory, log = tmp_path / "data", tmp_path / "fleet.yaml", tmp_path / "up.log"
+    inventory.write_text(FLEET)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAIMBROKER_")}
+    env["CLAIMBROKER_ESTIMATE_INTERVAL"] = "0.2"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "--data-dir", str(data), "up", "--inventory", str(inventory),
+        "--api-port", "0", env=env, stdout=asyncio.subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True)
+    try:
+        written, deadline = data / "nats.url", time.monotonic() + UP_S
+        while not (written.exists() and written.read_text().strip()):
+            assert process.returncode is None, f"up exited:\n{log.read_text(errors='replace')[-3000:]}"
+            assert time.monotonic() < deadline, f"up wrote no nats.url:\n{log.read_text(errors='replace')[-3000:]}"
+            await asyncio.sleep(0.05)
+        password = (data / ADMIN_PASSWORD_FILE).read_text().strip()
+        nc = await nats.connect(bus_auth.url_with_user(written.read_text().strip(), bus_auth.admin_user(), password))
+        try:
+            yield nc
+        finally:
+            await nc.close()
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+
+
+async def test_up_estimates_land_within_a_fifth_of_the_actual_waits(tmp_path: Path) -> None:
+    """The test is the workload: it releases each claim its expected runtime after its Allocated status came.
+    A waiting claim's first estimate (p50) is compared with when it was allocated: off by at most a fifth of
+    how long it waited from its submission."""
+    async with up_with_estimates(tmp_path) as nc:
+        seen = await statuses(nc)
+        loop = asyncio.get_running_loop()
+        releases: list[asyncio.TimerHandle] = []
+
+        async def release(name: str) -> None:
+            await publish_json(nc.jetstream(), subjects.release("team"), {"name": name}, msg_id=f"release-{name}")
+
+        async def run_out(message: Any) -> None:  # an Allocated claim runs its expected runtime, then is released
+            status = json.loads(message.data)
+            if status.get("state") == "Allocated" and status["name"] in QUEUE:
+                releases.append(loop.call_later(QUEUE[status["name"]],
+                                                lambda: loop.create_task(release(status["name"]))))
+
+        await nc.subscribe(subjects.STATUS_ALL, cb=run_out)
+        # up's allocator reads the fleet from the watcher: the first claim is Allocated once it has
+        await submit(nc, claim("q0", 2, f"{QUEUE['q0']:g}s"), "id-q0")
+        await seen.wait_for(lambda: seen.latest().get(("team", "q0"), {}).get("state") == "Allocated", UP_S)
+        submitted = {}
+        for name in list(QUEUE)[1:]:
+            submitted[name] = time.time()
+            await submit(nc, claim(name, 2, f"{QUEUE[name]:g}s"), f"id-{name}")
+        waiting = list(submitted)
+        await seen.wait_for(lambda: all(any(s["state"] == "Allocated" for s in seen.for_claim("team", n))
+                                        for n in waiting), 60)  # each was Allocated (and some released since)
+        for handle in releases:
+            handle.cancel()
+        lines, off = [], []
+        for name in waiting:
+            first = next(s for s in seen.for_claim("team", name) if s.get("estimatedStart"))
+            allocated = next(s for s in seen.for_claim("team", name) if s["state"] == "Allocated")
+            started, said = unix(allocated["observedAt"]), unix(first["estimatedStart"]["p50"])
+            waited = started - submitted[name]
+            lines.append(f"{name}: waited {waited:.2f} s, first estimate {said - submitted[name]:.2f} s after "
+                         f"submission ({unix(first['observedAt']) - submitted[name]:.2f} s), off by "
+                         f"{started - said:+.2f} s")
+            if abs(started - said) > waited / 5:
+                off.append(name)
+        print("\n".join(lines))
+        assert not off, "\n".join(lines)
