@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from shared.admission.gang_topology import confined, ordered_values, usable_nodes
+from shared.admission.gang_topology import confined, usable_nodes
 from shared.admission.gangs import GangKey, GangUnit
 from shared.admission.model import UNANSWERED, Block, Waiting
 from shared.admission.preemption import rooms_with_victims, try_preempt
@@ -178,8 +178,7 @@ def _reserve(cycle: AdmissionState, unit: GangUnit, members: Sequence[Waiting]) 
         domains = cycle.gangs.domains.of(cycle.fleet, unit.settings.topology)
         if not domains:
             return
-        free = cycle.gangs.domains.free(placement, members[0], domains)
-        allowed = frozenset(domains[ordered_values(free)[0]])
+        allowed = frozenset(domains[cycle.gangs.domains.free_ordered(placement, members[0], domains)[1][0]])
     for member in members:
         try:
             index = placement.index(placement.plan(member.claim).variants[0][0])
@@ -233,8 +232,7 @@ def preempt_for_gang(cycle: AdmissionState, unit: GangUnit) -> list[Decided]:
     elif domains := cycle.gangs.domains.of(cycle.fleet, key):
         if facts.usable is None:
             facts.usable = usable_nodes(cycle.placement, members)
-        free = cycle.gangs.domains.free(cycle.placement, members[0], domains)
-        values = ordered_values(free)
+        values = list(cycle.gangs.domains.free_ordered(cycle.placement, members[0], domains)[1])
         plan = cycle.placement.plan(members[0].claim)
         # alike members of one request and placement each: a value whose free and preemptible devices that
         # request accepts fall short of the gang is not searched
@@ -286,10 +284,9 @@ def _undo(cycle: AdmissionState, placed: list[tuple[Waiting, Allocation]], mark:
         cycle.withdraw(member)
     undone = cycle.preemptions[mark:]
     if undone:
-        was_running = {r.key: r for r in cycle.snapshot.running}
         for preemption in undone:
             cycle.preempted.discard(preemption.victim)
-            cycle.holdings.hold(was_running[preemption.victim])
+            cycle.holdings.hold(cycle.evicted[preemption.victim])
         del cycle.preemptions[mark:]
 
 
@@ -328,16 +325,16 @@ def _place_on_one_value(cycle: AdmissionState, unit: GangUnit, members: Sequence
     if not domains:
         return Refusal(f"gang {unit.name} needs {need} GPUs on one {key}; no node has the label {key}",
                        UNANSWERED, [])
-    free = cycle.gangs.domains.free(cycle.placement, members[0], domains)
+    free, ordered = cycle.gangs.domains.free_ordered(cycle.placement, members[0], domains)
     if facts.alike is None:
         facts.alike = len({id(m.claim) for m in members}) == 1 or len({_spec(cycle, m) for m in members}) == 1
     alike = facts.alike
-    most = max(free.values())
+    most = free[ordered[0]]  # the most free (ordered_values puts it first)
     last: Refusal | None = None
     if facts.usable is None:  # fixed for the fleet: worked out once per unit
         facts.usable = usable_nodes(cycle.placement, members)
     usable = facts.usable
-    for value in ordered_values(free):
+    for value in ordered:
         if alike and free[value] < need:
             break  # the rest have fewer still
         with confined(cycle.placement, cycle.fleet, domains[value], usable):

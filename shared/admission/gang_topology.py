@@ -32,7 +32,7 @@ class Domains:
         # the free devices per value at the index's version they were counted at
         self._within: dict[tuple[int, int], tuple[DeviceIndex, Mapping[str, tuple[str, ...]],
                                                   tuple[tuple[str, tuple[str, ...]], ...]]] = {}
-        self._free: dict[tuple[int, int], tuple[int, dict[str, int]]] = {}
+        self._free: dict[tuple[int, int], tuple[int, dict[str, int], tuple[str, ...]]] = {}
 
     def of(self, fleet: Fleet, key: str) -> Mapping[str, tuple[str, ...]]:
         if fleet is not self._fleet:
@@ -52,10 +52,17 @@ class Domains:
         """Per label value of `domains` (as of() gave them), the free devices the member's first request
         accepts on its nodes. Counted over the nodes the index holds only (the others have none it
         accepts), and again only when the index's free devices changed: many gangs wait for one spec."""
+        return self.free_ordered(placement, member, domains)[0]
+
+    def free_ordered(self, placement: FleetState, member: Waiting, domains: Mapping[str, tuple[str, ...]]
+                     ) -> tuple[dict[str, int], tuple[str, ...]]:
+        """`free`, and its values as ordered_values() orders them, kept with the count: every gang of a
+        spec tried in a cycle reads them while the index's free devices stay the same."""
         try:
             index = placement.index(placement.plan(member.claim).variants[0][0])
         except (Rejected, IndexError):
-            return dict.fromkeys(domains, 0)
+            free = dict.fromkeys(domains, 0)
+            return free, tuple(ordered_values(free))
         at = (id(index), id(domains))
         within = self._within.get(at)
         if within is None or within[0] is not index or within[1] is not domains:
@@ -68,10 +75,11 @@ class Domains:
             self._free.pop(at, None)
         counted = self._free.get(at)
         if counted is not None and counted[0] == index.version:
-            return counted[1]
+            return counted[1], counted[2]
         free = {value: sum(len(index.free_on(n)) for n in nodes) for value, nodes in within[2]}
-        self._free[at] = (index.version, free)  # read after counting: a node counted first may bump it
-        return free
+        ordered = tuple(ordered_values(free))
+        self._free[at] = (index.version, free, ordered)  # read after counting: a node counted first may bump it
+        return free, ordered
 
 
 def free_per_value(placement: FleetState, member: Waiting, domains: Mapping[str, tuple[str, ...]]

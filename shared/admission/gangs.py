@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from typing import Any
 
@@ -40,12 +41,12 @@ class GangUnit:
     def complete(self) -> bool:
         return len(self.members) == self.settings.size
 
-    @property
+    @cached_property
     def priority(self) -> int:
-        """Its highest member's."""
+        """Its highest member's (a unit's members are fixed: worked out once)."""
         return max(m.priority for m in self.members)
 
-    @property
+    @cached_property
     def arrival(self) -> int:
         """When it became complete: its last member's arrival."""
         return max(m.arrival for m in self.members)
@@ -158,7 +159,7 @@ class WaitingGangs:
         busy fleet does not make every waiting gang publish its members' statuses each cycle."""
         told = self.told.get(waiting.key)
         if waiting.answered and told is not None and (
-                told == reason or numbers_may_lag and _DIGITS.sub("#", told) == _DIGITS.sub("#", reason)):
+                told == reason or numbers_may_lag and _shape(told) == _shape(reason)):
             return False
         self.told[waiting.key] = reason
         return True
@@ -204,6 +205,13 @@ class WaitingGangs:
             else:
                 agreed.append(waiting)
         return GangUnit(key, stated, tuple(agreed)), disagree
+
+
+@lru_cache(maxsize=4096)
+def _shape(reason: str) -> str:
+    """The reason with its numbers blanked: a refused gang's members are each asked it with one reason,
+    and most were told the last cycle's, so both are worked out once, not once per member."""
+    return _DIGITS.sub("#", reason)
 
 
 def _disagreement(gang: str, first: Waiting, stated: GangSettings, settings: GangSettings) -> str | None:

@@ -44,13 +44,7 @@ class VictimTenants:
         self.book = book
         self.tenants = [(tenant, claims, book.weight(tenant), book.share(tenant), book.cohort_of(tenant))
                         for tenant, claims in victims.items() if claims]
-        self._borrowed: dict[str, frozenset[str | None]] = {}
-
-    def borrowed(self, tenant: str) -> frozenset[str | None]:
-        found = self._borrowed.get(tenant)
-        if found is None:
-            found = self._borrowed[tenant] = self.book.borrowed_flavors(tenant)
-        return found
+        self.borrowed = book.borrowed_flavors  # kept by the book as usage moves
 
 
 def allocated_devices(fleet: Fleet, allocation: Allocation) -> list[FleetDevice]:

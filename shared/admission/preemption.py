@@ -300,6 +300,7 @@ def _try_preempt(state: AdmissionState, waiting: Waiting, within: Collection[str
     victims = [(moved, rule) for victim, rule in chosen for moved in _moved(state, victim)]  # whole gangs
     for victim, _ in victims:
         _evict(state, victim)
+        state.evicted[victim.key] = victim
     state.admit(waiting, allocation)
     for victim, rule in victims:  # reasons state the shares after the move
         state.preemptions.append(Preemption(victim.key, waiting.key, rule,

@@ -22,7 +22,6 @@ class QuotaBook:
         self.config = config
         self.capacity = capacity  # devices per flavor in the fleet
         self.used: dict[tuple[str, str], int] = defaultdict(int)
-        self.flavors_used: dict[str, set[str]] = defaultdict(set)  # every flavor a tenant ever used here
         self.units: dict[str, float] = defaultdict(float)
         self.members: dict[str, list[str]] = defaultdict(list)
         self.keep: dict[tuple[str, str], int] = {}  # nominal a tenant never lends
@@ -32,6 +31,8 @@ class QuotaBook:
         self.covered: dict[str, int] = defaultdict(int)  # nominal quota per flavor over all tenants
         self.unused: dict[str, int] = dict(capacity)  # devices per flavor no tenant uses (idle() reads it)
         self.borrowed_count: dict[str, int] = defaultdict(int)  # flavors a tenant uses beyond its nominal
+        self._borrowing: dict[str, set[str]] = defaultdict(set)  # those flavors, kept as usage moves
+        self._borrowed: dict[str, frozenset[str | None]] = {}  # borrowed_flavors() as last asked, per tenant
         self.cohort_versions: dict[str, int] = defaultdict(int)  # per cohort: its members' usage changed
         self.free_version = 0  # the free capacity some cohort spilled into changed
         self._fixed: dict[tuple[str, str], tuple[int, int, tuple[str, str], int, int]] = {}  # per quotas
@@ -79,7 +80,6 @@ class QuotaBook:
             return
         self.cohort_versions[self.cohort_of(tenant)] += 1
         key = (tenant, flavor)
-        self.flavors_used[tenant].add(flavor)
         self.unused[flavor] = self.unused.get(flavor, 0) - count
         keep = self.keep.get(key, 0)
         used = self.used[key]
@@ -89,6 +89,11 @@ class QuotaBook:
         nominal = self.nominal(tenant, flavor)
         if (used > nominal) != (now > nominal):
             self.borrowed_count[tenant] += 1 if count > 0 else -1
+            if now > nominal:
+                self._borrowing[tenant].add(flavor)
+            else:
+                self._borrowing[tenant].discard(flavor)
+            self._borrowed.pop(tenant, None)
         if before != after:
             cohort = (self.cohort_of(tenant), flavor)
             lends, spill = self.lends[cohort], self.spill[cohort]
@@ -134,8 +139,12 @@ class QuotaBook:
         return fixed
 
     def borrowed_flavors(self, tenant: str) -> frozenset[str | None]:
-        """Flavors the tenant uses beyond its nominal quota."""
-        return frozenset(f for f in self.flavors_used.get(tenant, ()) if self.borrowing(tenant, f) > 0)
+        """Flavors the tenant uses beyond its nominal quota: kept by add() as usage crosses a nominal
+        quota, not worked out from every flavor it used (the preemption search asks per tenant and attempt)."""
+        found = self._borrowed.get(tenant)
+        if found is None:
+            found = self._borrowed[tenant] = frozenset(self._borrowing.get(tenant, ()))
+        return found
 
     def idle(self, flavor: str) -> int:
         """Devices of the flavor nobody uses (an upper bound where some are on unusable nodes)."""

@@ -67,6 +67,7 @@ class AdmissionState:
         self.preempted: set[ClaimKey] = set()
         self.order = itertools.count(1)  # allocated_order of this cycle's admissions
         self._victim_view: VictimTenants | None = None  # dropped whenever a claim is admitted
+        self.evicted: dict[ClaimKey, Running] = {}  # this cycle's preempted claims as they ran (an undo restores them)
 
     def fits(self, snapshot: Snapshot, placement: FleetState | None) -> bool:
         """Whether this state may be brought up to date for `snapshot` and the kept fleet state `placement`
@@ -112,6 +113,7 @@ class AdmissionState:
         self.gangs.refused_now = []
         self.answers.new_cycle()
         self._victim_view = None
+        self.evicted = {}
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(self.holdings.last_order + 1)
 
