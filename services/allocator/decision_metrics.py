@@ -34,9 +34,10 @@ class Parts:
 
 class DecisionMetrics:
     """`waiting`: the queue the last cycle read; `flavors_of`: the flavors each waiting claim's last answer
-    named. The depth walks the queue: at most every `depth_interval` seconds."""
+    named. The depth walks the queue: at most every `depth_interval` seconds (every second, it took 3 % of
+    the allocator's time with 7,500 claims waiting; Prometheus scrapes every 15 s or more)."""
 
-    def __init__(self, depth_interval: float = 1.0) -> None:
+    def __init__(self, depth_interval: float = 5.0) -> None:
         self.depth_interval = depth_interval
         self.waiting: Mapping[tuple[str, str], Any] | None = None
         self.flavors_of: dict[tuple[str, str], tuple[str, ...]] = {}

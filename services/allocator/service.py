@@ -63,7 +63,7 @@ class Allocator:
         inventory_ttl: float = 90.0,
         cycle_interval: float = 1.0,
         reason_refresh: float = 60.0,
-        depth_interval: float = 1.0,
+        depth_interval: float = 5.0,
         shard: str = "default",
         min_runtime: float = 0.0,
         gang_reserve_after: float = DEFAULT_GANG_RESERVE_AFTER,

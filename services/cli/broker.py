@@ -277,7 +277,8 @@ def serve(
         from services.runtime.stack import Stack, start_service
         from shared.ledger.engine import create_engine
 
-        engine = create_engine(settings.database_url())
+        # the allocator retries any ledger error: no round trip to test each connection first
+        engine = create_engine(settings.database_url(), pre_ping=service != "allocator")
         stack = Stack(nats_url=settings.nats_url or "", db_url=settings.database_url(), engine=engine)
         setup = await connect(stack.nats_url, name=f"claimbroker-{service}-setup", tls_ca=settings.tls_ca)
         try:

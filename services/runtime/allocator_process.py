@@ -141,7 +141,7 @@ async def _serve(args: ChildArgs, lifeline: Connection, reports: Connection) -> 
     from services.bus.cancel import wait_closed
     from shared.ledger.engine import create_engine
 
-    engine = create_engine(args.db_url)
+    engine = create_engine(args.db_url, pre_ping=False)  # its transactions are retried on any ledger error
     app = allocator_app.create_app(args.settings, engine, args.nats_url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

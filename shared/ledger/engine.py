@@ -42,7 +42,15 @@ def _to_json(value: Any) -> str:
 _JSON = {"json_serializer": _to_json, "json_deserializer": orjson.loads}
 
 
-def create_engine(url: str) -> AsyncEngine:
+# Statements whose text varies with a list's length (`IN (...)` of a batch's keys) are prepared once per
+# length: asyncpg's default cache of 100 kept re-preparing them under load, a round trip each.
+PG_STATEMENT_CACHE = 1000
+
+
+def create_engine(url: str, *, pre_ping: bool = True) -> AsyncEngine:
+    """`pre_ping`: each checkout first tests its PostgreSQL connection (a round trip). The allocator goes
+    without: a connection that broke fails its transaction, which the allocator retries on a fresh one, as
+    it retries any ledger error."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30}, **_JSON)
@@ -62,7 +70,8 @@ def create_engine(url: str) -> AsyncEngine:
         return engine
     # asyncpg waits 60 s for a connection by default: a command or a start-up would hang that long on a
     # server that does not answer; 10 s is plenty on a network that works
-    return create_async_engine(url, pool_pre_ping=True, connect_args={"timeout": PG_CONNECT_TIMEOUT_S}, **_JSON)
+    return create_async_engine(url, pool_pre_ping=pre_ping, connect_args={
+        "timeout": PG_CONNECT_TIMEOUT_S, "prepared_statement_cache_size": PG_STATEMENT_CACHE}, **_JSON)
 
 
 def sessions(engine: AsyncEngine) -> async_sessionmaker[Any]:

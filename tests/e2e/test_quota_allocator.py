@@ -169,8 +169,8 @@ class FailsOnceAfterANodeIsLost(Allocator):
         self.run_cycle = self.cycle.run
         self.cycle.run = self.run_then_fail_once
 
-    async def run_then_fail_once(self, work: Any, config: Any = None) -> Any:
-        cycled = await self.run_cycle(work, config)
+    async def run_then_fail_once(self, work: Any, config: Any = None, parts: Any = None) -> Any:
+        cycled = await self.run_cycle(work, config, parts)
         if cycled.lost and not FailsOnceAfterANodeIsLost.failed:
             FailsOnceAfterANodeIsLost.failed = True
             raise IntegrityError("a cycle", {}, Exception("simulated: a racing allocator committed first"))
