@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,26 @@ from services.bus.embedded import EmbeddedNats
 from tests.private_postgres import PrivatePostgres
 
 PG_ADMIN_URL = os.environ.get("CLAIMBROKER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _compile_the_sources_ahead() -> None:
+    """With PYTHONDONTWRITEBYTECODE set, no interpreter writes a .pyc: every CLI command, `up` and its
+    allocator process the tests start compiled the project's modules from source again (45 ms of CPU a
+    `claimbroker status`, 200 ms a process importing the services; alembic compiled the migrations at each
+    `migrate` as well). Compiled once here, beside their sources, as Python does without that variable (and
+    ignored by git); Python still checks each against its source, so an edited module is never run stale.
+    Only what is not up to date is compiled: a few hundredths of a second once done."""
+    if not sys.dont_write_bytecode:
+        return  # the interpreters write them themselves
+    import compileall
+
+    root = Path(__file__).resolve().parent.parent
+    for folder in ("services", "shared", "migrations", "bench"):
+        with contextlib.suppress(OSError):  # a read-only checkout: only slower
+            compileall.compile_dir(root / folder, quiet=2)
+
+
+_compile_the_sources_ahead()
 
 
 @pytest.fixture
