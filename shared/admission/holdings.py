@@ -42,8 +42,9 @@ class VictimTenants:
 
     def __init__(self, book: QuotaBook, victims: Mapping[str, dict[ClaimKey, Victim]]) -> None:
         self.book = book
-        self.tenants = [(tenant, claims, book.weight(tenant), book.share(tenant), book.cohort_of(tenant))
-                        for tenant, claims in victims.items() if claims]
+        units, weight, cohort_of = book.units, book.weight, book.cohort_of  # share() inlined: rebuilt per admission
+        self.tenants = [(tenant, claims, w, units[tenant] / w, cohort_of(tenant))
+                        for tenant, claims in victims.items() if claims for w in (weight(tenant),)]
         self.borrowed = book.borrowed_flavors  # kept by the book as usage moves
 
 

@@ -77,7 +77,7 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
                 continue
         runs_until = 0.0  # under reclaim and fair share: a claim allocated after this is spared (minRuntime)
         if rule != "priority":
-            if _rate_spent(state, tenant):
+            if quotas.preemptions_per_minute(tenant) is not None and _rate_spent(state, tenant):
                 continue
             if now is not None and (least_run := quotas.min_runtime(tenant)) > 0:
                 runs_until = now - least_run
@@ -97,20 +97,22 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
             for flavor in sorted(wanted, key=str):
                 if found_pool := pools.get(flavor):
                     pool.update(found_pool)
+        by_priority, by_fair_share = rule == "priority", rule == "fair-share"  # per tenant, not per claim
+        below = preemptor.priority if by_priority else None
         for key, (victim, node, units) in pool.items():
             if key in spared or node not in hosts:
                 continue
-            if rule == "priority" and victim.priority >= preemptor.priority:
-                continue
-            if rule == "fair-share" and share - units / weight < mine:
+            if by_priority:
+                if victim.priority >= preemptor.priority:
+                    continue
+            elif by_fair_share and share - units / weight < mine:
                 continue
             if runs_until and victim.allocated_at is not None and victim.allocated_at > runs_until:
                 state.answers.note_wait(preemptor, tenant, rule, victim.allocated_at + quotas.min_runtime(tenant))
                 continue
-            if victim.gang is not None and not _gang_movable(state, victim, spared, runs_until,
-                                                             preemptor.priority if rule == "priority" else None,
+            if victim.gang is not None and not _gang_movable(state, victim, spared, runs_until, below,
                                                              share - _units(state, victim) / weight < mine
-                                                             if rule == "fair-share" else False):
+                                                             if by_fair_share else False):
                 continue  # a member whose gang cannot be preempted whole
             found = on_hosts.get(node)
             if found is None:
