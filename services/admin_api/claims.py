@@ -7,7 +7,7 @@ import time
 from typing import Annotated, Any, Self
 
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 
 from services.admin_api.access import Caller, Principal, Session, admin, visible
 from services.admin_api.fields import Model, Name, Stamp
@@ -24,6 +24,10 @@ Cursor = Annotated[int | None, Query(ge=0, le=2**63 - 1,  # claim ids are 64-bit
                                      description="`next` of the previous page")]
 
 
+# the ledger's column, the field's own name (a ClaimOut dumped again), the body's name
+_REASON = AliasChoices("estimate_reason", "estimated_start_reason", "estimatedStartReason")
+
+
 class ClaimOut(Model):
     namespace: str
     name: str
@@ -37,12 +41,16 @@ class ClaimOut(Model):
     updated_at: Stamp
     estimated_start: dict[str, Any] | None = Field(
         default=None, description="Pending only: the start estimate last published on its status subject "
-                                  "({p50, p90, blockedBy}); null if none was")
+                                  "({p50, p90, blockedBy}); null if none was, or a null one was")
+    estimated_start_reason: str | None = Field(
+        default=None, validation_alias=_REASON, serialization_alias="estimatedStartReason",
+        description="Pending only: why the start estimate last published is null (its status's "
+                    "estimatedStartReason); null if it had a value, or none was published")
 
     @model_validator(mode="after")
     def _pending_only(self) -> Self:
         if self.state != "Pending":  # a claim withdrawn while it waited keeps its last estimate in the ledger
-            self.estimated_start = None
+            self.estimated_start = self.estimated_start_reason = None
         return self
 
 
@@ -72,7 +80,11 @@ class ExplainOut(Model):
     explain: dict[str, Any] | None = Field(description="the allocator's structured reason; null if none")
     estimated_start: dict[str, Any] | None = Field(
         default=None, description="Pending only: the start estimate last published ({p50, p90, blockedBy}); "
-                                  "null if none was")
+                                  "null if none was, or a null one was")
+    estimated_start_reason: str | None = Field(
+        default=None, validation_alias=_REASON, serialization_alias="estimatedStartReason",
+        description="Pending only: why the start estimate last published is null; null if it had a value, or "
+                    "none was published")
 
 
 class AlertOut(Model):
@@ -133,7 +145,8 @@ async def explain_claim(namespace: Name, name: Name, s: Session, token: Caller) 
     """Why it waits, as the allocator wrote it with its latest Pending decision."""
     row = await _claim(s, token, namespace, name)
     return ExplainOut(namespace=row.namespace, name=row.name, state=row.state, reason=row.reason,
-                      explain=row.explain, estimated_start=_estimate(row))
+                      explain=row.explain, estimated_start=_estimate(row),
+                      estimated_start_reason=row.estimate_reason if row.state == "Pending" else None)
 
 
 def _estimate(row: Claim) -> dict[str, Any] | None:

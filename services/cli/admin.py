@@ -248,7 +248,7 @@ def explanation_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"reason: {result['reason']}")
     found = result.get("explain")
     if found is None:
-        return [*lines, "no structured explanation recorded"]
+        return [*lines, *no_estimate_lines(result), "no structured explanation recorded"]
     tenant = found.get("tenant") or {}
     if tenant:
         figures = ", ".join(f"{label} {tenant[key]}" for key, label in (
@@ -267,6 +267,8 @@ def explanation_lines(result: dict[str, Any]) -> list[str]:
         blocked = ", ".join(estimate.get("blockedBy") or [])
         lines.append(f"estimated start: {estimate['p50']} (p90 {estimate.get('p90') or '?'})"
                      + (f", waiting for {blocked}" if blocked else ""))
+    else:
+        lines += no_estimate_lines(result)
     preemption = found.get("preemption") or {}
     if preemption:
         lines.append(f"preemption: {preemption.get('candidates', 0)} preemptible claim(s) running; "
@@ -276,6 +278,13 @@ def explanation_lines(result: dict[str, Any]) -> list[str]:
     suggestions = found.get("toAdmit") or []
     lines += ["to admit it:", *(f"  - {s}" for s in suggestions)] if suggestions else []
     return lines
+
+
+def no_estimate_lines(result: dict[str, Any]) -> list[str]:
+    """A null start estimate's line, with why nothing can be said (its estimatedStartReason); none when no
+    null one was published."""
+    why = result.get("estimatedStartReason")
+    return [f"estimated start: none: {why}"] if result.get("estimatedStart") is None and why else []
 
 
 def gang_line(gang: dict[str, Any]) -> str:

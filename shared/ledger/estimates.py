@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, bindparam, insert, select, update
+from sqlalchemy import Table, and_, bindparam, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -46,13 +46,22 @@ async def observed_runtimes(work: UnitOfWork, since: float, limit: int = MAX_RUN
     return [(tenant, flavor, unix(ended) - unix(started)) for tenant, flavor, started, ended in rows]
 
 
-async def published_estimates(work: UnitOfWork) -> dict[ClaimKey, float]:
-    """Per waiting claim with an estimate published in its current wait, its p50 (unix seconds): where a
-    restarted estimator goes on from. A claim sent back to the queue keeps the p50 of its earlier wait (the
-    estimates' error) but not its estimate (cleared at its allocation; JSON null, so looked at here)."""
-    rows = await work.session.execute(select(Claim.namespace, Claim.name, Claim.estimate_p50, Claim.estimated_start)
-                                      .where(Claim.state == State.PENDING.value, Claim.estimate_p50.is_not(None)))
-    return {(tenant, name): float(p50) for tenant, name, p50, estimate in rows if p50 is not None and estimate}
+async def published_estimates(work: UnitOfWork) -> dict[ClaimKey, float | None]:
+    """Per waiting claim with an estimate published in its current wait, its p50 (unix seconds; None: a null
+    one, with its reason): where a restarted estimator goes on from, so it publishes none of them again. A claim
+    sent back to the queue keeps the p50 of its earlier wait (the estimates' error) but not its estimate nor its
+    reason (cleared at its allocation; the estimate is JSON null, so looked at here)."""
+    rows = await work.session.execute(
+        select(Claim.namespace, Claim.name, Claim.estimate_p50, Claim.estimated_start, Claim.estimate_reason)
+        .where(Claim.state == State.PENDING.value,
+               or_(Claim.estimate_p50.is_not(None), Claim.estimate_reason.is_not(None))))
+    published: dict[ClaimKey, float | None] = {}
+    for tenant, name, p50, estimate, reason in rows:
+        if estimate and p50 is not None:
+            published[(tenant, name)] = float(p50)
+        elif estimate is None and reason:
+            published[(tenant, name)] = None
+    return published
 
 
 @dataclass(frozen=True)
@@ -72,13 +81,14 @@ _SET_ESTIMATE = (update(_CLAIMS).where(_CLAIMS.c.id == bindparam("row_id"),
                  .values(sequence=bindparam("new_sequence"),
                          estimated_start=bindparam("new_estimate", type_=_CLAIMS.c.estimated_start.type),
                          estimate_p50=bindparam("new_p50", type_=_CLAIMS.c.estimate_p50.type),
-                         first_estimate_p50=bindparam("new_first", type_=_CLAIMS.c.first_estimate_p50.type)))
+                         first_estimate_p50=bindparam("new_first", type_=_CLAIMS.c.first_estimate_p50.type),
+                         estimate_reason=bindparam("new_reason", type_=_CLAIMS.c.estimate_reason.type)))
 
 
 @dataclass(frozen=True)
 class Written:
     """What write_estimates did: the claims it wrote, and those whose row holds an estimate it was not due
-    against (with that estimate's p50; None: the row holds none, or a null one)."""
+    against (with that estimate's p50; None: the row holds a null one, with its reason)."""
 
     claims: list[ClaimKey]
     held: dict[ClaimKey, float | None]
@@ -108,14 +118,15 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
         # with both lists, where a list of pairs was a scan of every claim row (120 ms for 500 of 10,000)
         found = await session.execute(
             select(Claim.id, Claim.namespace, Claim.name, Claim.reason, Claim.sequence, Claim.first_estimate_p50,
-                   Claim.estimate_p50, Claim.estimated_start, Claim.explain)
+                   Claim.estimate_p50, Claim.estimated_start, Claim.explain, Claim.estimate_reason)
             .where(Claim.namespace.in_(sorted({t for t, _ in chunk})), Claim.name.in_([n for _, n in chunk]),
                    Claim.state == State.PENDING.value, Claim.reason.is_not(None)))
         for row in found:
             key = (row[1], row[2])
             if key not in wanted:
                 continue
-            if now is not None and move(bool(row[7]), row[6], wanted[key].p50, now) is None:
+            published = bool(row[7]) or bool(row[9])  # an estimate, or a null one with its reason
+            if now is not None and move(published, row[6] if row[7] else None, wanted[key].p50, now) is None:
                 held[key] = row[6] if row[7] else None
             else:
                 explained = row[8] if isinstance(row[8], dict) else {}
@@ -126,16 +137,17 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
     for row_id, tenant, name, reason, sequence, first, unsatisfiable in sorted(rows):
         estimate = wanted[(tenant, name)]
         following = (sequence or 0) + 1
+        why = estimate.reason if estimate.estimated_start is None and estimate.reason else None
         updates.append({"row_id": row_id, "old_sequence": sequence, "new_sequence": following,
                         "new_estimate": estimate.estimated_start, "new_p50": estimate.p50,
-                        "new_first": first if first is not None else estimate.p50})
+                        "new_first": first if first is not None else estimate.p50, "new_reason": why})
         history.append({"claim_id": row_id, "sequence": following, "state": State.PENDING.value, "reason": reason,
                         "node": None, "by": None})
         payload = events.claim_status(namespace=tenant, name=name, state=State.PENDING.value, allocation=None,
                                       reason=reason, sequence=following, unsatisfiable=unsatisfiable)
         payload["estimatedStart"] = cast(Any, estimate.estimated_start)
-        if estimate.estimated_start is None and estimate.reason:
-            payload["estimatedStartReason"] = estimate.reason
+        if why:
+            payload["estimatedStartReason"] = why
         outbox.append({"subject": subjects.status(tenant, name), "message_id": f"status:{row_id}:{following}",
                        "payload": payload, "ttl_s": None})
     await session.execute(_SET_ESTIMATE, updates)

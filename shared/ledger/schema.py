@@ -119,6 +119,9 @@ class Claim(Base):
     estimated_start: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     estimate_p50: Mapped[float | None] = mapped_column(Float, nullable=True)
     first_estimate_p50: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Why the estimate last published is null (its estimatedStartReason), carried as estimated_start is; None
+    # when it had a value or none was published. Set: a null was published (a restarted estimator knows it).
+    estimate_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class DeviceAllocation(Base):

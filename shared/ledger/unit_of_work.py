@@ -75,6 +75,8 @@ class ClaimRow:
     # the start estimate last published while it waited, which its Pending statuses carry; cleared when it is
     # allocated (its estimate_p50 columns stay: the estimates' error)
     estimated_start: dict[str, Any] | None = None
+    # why that estimate is null (its estimatedStartReason), carried and cleared with it
+    estimate_reason: str | None = None
 
 
 @dataclass(eq=False)
@@ -106,8 +108,12 @@ class Writes:
             namespace=row.namespace, name=row.name, state=row.state, allocation=row.allocation,
             reason=row.reason, sequence=row.sequence, by=by, unsatisfiable=unsatisfiable,
         )
-        if row.state == State.PENDING.value and (estimate := getattr(row, "estimated_start", None)) is not None:
-            payload["estimatedStart"] = estimate
+        if row.state == State.PENDING.value:  # the start estimate last published: a value, or a null and why
+            if (estimate := getattr(row, "estimated_start", None)) is not None:
+                payload["estimatedStart"] = estimate
+            elif why := getattr(row, "estimate_reason", None):
+                payload["estimatedStart"] = None
+                payload["estimatedStartReason"] = why
         if isinstance(row, ClaimRow):
             self.claims[row.id] = row
         self.states[row.state] += 1
@@ -148,6 +154,7 @@ class Writes:
         row.flavor = None
         if decision.allocation is not None:
             row.estimated_start = None
+            row.estimate_reason = None
             node = decision.allocation.node
             for result in decision.allocation.results:
                 if result.admin_access:
@@ -176,7 +183,7 @@ def _event_of(status: _Status) -> dict[str, Any]:
 
 
 _WRITTEN_COLUMNS = ("state", "reason", "allocation", "node", "sequence", "updated_at", "allocated_at", "explain",
-                    "flavor", "estimated_start")
+                    "flavor", "estimated_start", "estimate_reason")
 _UPDATE_CLAIM = (update(_CLAIMS).where(_CLAIMS.c.id == bindparam("row_id"))
                  .values({name: bindparam(f"new_{name}", type_=_CLAIMS.c[name].type) for name in
                           (*_WRITTEN_COLUMNS, "revision")}))

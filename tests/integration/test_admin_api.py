@@ -228,7 +228,7 @@ async def test_claims_read_and_filter(api: Api) -> None:
 
     one = (await api.client.get("/v1/claims/vision/train", headers=api.viewer)).json()
     assert set(one) == {"namespace", "name", "state", "reason", "allocation", "node", "priority", "preemptible",
-                        "submittedAt", "updatedAt", "estimatedStart", "history"}
+                        "submittedAt", "updatedAt", "estimatedStart", "estimatedStartReason", "history"}
     assert one["state"] == "Allocated" and one["reason"] is None and one["priority"] == 5
     assert one["preemptible"] is False and one["allocation"] == {"devices": [{"device": "gpu-0"}]}
     for stamp in (one["submittedAt"], one["updatedAt"]):

@@ -1,5 +1,6 @@
-"""The admin API serves a waiting claim's last published start estimate (estimatedStart) with the claim and
-its explanation, on SQLite and PostgreSQL; a claim that no longer waits shows none."""
+"""The admin API serves a waiting claim's last published start estimate (estimatedStart, or a null one with its
+estimatedStartReason) with the claim and its explanation, on SQLite and PostgreSQL; a claim that no longer waits
+shows none."""
 
 from __future__ import annotations
 
@@ -28,6 +29,27 @@ async def test_claims_and_explain_carry_the_estimate(api: Api) -> None:
     assert {c["name"]: c["estimatedStart"] for c in listed} == {"waits": ESTIMATE, "plain": None, "withdrawn": None}
     withdrawn = (await api.client.get("/v1/claims/vision/withdrawn/explain", headers=api.viewer)).json()
     assert withdrawn["estimatedStart"] is None
+
+
+async def test_a_null_estimate_is_served_with_its_reason(api: Api) -> None:
+    why = "no device of today's fleet could ever satisfy it as written"
+    async with api.factory() as s, s.begin():
+        s.add_all([
+            Claim(namespace="vision", name="never", state="Pending", spec={}, reason="no room", sequence=2,
+                  estimated_start=None, estimate_reason=why, explain={"state": "Pending"}),
+            Claim(namespace="vision", name="waits", state="Pending", spec={}, reason="no room", sequence=2,
+                  estimated_start=ESTIMATE, estimate_p50=1.0),
+            Claim(namespace="vision", name="gave-up", state="Released", spec={}, sequence=3, estimate_reason=why),
+        ])
+    listed = (await api.client.get("/v1/claims", headers=api.viewer)).json()["items"]
+    assert {c["name"]: (c["estimatedStart"], c["estimatedStartReason"]) for c in listed} == {
+        "never": (None, why), "waits": (ESTIMATE, None), "gave-up": (None, None)}, "Pending only"
+    one = (await api.client.get("/v1/claims/vision/never", headers=api.viewer)).json()
+    assert (one["estimatedStart"], one["estimatedStartReason"]) == (None, why)
+    explained = (await api.client.get("/v1/claims/vision/never/explain", headers=api.viewer)).json()
+    assert (explained["estimatedStart"], explained["estimatedStartReason"]) == (None, why)
+    gone = (await api.client.get("/v1/claims/vision/gave-up/explain", headers=api.viewer)).json()
+    assert gone["estimatedStartReason"] is None
 
 
 async def test_estimates_error_per_tenant_and_flavor(api: Api) -> None:

@@ -1,7 +1,7 @@
 """Start estimates in the ledger, on SQLite and PostgreSQL: the runtimes observed (an Allocated status to the
 Released one right after it), an estimate written as the claim's next status only while it is still
 Pending and answered (a decision that took it first wins, and one in flight is waited for), and the
-estimate carried by later Pending statuses, cleared by an allocation."""
+estimate, or a null one with its reason, carried by later Pending statuses, cleared by an allocation."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
         assert read_status(json.dumps(never)) == never, "the contract's status model reads it"
         assert "estimatedStartReason" not in status
         async with unit_of_work(make) as work:
-            assert await published_estimates(work) == {("t", "waits"): p50}
+            assert await published_estimates(work) == {("t", "waits"): p50, ("t", "never"): None}
         # checked against the row (another allocator published it): a move of less than a tenth is not written
         now = p50 - 1200
         async with unit_of_work(make) as work:
@@ -133,7 +133,7 @@ async def test_an_estimate_is_the_next_status_of_a_claim_still_pending(ledger_ur
         # a second one moves the last, not the first
         async with unit_of_work(make) as work:
             await write_estimates(work, "default", [EstimateWrite("t", "waits", None, None)])
-            assert await published_estimates(work) == {}
+            assert await published_estimates(work) == {("t", "never"): None}, "a null without a reason is none"
         async with make() as session:
             row = await session.scalar(select(Claim).where(Claim.namespace == "t", Claim.name == "waits"))
             assert row is not None
@@ -215,5 +215,66 @@ async def test_pending_statuses_carry_the_estimate_until_allocated(ledger_url: s
             [error] = await estimate_errors(work.session, p50 - 3600)
             assert await estimate_errors(work.session, p50 - 3600, tenant="other") == []
             assert (error.tenant, error.first, error.last) == ("t", 90.0, 90.0)
+    finally:
+        await engine.dispose()
+
+
+async def test_a_null_estimate_keeps_its_reason_until_allocated(ledger_url: str) -> None:
+    engine = create_engine(ledger_url)
+    make = sessions(engine)
+    estimate = {"p50": "2026-12-01T12:20:00Z", "p90": None, "blockedBy": []}
+    p50 = T0.timestamp()
+    try:
+        async with make() as session, session.begin():
+            session.add(_claim("a", "Pending", sequence=1))
+        async with unit_of_work(make) as work:
+            await work.take_turn("default", "me", T0.timestamp() + 60)
+        async with unit_of_work(make) as work:
+            assert (await write_estimates(work, "default", [EstimateWrite("t", "a", None, None, UNSATISFIABLE)])
+                    ).claims == [("t", "a")]
+        async with unit_of_work(make) as work:
+            assert await published_estimates(work) == {("t", "a"): None}, (
+                "a restarted estimator knows the null was published")
+            again = await write_estimates(work, "default", [EstimateWrite("t", "a", None, None, UNSATISFIABLE)],
+                                          now=p50)
+            assert (again.claims, again.held) == ([], {("t", "a"): None}), "nor does another allocator write it twice"
+
+        async def pending_decision(reason: str) -> None:
+            async with unit_of_work(make) as work:
+                queue = await load_queue(work)
+                row = (await claim_rows(work, queue, [("t", "a")]))[("t", "a")]
+                work.writes.decision(row, Decision(State.PENDING, reason=reason))
+                work.writes.status(row)
+
+        await pending_decision("waits longer")
+        async with make() as session:
+            assert (await session.scalar(select(Claim.estimate_reason).where(Claim.name == "a"))) == UNSATISFIABLE
+        async with unit_of_work(make) as work:  # a value now: the reason goes
+            await write_estimates(work, "default", [EstimateWrite("t", "a", estimate, p50)], now=p50 - 600)
+            assert await published_estimates(work) == {("t", "a"): p50}
+        await pending_decision("waits on")
+        async with unit_of_work(make) as work:  # null again, then allocated: both go
+            await write_estimates(work, "default", [EstimateWrite("t", "a", None, None, UNSATISFIABLE)], now=p50 - 600)
+        await pending_decision("waits still")
+        async with unit_of_work(make) as work:
+            queue = await load_queue(work)
+            row = (await claim_rows(work, queue, [("t", "a")]))[("t", "a")]
+            work.writes.decision(row, Decision(State.ALLOCATED, Allocation(
+                "n1", (DeviceResult("gpu", "gpu.nvidia.com", "n1", "gpu-0"),))))
+            work.writes.status(row)
+        statuses = await _outbox(make)
+        assert [(s["reason"], s.get("estimatedStart", "-"), s.get("estimatedStartReason")) for s in statuses] == [
+            ("waits", None, UNSATISFIABLE), ("waits longer", None, UNSATISFIABLE), ("waits longer", estimate, None),
+            ("waits on", estimate, None), ("waits on", None, UNSATISFIABLE), ("waits still", None, UNSATISFIABLE),
+            (None, "-", None)], "each later Pending status says it as it was published; the allocation neither"
+        for status in statuses:
+            assert read_status(json.dumps(status)) == status
+        async with make() as session:
+            kept = (await session.execute(select(Claim.estimated_start, Claim.estimate_reason)
+                                          .where(Claim.name == "a"))).one()
+            assert tuple(kept) == (None, None)
+        async with unit_of_work(make) as work:  # preempted: back in the queue, no estimate of this wait yet
+            await work.session.execute(update(Claim).where(Claim.name == "a").values(state="Pending"))
+            assert await published_estimates(work) == {}
     finally:
         await engine.dispose()

@@ -65,3 +65,18 @@ async def test_0012_adds_gang_reserve_after_and_gang_waits_and_takes_them_back(d
     await migrate(db_url)
     assert await _execute(db_url, "SELECT gang_reserve_after_s FROM tenants") == [(None,)]
     assert await _execute(db_url, "SELECT tenant FROM gang_waits") == []
+
+
+async def test_0014_adds_estimate_reason_and_takes_it_back(db_url: str) -> None:
+    await migrate(db_url, "0013")
+    await _execute(db_url, "INSERT INTO claims (namespace, name, state, spec, priority, preemptible, sequence) "
+                           "VALUES ('vision', 'waits', 'Pending', '{}', 0, true, 2)")
+    await migrate(db_url)
+    assert await _execute(db_url, "SELECT name, estimate_reason FROM claims") == [("waits", None)], (
+        "a claim from before: no null estimate known to be published (the estimator publishes it once more)")
+    await _execute(db_url, "UPDATE claims SET estimate_reason = 'it does not start within 7d'")
+    await downgrade(db_url, "0013")
+    assert "estimate_reason" not in (await columns(db_url))["claims"]
+    assert await _execute(db_url, "SELECT name, sequence FROM claims") == [("waits", 2)]
+    await migrate(db_url)
+    assert await _execute(db_url, "SELECT estimate_reason FROM claims") == [(None,)]

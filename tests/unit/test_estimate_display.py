@@ -50,6 +50,17 @@ def test_explain_estimated_start_line() -> None:
     assert not any(line.startswith("estimated start") for line in explanation_lines({**result, "estimatedStart": None}))
 
 
+def test_explain_says_why_a_null_estimate_is_null() -> None:
+    why = "no device of today's fleet could ever satisfy it as written"
+    result = {"namespace": "vision", "name": "never", "state": "Pending", "reason": "no room",
+              "explain": {"state": "Pending"}, "estimatedStart": None, "estimatedStartReason": why}
+    assert f"estimated start: none: {why}" in explanation_lines(result)
+    assert explanation_lines({**result, "explain": None})[-2:] == [
+        f"estimated start: none: {why}", "no structured explanation recorded"], "said without an explanation too"
+    assert not any(line.startswith("estimated start") for line in explanation_lines(
+        {**result, "estimatedStartReason": None})), "none published: nothing said"
+
+
 def test_estimates_table_and_gauges() -> None:
     from prometheus_client import REGISTRY
 
