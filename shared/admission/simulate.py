@@ -49,8 +49,8 @@ class ClaimOutcome:
             "allocation": d.allocation.to_json() if d.allocation else None,
             "reason": d.reason,
         }
-        if d.state is State.PENDING:  # the contract's estimatedStart: null when nothing can be said
-            out["estimatedStart"] = self.estimate.to_json() if self.estimate is not None else None
+        if d.state is State.PENDING:  # the contract's estimatedStart: null when nothing can be said, and why
+            out.update(self.estimate.status_fields() if self.estimate is not None else {"estimatedStart": None})
         return out
 
 

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli import app
+from shared.admission.estimates import HORIZON, UNSATISFIABLE, beyond_horizon
 from shared.admission.simulate import run_waves
 from shared.admission.wave_documents import Advance, Release, WaveItem
 from shared.dra.classes import BUILTIN_CLASSES
@@ -69,6 +70,18 @@ def test_pending_claims_get_estimated_start(row: Row) -> None:
     assert all(c["state"] == "Pending" for k, c in claims.items() if k in estimated)
     for key, state in row.states.items():
         assert claims[key]["state"] == state
+
+
+def test_a_null_estimate_says_why() -> None:
+    held = [claim(f"held-{i}", "lab", preemptible=False) for i in range(4)]
+    out = run_waves(FOUR, BUILTIN_CLASSES, [held, [claim("two", count=2), claim("huge", count=8)]]).to_json()
+    claims = {c["name"]: c for c in out["claims"]}
+    assert (claims["two"]["estimatedStart"], claims["huge"]["estimatedStart"]) == (None, None)
+    assert claims["two"]["estimatedStartReason"] == beyond_horizon(HORIZON), (
+        "nothing running has a known runtime: it says what would let an estimate be said")
+    assert claims["huge"]["estimatedStartReason"] == UNSATISFIABLE, "8 GPUs of a fleet of 4"
+    valued = run_waves(FOUR, BUILTIN_CLASSES, [BUSY, [claim("two", count=2)]]).to_json()
+    assert [c for c in valued["claims"] if "estimatedStartReason" in c] == [], "only a null has a reason"
 
 
 def test_estimates_can_be_left_out() -> None:
