@@ -5,8 +5,8 @@ share, then a small floor pool for claims that need only what is cached. A claim
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from types import TracebackType
 
 from shared.admission.model import ClaimKey, Waiting
 from shared.dra.allocation import FleetState
@@ -39,34 +39,11 @@ class PlacementBudget:
     def allowance_left(self, tenant: str) -> int:
         return self.allowance.get(tenant, self.tenant_budget)
 
-    @contextlib.contextmanager
-    def paying(self, waiting: Waiting) -> Iterator[Meter]:
+    def paying(self, waiting: Waiting) -> _Paying:
         """Charge the placement work done inside for `waiting` to its tenant: a meter of what is left of the
         tenant's allowance for this cycle (at most CLAIM_BUDGET), else of its floor pool when the claim is not
         known to be expensive. Nested calls for the same claim share the outer meter."""
-        if self._paying is not None and self._paying[0] == waiting.key:
-            yield self._paying[1]
-            return
-        tenant = waiting.tenant
-        left = self.allowance_left(tenant)
-        from_floor = left <= 0
-        if from_floor:
-            floor = self.floor.get(tenant, self.tenant_budget // 4)
-            known = waiting.key in self.unprepared or self.known_expensive(waiting)
-            limit = 0 if known else min(FLOOR_BUDGET, floor)
-        else:
-            limit = min(CLAIM_BUDGET, left)
-        meter, outer = Meter(limit), self._paying
-        self._paying = (waiting.key, meter)
-        try:
-            with self.placement.metered(meter):
-                yield meter
-        finally:
-            self._paying = outer
-            if from_floor:
-                self.floor[tenant] = self.floor.get(tenant, self.tenant_budget // 4) - meter.spent
-            else:  # past zero it is a debt (work that could not be split): the next cycles repay it
-                self.allowance[tenant] = left - meter.spent
+        return _Paying(self, waiting)
 
     def meter(self) -> Meter | None:
         """The meter of the claim being paid for (`paying`), if any: else a decision gets its own."""
@@ -84,3 +61,55 @@ class PlacementBudget:
         self.deferred += 1
         placement = self.placement
         return Decision(State.PENDING, reason=placement.cut_reason(placement.plan(waiting.claim)), cut=True)
+
+
+class _Paying:
+    """PlacementBudget.paying as a plain context manager: it is entered about ten times per claim tried
+    (a trial, each flavor, each preemption node), where a generator's context manager cost more than the
+    bookkeeping it wraps."""
+
+    __slots__ = ("budget", "waiting", "outer", "meter", "left", "from_floor", "metered")
+
+    def __init__(self, budget: PlacementBudget, waiting: Waiting) -> None:
+        self.budget, self.waiting = budget, waiting
+
+    def __enter__(self) -> Meter:
+        budget, waiting = self.budget, self.waiting
+        outer = self.outer = budget._paying
+        if outer is not None and outer[0] == waiting.key:
+            self.metered = None  # nested: the outer call charges
+            return outer[1]
+        tenant = waiting.tenant
+        left = self.left = budget.allowance_left(tenant)
+        from_floor = self.from_floor = left <= 0
+        if from_floor:
+            floor = budget.floor.get(tenant, budget.tenant_budget // 4)
+            known = waiting.key in budget.unprepared or budget.known_expensive(waiting)
+            limit = 0 if known else min(FLOOR_BUDGET, floor)
+        else:
+            limit = min(CLAIM_BUDGET, left)
+        meter = self.meter = Meter(limit)
+        budget._paying = (waiting.key, meter)
+        metered = self.metered = budget.placement.metered(meter)
+        try:
+            metered.__enter__()
+        except BaseException:
+            budget._paying = outer
+            raise
+        return meter
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+                 ) -> None:
+        metered = self.metered
+        if metered is None:
+            return
+        budget = self.budget
+        try:
+            metered.__exit__(kind, error, trace)
+        finally:
+            budget._paying = self.outer
+            tenant, spent = self.waiting.tenant, self.meter.spent
+            if self.from_floor:
+                budget.floor[tenant] = budget.floor.get(tenant, budget.tenant_budget // 4) - spent
+            else:  # past zero it is a debt (work that could not be split): the next cycles repay it
+                budget.allowance[tenant] = self.left - spent

@@ -22,9 +22,9 @@ what the decisions of its claims reuse (indexes read, sweeps, distinct variants,
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from shared.dra import v1 as dra
@@ -130,15 +130,9 @@ class FleetState:
     def filter_key(self) -> Any:
         return self._only.key if self._only else None
 
-    @contextlib.contextmanager
-    def metered(self, meter: Meter) -> Iterator[Meter]:
+    def metered(self, meter: Meter) -> _Metered:
         """Charge the work done inside (compiling, evaluating selectors, searching) to `meter`."""
-        outer, outer_memo = self.meter, self.memo.meter
-        self.meter = self.memo.meter = meter
-        try:
-            yield meter
-        finally:
-            self.meter, self.memo.meter = outer, outer_memo
+        return _Metered(self, meter)
 
     # -- what is taken ------------------------------------------------------------------------------
 
@@ -391,3 +385,22 @@ def settle(
             state.take(decision.allocation)
         outcomes.append(Outcome(claim, decision))
     return outcomes
+
+
+class _Metered:
+    """FleetState.metered as a plain context manager: it is entered for every placement a cycle tries."""
+
+    __slots__ = ("state", "meter", "outer", "outer_memo")
+
+    def __init__(self, state: FleetState, meter: Meter) -> None:
+        self.state, self.meter = state, meter
+
+    def __enter__(self) -> Meter:
+        state, meter = self.state, self.meter
+        self.outer, self.outer_memo = state.meter, state.memo.meter
+        state.meter = state.memo.meter = meter
+        return meter
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+                 ) -> None:
+        self.state.meter, self.state.memo.meter = self.outer, self.outer_memo
