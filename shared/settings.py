@@ -256,12 +256,10 @@ class BrokerSettings(BaseSettings):
     # Releases of unknown claims remembered per tenant at most, the oldest forgotten first: a flood of
     # releases of names never submitted cannot grow the ledger, and costs only its own tenant.
     early_releases_per_tenant: int = Field(default=1000, ge=1)
-    # Start estimates (issue 39): worked out beside the decisions at most this often (seconds), and only when a
-    # cycle changed something since (else once a minute); 0 (the default) turns them off: in the allocator's
-    # process their thread slowed a calm tenant's decisions beside claims that exhaust the search (first
-    # status p50 23 ms -> 0.8-1.0 s in test_search_bomb), so they stay opt-in until they run in a process
-    # of their own.
-    estimate_interval: float = Field(default=0.0, ge=0.0)
+    # Start estimates (issue 39): worked out by the estimator, a service beside the allocator (`up` runs it in
+    # a process of its own, `serve estimator` alone), at most this often (seconds), and only when the queue
+    # or the fleet moved since (else once a minute); 0 turns them off.
+    estimate_interval: float = Field(default=5.0, ge=0.0)
 
     @field_validator("pending_alert_after", "reason_refresh", "min_runtime", "gang_reserve_after", "inbox_retention",
                      mode="before")

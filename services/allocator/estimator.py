@@ -17,10 +17,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from services.allocator.cycle import DecisionCycle
 from services.allocator.outbox_relay import OutboxRelay
 from services.runtime import metrics
 from services.runtime.outage import Outage
@@ -53,15 +53,28 @@ class RunFigures:
 PROBE = 0.002
 
 
+class SnapshotSource(Protocol):
+    """What estimates run on: the allocator's DecisionCycle in its process (its last committed input), or
+    LedgerSnapshots in a process of their own (ledger_snapshots.py)."""
+
+    committed_snapshot: Snapshot | None
+    changes: int  # moves with every change estimates should see
+
+
 class Estimator:
-    def __init__(self, sessions: Callable[[], AsyncSession], cycle: DecisionCycle, relay: OutboxRelay, *,
+    """`cycle`: where the snapshots come from; `read_again`: called before each look (LedgerSnapshots.refresh
+    reads the ledger and the fleet again when they moved; the allocator's cycle needs none)."""
+
+    def __init__(self, sessions: Callable[[], AsyncSession], cycle: SnapshotSource, relay: OutboxRelay, *,
                  shard: str, interval: float, refresh: float = 60.0, runtimes_every: float = 300.0,
                  per_run: int = PER_RUN, clock: Callable[[], float] = time.time,
-                 busy: Callable[[], bool] = lambda: False) -> None:
+                 busy: Callable[[], bool] = lambda: False,
+                 read_again: Callable[[], Awaitable[None]] | None = None) -> None:
         self.sessions, self.cycle, self.relay, self.shard = sessions, cycle, relay, shard
         self.interval, self.refresh, self.runtimes_every, self.per_run = interval, refresh, runtimes_every, per_run
         self.clock = clock
         self.busy = busy  # the allocator has a backlog: estimates wait (at most `refresh`), decisions go first
+        self.read_again = read_again
         self.memo = EstimateMemo()
         self.runtimes = Runtimes()
         self.runtimes_at: float | None = None  # monotonic time of the last read
@@ -88,7 +101,14 @@ class Estimator:
         """The task: looks every `interval` (or sooner while nothing ran yet) whether a run is due."""
         while True:
             now = time.monotonic()
-            if self.due_now(now):
+            try:
+                if self.read_again is not None and (self.last_run is None or now - self.last_run >= self.interval):
+                    await self.read_again()
+                due = self.due_now(now)
+            except Exception as error:  # the ledger or the bus away: tried again at the next look
+                await self.outage.failed(error)
+                due = False
+            if due:
                 try:
                     await self.run_once()
                 except Exception as error:  # the task's guard: the ledger away, or a fault of ours in the estimate

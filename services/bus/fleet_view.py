@@ -1,5 +1,6 @@
-"""The fleet as the bus has it, kept current in the API's process: what /v1/nodes shows when the allocator
-runs in a process of its own (`up`). One ordered consumer replays every node's last inventory and then
+"""The fleet as the bus has it, kept current in a process that does not run the allocator: what /v1/nodes
+shows when the allocator runs in a process of its own (`up`), and what start estimates run on beside it.
+One ordered consumer replays every node's last inventory and then
 follows each new one, so a page's poll reads memory instead of replaying the stream per request. Each
 message is read whole (heartbeats too): a node's observed time is when it was last heard, as the node map
 judges freshness by. Until the replay has caught up, `current()` waits for it (a fleet half read would show
@@ -22,13 +23,16 @@ from shared.contract.events import read_inventory
 from shared.dra import model as dra
 from shared.dra.inventory import Fleet
 
-log = logging.getLogger("claimbroker.admin_api")
+log = logging.getLogger("claimbroker.bus")
 CATCH_UP_S = 30.0  # how long `current()` waits for the first replay
 
 
 class FleetView:
-    def __init__(self, connect: Callable[[], Awaitable[Client]]) -> None:
+    """`connect`: the connection to follow the stream on; closed with the view when `owns_connection`."""
+
+    def __init__(self, connect: Callable[[], Awaitable[Client]], *, owns_connection: bool = True) -> None:
         self.connect = connect
+        self.owns_connection = owns_connection
         self.fleet = Fleet()
         self.caught_up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -53,17 +57,23 @@ class FleetView:
             js = nc.jetstream()
             if not (await js.stream_info(subjects.INVENTORY_STREAM)).state.messages:
                 self.caught_up.set()  # nothing published yet: the empty fleet is the bus's
-            await js.subscribe(subjects.INVENTORY_ALL, ordered_consumer=True,
-                               deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_message)
-            await asyncio.Event().wait()  # until closed
+            subscription = await js.subscribe(subjects.INVENTORY_ALL, ordered_consumer=True,
+                                              deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=self._on_message)
+            try:
+                await asyncio.Event().wait()  # until closed
+            finally:
+                if not self.owns_connection:
+                    with contextlib.suppress(Exception):
+                        await subscription.unsubscribe()
         finally:
-            await nc.close()
+            if self.owns_connection:
+                await nc.close()
 
     async def _on_message(self, message: Any) -> None:
         try:
             inventory = read_inventory(json.loads(message.data))
         except (ValueError, dra.DocumentError) as error:
-            log.warning("the node map ignores an invalid inventory message: %s", error)
+            log.warning("the fleet view ignores an invalid inventory message: %s", error)
         else:
             self.fleet = self.fleet.with_node(inventory)
         if message.metadata.num_pending == 0:

@@ -119,7 +119,14 @@ def _shown(url: str) -> str:
 async def _up(settings: BrokerSettings) -> bool:
     """Whether it stopped because it was told to (False: a service failed for good; see supervise)."""
     from services.bus.cancel import wait_closed
-    from services.runtime.stack import StartRefused, running_stack, supervise
+    from services.runtime.stack import (
+        ESTIMATOR_SERVICE,
+        SERVICES,
+        StartRefused,
+        estimates_on,
+        running_stack,
+        supervise,
+    )
     from shared.contract import bus_auth
     from shared.ledger.engine import sessions
     from shared.ledger.tokens import create_token
@@ -128,8 +135,10 @@ async def _up(settings: BrokerSettings) -> bool:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    # the allocator in a process of its own: a core for its decisions (services/runtime/allocator_process.py)
-    async with running_stack(settings, own_process=("allocator",)) as stack:
+    # the allocator in a process of its own (a core for its decisions), start estimates in another
+    # (services/runtime/service_process.py)
+    services = (*SERVICES, ESTIMATOR_SERVICE) if estimates_on(settings) else SERVICES
+    async with running_stack(settings, services=services, own_process=("allocator", ESTIMATOR_SERVICE)) as stack:
         if stack.api_url is None:  # its port was taken after preflight's check, or it never listened
             serving = stack.tasks.get("admin-api")
             failure = serving.exception() if serving is not None and serving.done() and not serving.cancelled() \
@@ -164,11 +173,11 @@ async def _up(settings: BrokerSettings) -> bool:
             def not_ready() -> str | None:
                 return next((why for name in stack.tasks if (why := stack.not_ready(name))), None)
 
-            def allocator_metrics() -> bytes:
-                return stack.allocator_process.metrics() if stack.allocator_process is not None else b""
+            def processes_metrics() -> list[bytes]:
+                return [process.metrics() for process in stack.processes.values()]
 
             health = asyncio.create_task(serve_health(settings.health_host, settings.health_port, not_ready,
-                                                      allocator_metrics))
+                                                      processes_metrics))
             console.print(f"health    http://{settings.health_host}:{settings.health_port} (/healthz /readyz /metrics)")
         try:
             told = await supervise(stack, settings, stop)
@@ -231,7 +240,8 @@ def _serve_bus_auth(settings: BrokerSettings) -> None:
 
 @app.command()
 def serve(
-    service: Annotated[str, typer.Argument(help="watcher | allocator | notifier | admin-api | bus-auth")],
+    service: Annotated[str, typer.Argument(
+        help="watcher | allocator | estimator (start estimates) | notifier | admin-api | bus-auth")],
     inventory: Annotated[list[Path] | None, typer.Option("--inventory")] = None,
     db: Annotated[str | None, typer.Option()] = None,
     nats: Annotated[str | None, typer.Option()] = None,

@@ -20,22 +20,22 @@ TEXT = "text/plain; charset=utf-8"
 
 
 def answer(path: str, not_ready: Callable[[], str | None],
-           other_metrics: Callable[[], bytes] = lambda: b"") -> tuple[int, str, str]:
-    """Status, body and content type for a path. `other_metrics`: another process's own series, served
-    with this one's (under `up`, the allocator's process)."""
+           other_metrics: Callable[[], list[bytes]] = list) -> tuple[int, str, str]:
+    """Status, body and content type for a path. `other_metrics`: other processes' own series, served
+    with this one's (under `up`, the allocator's and the start estimates' processes)."""
     if path == "/healthz":
         return 200, "ok", TEXT
     if path == "/readyz":
         why = not_ready()
         return (200, "ready", TEXT) if why is None else (503, mask_secrets(why), TEXT)
     if path == "/metrics":
-        body, content_type = exposition(other_metrics())
+        body, content_type = exposition(*other_metrics())
         return 200, body.decode(), content_type
     return 404, "not found", TEXT
 
 
 async def serve_health(host: str, port: int, not_ready: Callable[[], str | None],
-                       other_metrics: Callable[[], bytes] = lambda: b"") -> None:
+                       other_metrics: Callable[[], list[bytes]] = list) -> None:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)

@@ -1,7 +1,7 @@
 """Prometheus metrics of the services, served at /metrics by the health server (`serve X` with
 CLAIMBROKER_HEALTH_PORT, and `up` with it). One registry per process: each series says which part it
 measures by its name, not by a service label. Under `up` the allocator runs in a process of its own and
-reports its series to the parent every second (services/runtime/allocator_process.py), which serves them
+reports its series to the parent every second (services/runtime/service_process.py), which serves them
 beside its own (`merged`).
 
 What an operator watches: how many decisions of each state are written, how long the decision core and the
@@ -75,15 +75,30 @@ def own_series() -> bytes:
 
 
 def merged(*texts: bytes) -> bytes:
-    """Several processes' text formats as one: each family once, its samples from every text; a sample
-    (name and labels) that two texts both have is the later text's (a family this process only declares,
-    such as an unlabelled histogram at zero, gives way to the process that fills it)."""
+    """Several processes' text formats as one: each family once, its samples from every text. A sample (name
+    and labels) that several texts have is added up for counters and histograms (each process counts its
+    own: a family another process only declares shows zeros), the largest taken for gauges (processes that
+    set one read the same thing, such as the outbox's backlog), the earliest for `_created`."""
     result: dict[str, tuple[list[str], dict[str, str]]] = {}
+    kinds: dict[str, str] = {}
     for text in texts:
         for name, (header, samples) in _families(text).items():
-            kept = result.setdefault(name, (header, {}))
-            kept[1].update(samples)
+            kind = next((line.split(" ", 3)[3] for line in header if line.startswith("# TYPE ")), "untyped")
+            kinds.setdefault(name, kind)
+            kept = result.setdefault(name, (header, {}))[1]
+            for key, line in samples.items():
+                kept[key] = _combined(kept[key], line, key, kinds[name]) if key in kept else line
     return _render(result)
+
+
+def _combined(before: str, line: str, key: str, kind: str) -> str:
+    try:
+        a, b = float(before.rsplit(" ", 1)[1]), float(line.rsplit(" ", 1)[1])
+    except (IndexError, ValueError):
+        return line
+    sample = key.split("{", 1)[0]
+    value = min(a, b) if sample.endswith("_created") else max(a, b) if kind == "gauge" else a + b
+    return f"{key} {value!r}"
 
 
 def _families(text: bytes) -> dict[str, tuple[list[str], dict[str, str]]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -13,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.allocator import app as allocator_app
+from services.allocator import estimates_app
 from services.allocator.service import Allocator
 from services.bus.authority import BusAuthority, Identity, Provisioner, admin_password, tenant_limits
 from services.bus.cancel import wait_closed
@@ -20,15 +22,15 @@ from services.bus.connection import connect
 from services.bus.embedded import EmbeddedNats
 from services.bus.streams import ensure_streams, read_fleet
 from services.notifier import app as notifier_app
-from services.runtime.allocator_process import AllocatorProcess, ChildArgs
 from services.runtime.service_app import ServiceApp
+from services.runtime.service_process import ChildArgs, ServiceProcess
 from services.watcher import app as watcher_app
 from shared.contract import bus_auth
 from shared.dra.inventory import Fleet
 from shared.ledger.bus_credentials import new_password
 from shared.ledger.engine import create_engine, migrate
 from shared.ledger.handles import AsyncEngine, LedgerError, masked_url
-from shared.settings import AdminApiSettings, BrokerSettings
+from shared.settings import AdminApiSettings, AllocatorSettings, BrokerSettings
 
 log = logging.getLogger("claimbroker")
 
@@ -48,8 +50,8 @@ class Stack:
     service_urls: dict[str, str] = field(default_factory=dict)
     readiness: dict[str, Callable[[], str | None]] = field(default_factory=dict)  # per service: why not ready
     api_ready: asyncio.Event = field(default_factory=asyncio.Event)  # the admin API listens, at api_url
-    # `up`: the allocator in a process of its own (then `allocator` is None here, and this is its handle)
-    allocator_process: AllocatorProcess | None = None
+    # `up`: services in a process of their own (the allocator: then `allocator` is None here), by name
+    processes: dict[str, ServiceProcess] = field(default_factory=dict)
     own_process: tuple[str, ...] = ()  # services run in a process of their own
 
     def __post_init__(self) -> None:
@@ -167,13 +169,33 @@ async def supervise(stack: Stack, settings: BrokerSettings, stop: asyncio.Event,
         waiter.cancel()
 
 
+def _url(stack: Stack, name: str) -> str:
+    """The service's bus URL, with its own identity (start estimates are the allocator's: they publish its
+    statuses)."""
+    return stack.service_urls.get("allocator" if name == "estimator" else name, stack.nats_url)
+
+
+def _allocator_settings(name: str, settings: BrokerSettings) -> AllocatorSettings:
+    """The allocator's settings for the allocator or for start estimates: the allocator runs no estimates of
+    its own (they are the estimator's, a service beside it: ESTIMATOR_SERVICE)."""
+    if name == "allocator":
+        return dataclasses.replace(settings.allocator, estimate_interval=0.0)
+    return settings.allocator
+
+
+def estimates_on(settings: BrokerSettings) -> bool:
+    return settings.allocator.estimate_interval > 0
+
+
 def _app(stack: Stack, name: str, settings: BrokerSettings) -> ServiceApp:
     """The service's app, from its app factory."""
-    url = stack.service_urls.get(name, stack.nats_url)
+    url = _url(stack, name)
     if name == "watcher":
         return watcher_app.create_app(settings.watcher, url)
     if name == "allocator":
-        return allocator_app.create_app(settings.allocator, stack.engine, url)
+        return allocator_app.create_app(_allocator_settings(name, settings), stack.engine, url)
+    if name == ESTIMATOR_SERVICE:
+        return estimates_app.create_app(settings.allocator, stack.engine, url)
     if name == "notifier":
         return notifier_app.create_app(settings.notifier, stack.engine, url)
     raise ValueError(f"unknown service {name!r}")
@@ -185,9 +207,9 @@ async def start_service(stack: Stack, name: str, settings: BrokerSettings) -> No
     service's own process."""
     if name == "admin-api":
         runner: Coroutine[Any, Any, None] = _serve_api(stack, settings.admin_api)
-    elif name == "allocator" and name in stack.own_process:
-        process = stack.allocator_process = AllocatorProcess(ChildArgs(
-            settings.allocator, stack.service_urls.get(name, stack.nats_url), stack.db_url, settings.log_format))
+    elif name in stack.own_process:
+        process = stack.processes[name] = ServiceProcess(ChildArgs(
+            name, _allocator_settings(name, settings), _url(stack, name), stack.db_url, settings.log_format))
         stack.readiness[name] = process.not_ready
         runner = process.run()
     else:
@@ -203,9 +225,9 @@ async def _serve_api(stack: Stack, settings: AdminApiSettings) -> None:
     import uvicorn
 
     from services.admin_api.app import create_app
-    from services.admin_api.fleet_view import FleetView
     from services.admin_api.live import LiveFeed
     from services.admin_api.offload import Limits
+    from services.bus.fleet_view import FleetView
 
     apply = stack.authority.apply if stack.authority is not None else None
 
@@ -268,6 +290,10 @@ async def _serve_api(stack: Stack, settings: AdminApiSettings) -> None:
 
 
 SERVICES = ("watcher", "allocator", "notifier", "admin-api")
+# Start estimates, a service beside the allocator: `up` runs it (in a process of its own) when
+# CLAIMBROKER_ESTIMATE_INTERVAL is above 0, `serve estimator` alone; stacks run in one process (demo, tests)
+# only when named, their allocator then running none of its own.
+ESTIMATOR_SERVICE = "estimator"
 
 
 def _start_embedded(embedded: EmbeddedNats, last_url: Path) -> str:

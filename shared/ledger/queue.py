@@ -221,3 +221,15 @@ async def claims_on_nodes(work: UnitOfWork, nodes: Iterable[str]) -> list[Claim]
     rows = await work.session.scalars(select(Claim).where(Claim.state == State.ALLOCATED.value,
                                                           Claim.node.in_(list(nodes))))
     return list(rows)
+
+
+async def queue_version(session: AsyncSession) -> tuple[int | None, int, int]:
+    """What moves whenever the queue may have: the highest revision a claim row was written at, how many
+    rows were written outside a decision transaction and not yet read by one, and how many claims are
+    queued. A reader outside the allocator (start estimates beside it) reads the queue again only when
+    this changed."""
+    top, outside, queued = (await session.execute(select(
+        func.max(Claim.revision),
+        func.count().filter(Claim.revision == OUTSIDE),
+        func.count().filter(Claim.state.in_(QUEUED))))).one()
+    return top, int(outside or 0), int(queued or 0)

@@ -1,5 +1,6 @@
-"""`make bench-e2e` in its quick mode on SQLite: `claimbroker up` as a subprocess, the echo baseline, a burst,
-churn, and the echo service at the churn's rate. Only the shape of its JSON lines and that every claim got a status are checked, never a speed."""
+"""`make bench-e2e` in its quick mode on SQLite: `claimbroker up` as a subprocess, the echo baseline, a
+burst, churn, and the echo service at the churn's rate. Only the shape of its JSON lines and that every
+claim got a status are checked, never a speed."""
 
 from __future__ import annotations
 

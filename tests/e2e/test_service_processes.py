@@ -1,6 +1,7 @@
-"""Issue 42: `up` runs the allocator in a process of its own. It decides there; /metrics of `up` carries its
-series; killed, it is started again and goes on deciding; one SIGINT to the terminal's process group stops
-everything; a killed `up` leaves no allocator behind."""
+"""Issue 42: `up` runs the allocator in a process of its own, and start estimates in another, at a lower CPU
+priority (issue 39). The allocator decides there; the estimator publishes a waiting claim's estimate; /metrics
+of `up` carries their series; a killed allocator is started again and goes on deciding; one SIGINT to the
+terminal's process group stops everything; a killed `up` leaves no process of its behind."""
 
 from __future__ import annotations
 
@@ -46,18 +47,27 @@ class Up:
         assert self.process is not None
         return self.process.pid
 
-    def allocators(self) -> list[int]:
-        """The allocator processes `up` started (spawned interpreters; not the resource tracker)."""
-        found = []
+    def children(self) -> dict[int, int]:
+        """The processes `up` spawned (not the resource tracker), with their niceness."""
+        found = {}
         for children in Path(f"/proc/{self.pid}/task").glob("*/children"):
             for pid in map(int, children.read_text().split()):
                 try:
                     command = Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:
+                    nice = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+                except (OSError, ValueError, IndexError):
                     continue
                 if b"spawn_main" in command and _alive(pid):
-                    found.append(pid)
+                    found[pid] = nice
         return found
+
+    def allocators(self) -> list[int]:
+        """The allocator's process: the one spawned at `up`'s own priority."""
+        return [pid for pid, nice in self.children().items() if nice == os.getpriority(os.PRIO_PROCESS, self.pid)]
+
+    def estimators(self) -> list[int]:
+        """The start estimates' process: the one spawned 10 lower."""
+        return [pid for pid, nice in self.children().items() if nice == os.getpriority(os.PRIO_PROCESS, self.pid) + 10]
 
     async def bus(self) -> nats.NATS:
         written = self.data / "nats.url"
@@ -88,7 +98,7 @@ async def up(tmp_path: Path) -> AsyncIterator[Up]:
         yield running
     finally:
         if running.process is not None and running.process.returncode is None:
-            with_children = running.allocators()
+            with_children = list(running.children())
             os.killpg(running.pid, signal.SIGKILL)
             await running.process.wait()
             for pid in with_children:
@@ -105,12 +115,12 @@ class Statuses:
         self.latest[status["name"]] = status
 
 
-def one_gpu(name: str) -> bytes:
+def one_gpu(name: str, count: int = 1) -> bytes:
     return json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                        "metadata": {"name": name, "namespace": "team"},
                        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount",
-                           "count": 1}}]}}}).encode()
+                           "count": count}}]}}}).encode()
 
 
 async def decided(js: object, statuses: Statuses, name: str, up: Up) -> None:
@@ -130,9 +140,18 @@ async def test_up_decides_in_an_allocator_process_that_is_restarted_and_stopped_
     statuses = Statuses()
     await nc.subscribe(subjects.STATUS_ALL, cb=statuses.on)
     try:
-        first = await until(lambda: up.allocators(), "an allocator process", up)
-        assert isinstance(first, list) and len(first) == 1 and first[0] != up.pid
+        await until(lambda: len(up.allocators()) == 1 and len(up.estimators()) == 1,
+                    "an allocator's process and an estimator's, niced", up)
+        first = up.allocators()
         await decided(nc.jetstream(), statuses, "in-its-own-process", up)
+        # start estimates come from a process of their own, at a lower priority: a claim that cannot fit
+        # (16 GPUs: the demo's nodes have at most 8) gets its status with an estimate, null with its reason
+        assert len(up.estimators()) == 1 and up.estimators()[0] not in up.allocators()
+        await nc.jetstream().publish(subjects.submit("team"), one_gpu("never-fits", 16),  # type: ignore[attr-defined]
+                                     headers={"Nats-Msg-Id": "never-fits"})
+        await until(lambda: "estimatedStartReason" in statuses.latest.get("never-fits", {}),
+                    "an estimate for a waiting claim", up)
+        assert statuses.latest["never-fits"]["estimatedStart"] is None
         # the node map, from the fleet the API's process follows on the bus: every node, the claim's GPU taken
         api, token = ((up.data / name).read_text().strip() for name in ("api.url", "admin.token"))
         nodes = httpx.get(f"{api}/v1/nodes", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
@@ -149,16 +168,16 @@ async def test_up_decides_in_an_allocator_process_that_is_restarted_and_stopped_
         assert "allocator" in up.log() and "restarting it" in up.log()
     finally:
         await nc.close()
-    children = up.allocators()
+    children = list(up.children())
     os.killpg(up.pid, signal.SIGINT)  # Ctrl-C in the terminal: every process of the group gets it
     assert up.process is not None
     assert await asyncio.wait_for(up.process.wait(), 30) == 0, up.log()
     assert not [pid for pid in children if _alive(pid)], "an allocator outlived its up"
 
 
-async def test_a_killed_up_takes_its_allocator_process_along(up: Up) -> None:
-    found = await until(lambda: up.allocators(), "an allocator process", up)
-    assert isinstance(found, list)
+async def test_a_killed_up_takes_its_processes_along(up: Up) -> None:
+    await until(lambda: len(up.children()) == 2, "the allocator's and the estimator's processes", up)
+    found = list(up.children())
     assert up.process is not None
     up.process.send_signal(signal.SIGKILL)
     await up.process.wait()
@@ -168,4 +187,4 @@ async def test_a_killed_up_takes_its_allocator_process_along(up: Up) -> None:
     outlived = [pid for pid in found if _alive(pid)]
     for pid in outlived:
         os.kill(pid, signal.SIGKILL)
-    assert not outlived, "the allocator's process outlived its up"
+    assert not outlived, "a process of up's outlived it"

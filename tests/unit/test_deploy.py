@@ -23,7 +23,8 @@ def test_every_manifest_parses_and_kustomization_lists_them() -> None:
     for path in k8s.glob("*.yaml"):
         assert all("kind" in d for d in documents(path)), path
     compose = documents(ROOT / "compose.yaml")[0]["services"]
-    assert set(compose) == {"nats", "postgres", "migrate", "watcher", "allocator", "notifier", "admin-api"}
+    assert set(compose) == {"nats", "postgres", "migrate", "watcher", "allocator", "estimator", "notifier",
+                            "admin-api"}
 
 
 def test_watcher_rbac_is_read_only_on_nodes_and_resource_slices() -> None:
@@ -52,7 +53,7 @@ def test_each_service_is_probed_where_serve_answers() -> None:
 
     config = documents(ROOT / "deploy" / "k8s" / "config.yaml")[0]["data"]
     port = int(config["CLAIMBROKER_HEALTH_PORT"])
-    for component in ("allocator", "notifier", "watcher"):
+    for component in ("allocator", "estimator", "notifier", "watcher"):
         deployment = next(d for d in documents(ROOT / "deploy" / "k8s" / f"{component}.yaml")
                           if d["kind"] == "Deployment")
         container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -66,7 +67,7 @@ def test_every_service_is_scraped_where_it_serves_metrics() -> None:
     from services.runtime.health import answer
 
     port = documents(ROOT / "deploy" / "k8s" / "config.yaml")[0]["data"]["CLAIMBROKER_HEALTH_PORT"]
-    for component in ("admin-api", "allocator", "notifier", "watcher"):
+    for component in ("admin-api", "allocator", "estimator", "notifier", "watcher"):
         deployment = next(d for d in documents(ROOT / "deploy" / "k8s" / f"{component}.yaml")
                           if d["kind"] == "Deployment")
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
@@ -127,7 +128,7 @@ def test_network_policies_let_only_the_broker_reach_the_ledger() -> None:
                  if d["kind"] in ("Deployment", "StatefulSet", "Job")]
     ledger_clients = [d["metadata"]["name"] for d in every_pod
                       if any(e.get("name") == "PGPASSWORD" for c in containers(d) for e in c.get("env", []))]
-    assert sorted(ledger_clients) == ["admin-api", "allocator", "migrate", "nats", "notifier", "watcher"]
+    assert sorted(ledger_clients) == ["admin-api", "allocator", "estimator", "migrate", "nats", "notifier", "watcher"]
     for name in ledger_clients:  # every pod that holds the ledger password carries a label the policy admits
         pod = next(d for d in every_pod if d["metadata"]["name"] == name)
         labels = pod["spec"]["template"]["metadata"]["labels"]

@@ -1,5 +1,5 @@
-"""`up` serves the allocator process's Prometheus series beside its own (services/runtime/metrics.merged):
-each family once, samples from both, the filled-in sample over the other process's declared zero."""
+"""`up` serves its other processes' Prometheus series beside its own (services/runtime/metrics.merged): each
+family once, samples from all; counters and histograms added up, the largest of a gauge."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ claimbroker_outbox_unpublished 4.0
 # HELP claimbroker_decisions_total decisions
 # TYPE claimbroker_decisions_total counter
 claimbroker_decisions_total{state="Allocated"} 2.0
+claimbroker_decisions_total{state="Pending"} 5.0
+"""
+THIRD = b"""# HELP claimbroker_decisions_total decisions
+# TYPE claimbroker_decisions_total counter
+claimbroker_decisions_total{state="Pending"} 0.0
+# HELP claimbroker_transaction_seconds time
+# TYPE claimbroker_transaction_seconds histogram
+claimbroker_transaction_seconds_count 0.0
 """
 
 
@@ -33,13 +41,19 @@ claimbroker_decisions_total{state="Allocated"} 2.0
     ("# TYPE claimbroker_consumer_pending_messages gauge", 1),  # one family, declared once
     ('claimbroker_consumer_pending_messages{consumer="notifier"} 3.0', 1),  # samples of both processes
     ('claimbroker_consumer_pending_messages{consumer="allocator"} 7.0', 1),
-    ("claimbroker_outbox_unpublished 4.0", 1),  # the same sample: the later text's
+    ("claimbroker_outbox_unpublished 4.0", 1),  # the same gauge: the largest
     ("claimbroker_outbox_unpublished 0.0", 0),
+    ('claimbroker_decisions_total{state="Pending"} 5.0', 1),  # a counter: added up (a declared zero adds none)
+    ("claimbroker_transaction_seconds_count 0.0", 1),
     ('claimbroker_decisions_total{state="Allocated"} 2.0', 1),  # a family only the child has
     ("process_cpu_seconds_total 1.5", 1),
 ])
 def test_merged_keeps_each_family_once_with_every_sample(line: str, times: int) -> None:
-    assert merged(PARENT, CHILD).decode().splitlines().count(line) == times
+    assert merged(PARENT, CHILD, THIRD).decode().splitlines().count(line) == times
+
+
+def test_counters_of_several_processes_add_up() -> None:
+    assert 'claimbroker_decisions_total{state="Pending"} 10.0' in merged(CHILD, CHILD).decode().splitlines()
 
 
 def test_samples_stay_under_their_family() -> None:
