@@ -107,8 +107,8 @@ async def submit(nc: Any, document: dict[str, Any], msg_id: str, tenant: str = "
     return await publish_json(nc.jetstream(), subjects.submit(tenant), document, msg_id=msg_id)
 
 
-async def test_duplicate_submissions_change_nothing(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> None:
-    async with broker(nats_server, db_url, tmp_path) as b:
+async def test_duplicate_submissions_change_nothing(nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path) -> None:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         await b.start_allocator()
         nc = await connect(b.url, name="tenant")
         seen = await statuses(nc)
@@ -153,9 +153,9 @@ class CrashAfterCommit(Allocator):
 
 
 async def test_redelivery_after_crash_between_commit_and_ack(
-    nats_server: EmbeddedNats, db_url: str, tmp_path: Path
+    nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path
 ) -> None:
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         CrashAfterCommit.crashed = asyncio.Event()
         doomed = await b.start_allocator(CrashAfterCommit, ack_wait=1.0)
         nc = await connect(b.url, name="tenant")
@@ -179,8 +179,8 @@ async def test_redelivery_after_crash_between_commit_and_ack(
         await nc.close()
 
 
-async def test_restart_rebuilds_state_from_ledger(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> None:
-    async with broker(nats_server, db_url, tmp_path) as b:
+async def test_restart_rebuilds_state_from_ledger(nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path) -> None:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         first = await b.start_allocator()
         nc = await connect(b.url, name="tenant")
         seen = await statuses(nc)
@@ -201,9 +201,9 @@ async def test_restart_rebuilds_state_from_ledger(nats_server: EmbeddedNats, db_
 
 
 async def test_malformed_payload_is_reported_and_the_allocator_keeps_serving(
-    nats_server: EmbeddedNats, db_url: str, tmp_path: Path
+    nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path
 ) -> None:
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         await b.start_allocator()
         nc = await connect(b.url, name="tenant")
         seen = await statuses(nc)
@@ -226,9 +226,9 @@ async def test_malformed_payload_is_reported_and_the_allocator_keeps_serving(
 
 
 async def test_namespace_must_match_the_subject_tenant(
-    nats_server: EmbeddedNats, db_url: str, tmp_path: Path
+    nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path
 ) -> None:
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         await b.start_allocator()
         nc = await connect(b.url, name="tenant")
         seen = await statuses(nc)
@@ -258,11 +258,11 @@ class DiesHoldingItsBatch(Allocator):
 
 
 async def test_what_a_killed_allocator_held_is_decided_within_seconds(
-    nats_server: EmbeddedNats, db_url: str, tmp_path: Path
+    nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path
 ) -> None:
     """A restarted or standby allocator gets the dead one's batch after ack_wait (the allocator's own: the
     durable consumer, made with 30 s by an older allocator, is brought to it), not after 30 s."""
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         older = await b.start_allocator(ack_wait=30.0)
         await b.stop(older)
         DiesHoldingItsBatch.holding = asyncio.Event()
@@ -298,9 +298,9 @@ class SlowCommit(Allocator):
 
 
 async def test_a_slow_batch_is_not_redelivered_while_it_is_decided(
-    nats_server: EmbeddedNats, db_url: str, tmp_path: Path
+    nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path
 ) -> None:
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         await b.start_allocator(SlowCommit, ack_wait=1.0)
         nc = await connect(b.url, name="tenant")
         await submit(nc, claim("a"), "id-a")

@@ -29,8 +29,8 @@ def lab_claims(tenant: str) -> list[dict[str, Any]]:
     return claims
 
 
-async def test_lab_workload_end_to_end(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> None:
-    settings = BrokerSettings(nats_url=nats_server.url, db=db_url, data_dir=tmp_path / "data",
+async def test_lab_workload_end_to_end(nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path) -> None:
+    settings = BrokerSettings(nats_url=nats_server.url, db=ledger_url, data_dir=tmp_path / "data",
                               api_port=free_port(), pending_alert_after=3600)
     async with running_stack(settings) as stack:
         assert stack.allocator is not None

@@ -87,9 +87,9 @@ Start = Callable[..., Awaitable[Harness]]
 
 
 @pytest.fixture
-async def start(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> AsyncIterator[Start]:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def start(nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path) -> AsyncIterator[Start]:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     nc = await connect(nats_server.url, name="test")
     await ensure_streams(nc.jetstream())
     tasks: list[asyncio.Task[None]] = []
@@ -156,7 +156,7 @@ async def test_claim_alerts_fire_fold_and_resolve(start: Start) -> None:
     assert len(rows) == 4 and all(r.resolved for r in rows.values())
 
 
-async def test_pending_threshold_per_tenant_from_the_ledger(start: Start, db_url: str) -> None:
+async def test_pending_threshold_per_tenant_from_the_ledger(start: Start, ledger_url: str) -> None:
     h = await start()
     async with h.factory() as s, s.begin():
         s.add(Tenant(name="fast", pending_alert_after_s=60.0))

@@ -24,11 +24,11 @@ pytestmark = pytest.mark.e2e
 
 
 
-async def test_the_allocator_stays_up_through_a_nats_restart(db_url: str, tmp_path: Path) -> None:
+async def test_the_allocator_stays_up_through_a_nats_restart(ledger_url: str, tmp_path: Path) -> None:
     server = EmbeddedNats(tmp_path / "nats", port=free_port())
     server.start()
     try:
-        async with broker(server, db_url, tmp_path) as b:
+        async with broker(server, ledger_url, tmp_path) as b:
             allocator = await b.start_allocator()
             nc = await connect(b.url, name="tenant")
             seen = await statuses(nc)
@@ -53,10 +53,10 @@ async def test_the_allocator_stays_up_through_a_nats_restart(db_url: str, tmp_pa
 
 
 async def test_statuses_that_could_not_be_published_are_published_later(
-        nats_server: EmbeddedNats, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     failing, failures = failing_first(outbox_relay.publish_pipelined, 3, ConnectionError("NATS is restarting"))
     monkeypatch.setattr(outbox_relay, "publish_pipelined", failing)
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         allocator = await b.start_allocator()
         nc = await connect(b.url, name="tenant")
         seen = await statuses(nc)

@@ -63,8 +63,8 @@ def a_clock() -> FakeClock:
     return clock
 
 
-async def test_one_tenants_id_never_hides_anothers(nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> None:
-    async with broker(nats_server, db_url, tmp_path) as b:
+async def test_one_tenants_id_never_hides_anothers(nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path) -> None:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         await b.start_allocator()
         nc = await connect(b.url, name="tenants")
         js, seen = nc.jetstream(), await statuses(nc)
@@ -81,9 +81,9 @@ async def test_one_tenants_id_never_hides_anothers(nats_server: EmbeddedNats, db
         await nc.close()
 
 
-async def test_a_release_reusing_its_submissions_id_is_applied(nats_server: EmbeddedNats, db_url: str,
+async def test_a_release_reusing_its_submissions_id_is_applied(nats_server: EmbeddedNats, ledger_url: str,
                                                                tmp_path: Path) -> None:
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         await b.start_allocator()
         nc = await connect(b.url, name="tenant")
         js, seen = nc.jetstream(), await statuses(nc)
@@ -96,9 +96,9 @@ async def test_a_release_reusing_its_submissions_id_is_applied(nats_server: Embe
 
 
 async def test_a_resent_message_changes_nothing_until_its_id_is_past_retention(
-        nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> None:
+        nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path) -> None:
     clock, retention = a_clock(), 3600.0
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         allocator = await b.start_allocator(clock=clock, inbox_retention=retention, prune_interval=0.05)
         nc = await connect(b.url, name="tenant")
         js, seen = nc.jetstream(), await statuses(nc)
@@ -121,9 +121,9 @@ async def test_a_resent_message_changes_nothing_until_its_id_is_past_retention(
 
 
 async def test_releases_of_unknown_claims_leave_nothing_for_good_and_are_answered(
-        nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> None:
+        nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path) -> None:
     clock, retention, kept = a_clock(), 3600.0, 100
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         allocator = await b.start_allocator(clock=clock, inbox_retention=retention, prune_interval=0.05,
                                             early_releases_per_tenant=kept, release_answer_ttl=1.0)
         nc = await connect(b.url, name="tenants")
@@ -157,10 +157,10 @@ async def test_releases_of_unknown_claims_leave_nothing_for_good_and_are_answere
 
 
 async def test_a_release_before_its_late_submission_still_ends_released(
-        nats_server: EmbeddedNats, db_url: str, tmp_path: Path) -> None:
+        nats_server: EmbeddedNats, ledger_url: str, tmp_path: Path) -> None:
     """The submission is published first, but an allocator dies holding it; the release reaches the next
     allocator first (remembered, answered), and the submission, delivered after it, ends Released."""
-    async with broker(nats_server, db_url, tmp_path) as b:
+    async with broker(nats_server, ledger_url, tmp_path) as b:
         nc = await connect(b.url, name="tenant")
         js, seen = nc.jetstream(), await statuses(nc)
         dead = PullConsumer(nc, stream=subjects.CLAIMS_STREAM, durable="allocator",

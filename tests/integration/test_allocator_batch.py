@@ -41,9 +41,9 @@ def _release(name: str, message_id: str, sequence: int) -> Any:
     return _message(subjects.release("t"), {"name": name}, message_id, sequence)
 
 
-async def test_a_batch_sees_what_its_earlier_messages_did(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_a_batch_sees_what_its_earlier_messages_did(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     allocator = Allocator(engine, BUILTIN_CLASSES)
     try:
         await allocator.transaction.decide([_submit("old", "m0", 1)])
@@ -87,11 +87,11 @@ async def _decide(work: UnitOfWork) -> None:
 
 
 @pytest.mark.parametrize("recorded", [_emit, _decide], ids=["status", "decision"])
-async def test_what_a_unit_of_work_records_is_written_when_it_commits(db_url: str, recorded: Any) -> None:
+async def test_what_a_unit_of_work_records_is_written_when_it_commits(ledger_url: str, recorded: Any) -> None:
     """Statuses and decided claim rows are written in bulk as the unit of work commits, so no decision or
     status can be lost silently; when its block raises, none of it is written."""
-    await migrate(db_url)
-    engine = create_engine(db_url)
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     try:
         with pytest.raises(RuntimeError, match="refused"):
             async with unit_of_work(sessions(engine)) as work:
@@ -111,9 +111,9 @@ async def test_what_a_unit_of_work_records_is_written_when_it_commits(db_url: st
         await engine.dispose()
 
 
-async def test_a_decision_is_written_with_its_devices_and_revision(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_a_decision_is_written_with_its_devices_and_revision(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     allocation = Allocation("n1", (DeviceResult("gpu", "gpu.nvidia.com", "n1", "gpu-0"),))
     try:
         async with unit_of_work(sessions(engine)) as work:
@@ -136,10 +136,10 @@ async def test_a_decision_is_written_with_its_devices_and_revision(db_url: str) 
         await engine.dispose()
 
 
-async def test_a_tenant_past_its_max_pending_gets_its_new_claims_rejected_with_the_number(db_url: str) -> None:
+async def test_a_tenant_past_its_max_pending_gets_its_new_claims_rejected_with_the_number(ledger_url: str) -> None:
     """Flood control: with nothing to place them on, t may hold two waiting claims; a release makes room."""
-    await migrate(db_url)
-    engine = create_engine(db_url)
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     allocator = Allocator(engine, BUILTIN_CLASSES)  # no inventory: every claim waits
     try:
         async with sessions(engine)() as session, session.begin():
@@ -156,12 +156,12 @@ async def test_a_tenant_past_its_max_pending_gets_its_new_claims_rejected_with_t
         await engine.dispose()
 
 
-async def test_a_claim_submitted_again_with_another_spec_stays_and_says_so(db_url: str) -> None:
+async def test_a_claim_submitted_again_with_another_spec_stays_and_says_so(ledger_url: str) -> None:
     """Claims are immutable: a second submission of a waiting or allocated claim changes nothing. The same
     document again is quiet (a re-send); another spec under its name gets an invalid-message alert on the
     tenant's alert subject, naming the claim, instead of silence."""
-    await migrate(db_url)
-    engine = create_engine(db_url)
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     allocator = Allocator(engine, BUILTIN_CLASSES)
     bigger = _message(subjects.submit("t"), a_claim("c", "t").request(count=2).document(), "m3", 3)
     try:

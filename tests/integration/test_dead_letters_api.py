@@ -10,9 +10,9 @@ from shared.ledger.schema import DeadLetter
 from shared.ledger.tokens import create_token
 
 
-async def test_dead_letters_are_shown_to_admins_newest_first(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_dead_letters_are_shown_to_admins_newest_first(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     factory = sessions(engine)
     admin, viewer = [await create_token(factory, role, None) for role in ("admin", "viewer")]
     async with factory() as s, s.begin():

@@ -15,9 +15,9 @@ from shared.ledger.schema import Claim, EarlyRelease, OutboxEvent
 from tests.integration.test_allocator_batch import _release, _submit
 
 
-async def test_a_remembered_release_goes_to_the_row_of_the_next_submission(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_a_remembered_release_goes_to_the_row_of_the_next_submission(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     allocator = Allocator(engine, BUILTIN_CLASSES, early_releases_per_tenant=2)
     try:
         async with sessions(engine)() as session, session.begin():

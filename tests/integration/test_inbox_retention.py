@@ -21,9 +21,9 @@ def at(seconds_ago: float) -> datetime:
     return datetime.fromtimestamp(NOW - seconds_ago, UTC)
 
 
-async def test_ids_count_per_kind_and_tenant(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_ids_count_per_kind_and_tenant(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     try:
         async with sessions(engine)() as session, session.begin():
             await inbox.record(session, "allocator", [inbox.Key("submit", "a", "X")], at(0))
@@ -38,9 +38,9 @@ async def test_ids_count_per_kind_and_tenant(db_url: str) -> None:
         await engine.dispose()
 
 
-async def test_a_pruner_forgets_its_consumers_ids_past_the_retention_and_not_before(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_a_pruner_forgets_its_consumers_ids_past_the_retention_and_not_before(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     try:
         async with sessions(engine)() as session, session.begin():
             for consumer in ("allocator", "notifier"):

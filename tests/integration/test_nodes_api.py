@@ -15,9 +15,9 @@ from shared.ledger.tokens import create_token
 from tests.builders import fleet, gpu, node
 
 
-async def test_devices_with_their_state_and_holder_for_whom_may_see_it(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_devices_with_their_state_and_holder_for_whom_may_see_it(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     factory = sessions(engine)
     async with factory() as s, s.begin():
         train = Claim(namespace="vision", name="train", state="Allocated", spec={}, sequence=1, node="n1")

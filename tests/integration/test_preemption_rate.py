@@ -13,9 +13,9 @@ from shared.ledger.unit_of_work import unit_of_work
 NOW = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
 
 
-async def test_only_another_tenants_preemptions_of_the_last_minute_count(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_only_another_tenants_preemptions_of_the_last_minute_count(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     try:
         async with sessions(engine)() as s, s.begin():
             rows = {name: Claim(namespace=tenant, name=name, state="Pending", spec={}, sequence=1)

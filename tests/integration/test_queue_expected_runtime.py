@@ -25,9 +25,9 @@ def _spec(name: str, runtime: str | None) -> dict[str, Any]:
     return json.loads(builder.build().model_dump_json(by_alias=True, exclude_none=True))
 
 
-async def test_running_claims_carry_their_expected_runtime(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_running_claims_carry_their_expected_runtime(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     make = sessions(engine)
     cache = QueueCache()
     runtimes = {"hour": "1h", "plain": None, "unread": "soon"}

@@ -42,9 +42,9 @@ def _seen(queue: Queue) -> tuple[dict[Any, Any], dict[Any, Any]]:
     return {k: w(v) for k, v in queue.waiting.items()}, {k: r(v) for k, v in queue.running.items()}
 
 
-async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_a_cached_read_equals_a_fresh_one(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     make = sessions(engine)
     cache = QueueCache()
 
@@ -94,13 +94,13 @@ async def test_a_cached_read_equals_a_fresh_one(db_url: str) -> None:
 
 
 
-async def test_a_decision_transaction_reads_only_the_claims_written_since_the_last(db_url: str) -> None:
+async def test_a_decision_transaction_reads_only_the_claims_written_since_the_last(ledger_url: str) -> None:
     """In decision transactions (the shard's lock taken) a kept cache reads only the claim rows written
     since its last read, including the rows its own transaction wrote after that read and rows written
     outside any decision transaction, and still equals a full read; a transaction that rolls back takes
     what it read with it once the cache is invalidated."""
-    await migrate(db_url)
-    engine = create_engine(db_url)
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     make = sessions(engine)
     cache = QueueCache()
     changes: list[QueueChanges] = []

@@ -51,9 +51,9 @@ CASES = [
 ]
 
 
-async def test_every_order_of_submissions_and_releases_ends_as_the_stream_says(db_url: str) -> None:
-    await migrate(db_url)
-    engine = create_engine(db_url)
+async def test_every_order_of_submissions_and_releases_ends_as_the_stream_says(ledger_url: str) -> None:
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     allocator = Allocator(engine, BUILTIN_CLASSES)
     sequence = itertools.count(1)
     expected: dict[str, bool] = {}
@@ -81,10 +81,10 @@ async def test_every_order_of_submissions_and_releases_ends_as_the_stream_says(d
         await engine.dispose()
 
 
-async def test_releases_in_the_batch_of_their_submissions_release_every_claim(db_url: str) -> None:
+async def test_releases_in_the_batch_of_their_submissions_release_every_claim(ledger_url: str) -> None:
     """Submissions of A to E, then their releases, in one batch: all five end Released."""
-    await migrate(db_url)
-    engine = create_engine(db_url)
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
     allocator = Allocator(engine, BUILTIN_CLASSES)
     names = "abcde"
     try:
