@@ -370,9 +370,11 @@ async def _run(cleanup: contextlib.AsyncExitStack, claims: int, tenants: int, no
             .get("results", []) if not r.get("adminAccess")]
     latencies = sorted(first_status[k] - t for k, t in published.items() if k in first_status)
     recoveries = []
-    for _, at in faults:
+    recovery_by_fault: dict[str, float] = {}
+    for what, at in faults:
         after = [t for t in status_times if t > at]
         recoveries.append(min(after) - at if after else float("inf"))
+        recovery_by_fault[what] = round(max(recovery_by_fault.get(what, 0.0), recoveries[-1]), 2)
     lost = [k for k in published if k not in rows]
     disagree = [k for k, s in last_status.items() if k in rows and s["state"] != rows[k]
                 and not (s["state"] == "Preempted" and rows[k] in QUEUED)]
@@ -393,6 +395,7 @@ async def _run(cleanup: contextlib.AsyncExitStack, claims: int, tenants: int, no
         "first_status_p99_s": round(latencies[int(len(latencies) * 0.99)], 3) if latencies else None,
         "first_status_max_s": round(latencies[-1], 3) if latencies else None,
         "recovery_max_s": round(max(recoveries), 2) if recoveries else None,
+        "recovery_max_s_by_fault": recovery_by_fault,
         "logs": str(work) if services.unexpected_exits else None,
         "examples": {"lost": lost[:3], "disagreeing": disagree[:3], "breaches": (breaches + final_breaches)[:3],
                      "without_status": diagnosis, "stuck": stuck[:3]},
