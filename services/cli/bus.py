@@ -442,16 +442,25 @@ def own_tenant_only(url: str, tenant: str) -> None:
         raise typer.Exit(1)
 
 
-def eta(status: Mapping[str, Any], now: datetime | None = None) -> str:
+def first_clause(text: str) -> str:
+    """Up to the first comma, semicolon, colon or parenthesis: 'it does not start within 7d of the claims
+    running now' of the horizon's reason."""
+    cut = min((i for i in (text.find(mark) for mark in (",", ";", ":", " (")) if i > 0), default=len(text))
+    return text[:cut]
+
+
+def eta(status: Mapping[str, Any], now: datetime | None = None, *, whole: bool = True) -> str:
     """A Pending claim's estimated start (the p50 of its estimatedStart, and how far off it is from `now`
-    when given: "2026-12-07T02:15:49Z (in 20m)"; 'none: <why>' for a null one with its reason; '-': none
-    published), else ''."""
+    when given: "2026-12-07T02:15:49Z (in 20m)"; 'none: <why>' for a null one with its reason, or only
+    its first clause unless `whole` (a table's cell: explain says the rest); '-': none published), else ''."""
     if status.get("state") != "Pending":
         return ""
     estimate = status.get("estimatedStart")
     if not isinstance(estimate, dict) or not estimate.get("p50"):
         why = status.get("estimatedStartReason")
-        return f"none: {why}" if estimate is None and isinstance(why, str) and why else "-"
+        if estimate is None and isinstance(why, str) and why:
+            return f"none: {why if whole else first_clause(why)}"
+        return "-"
     p50 = str(estimate["p50"])
     try:
         ahead = (datetime.fromisoformat(p50.replace("Z", "+00:00")) - now).total_seconds() if now else None
@@ -474,5 +483,5 @@ def status_table(statuses: Sequence[Mapping[str, Any]], now: datetime | None = N
         allocation = s.get("allocation") or {}
         devices = ", ".join(r["device"] for r in (allocation.get("devices") or {}).get("results", []))
         table.add_row(s["namespace"], s["name"], s["state"], allocation.get("nodeName", ""), devices,
-                      *((eta(s, now),) if with_eta else ()), s.get("reason") or "")
+                      *((eta(s, now, whole=False),) if with_eta else ()), s.get("reason") or "")
     return table

@@ -90,8 +90,10 @@ def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: 
             out.append(f"request {c['request']!r}: no node has {requested} matching devices (most: "
                        f"{c['mostOnOneNode']}); ask for fewer or add such a node")
         elif isinstance(requested, int) and c["mostFreeOnOneNode"] < requested:
-            out.append(f"request {c['request']!r}: wait until {requested - c['mostFreeOnOneNode']} more matching "
-                       "devices are free on one node, or relax its selectors")
+            more = requested - c["mostFreeOnOneNode"]
+            devices = "matching device is" if more == 1 else "matching devices are"
+            out.append(f"request {c['request']!r}: wait until {more} more {devices} free on one node, or relax "
+                       "its selectors")
     if decision.unsatisfiable and not out:
         out.append("no device of today's fleet can satisfy the claim: change its selectors or add hardware")
     if preemption.get("candidates") and not out:

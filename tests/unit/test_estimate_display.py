@@ -29,6 +29,10 @@ def test_status_eta_column() -> None:
     assert eta(rows[0], now) == "2026-12-01T12:20:00Z (in 3h15m)"
     assert eta(rows[0], now - timedelta(days=2, hours=1)) == "2026-12-01T12:20:00Z (in 2d4h)"
     assert eta(rows[0], datetime(2026, 12, 1, 12, 19, 30, tzinfo=UTC)) == "2026-12-01T12:20:00Z (now)"
+    horizon = {**never, "estimatedStartReason": "it does not start within 7d of the claims running now, as far as "
+               "their runtimes are known (a claim without claimbroker.io/expected-runtime ...)"}
+    assert eta(horizon, whole=False) == "none: it does not start within 7d of the claims running now"  # a cell
+    assert eta(horizon).endswith("expected-runtime ...)")  # whole, as -o json readers and explain get it
     console = Console(width=200, record=True)
     console.print(status_table(rows))
     text = console.export_text()
@@ -37,9 +41,10 @@ def test_status_eta_column() -> None:
     console.print(status_table(rows[1:]))  # no estimate among them (estimates off): no ETA column
     assert "ETA" not in console.export_text()
     console = Console(width=200, record=True)
-    console.print(status_table([*rows[1:], never]))  # a null estimate with its reason shows the column
+    console.print(status_table([*rows[1:], never, horizon]))  # a null estimate with its reason shows the column
     text = console.export_text()
     assert "ETA" in text and "none: no device of today's fleet" in text
+    assert "within 7d of the claims running now " in text and "as far as" not in text  # its first clause
 
 
 def test_explain_estimated_start_line() -> None:
