@@ -379,4 +379,10 @@ def _refused(cycle: AdmissionState, unit: GangUnit, refusal: Refusal) -> list[De
         reason = f"gang {unit.name}: {reason}"
     told = Decision(State.PENDING, reason=reason, unsatisfiable=decision.unsatisfiable, cut=decision.cut)
     gangs = cycle.gangs
-    return [(m, told, blocks) for m in unit.members if decision.cut or gangs.due(m, reason, numbers_may_lag=True)]
+    if decision.cut:
+        return [(m, told, blocks) for m in unit.members]
+    if gangs.told_alike(unit, reason):
+        return []  # every member was told this reason, its numbers aside
+    answers = [(m, told, blocks) for m in unit.members if gangs.due(m, reason, numbers_may_lag=True)]
+    gangs.note_told(unit, reason)
+    return answers

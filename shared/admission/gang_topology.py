@@ -76,7 +76,8 @@ class Domains:
         counted = self._free.get(at)
         if counted is not None and counted[0] == index.version:
             return counted[1], counted[2]
-        free = {value: sum(len(index.free_on(n)) for n in nodes) for value, nodes in within[2]}
+        count = index.free_count
+        free = {value: sum(count(n) for n in nodes) for value, nodes in within[2]}
         ordered = tuple(ordered_values(free))
         self._free[at] = (index.version, free, ordered)  # read after counting: a node counted first may bump it
         return free, ordered

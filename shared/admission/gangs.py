@@ -79,6 +79,10 @@ class WaitingGangs:
         # quota versions) and its refusal; while they are the same its trial would be too (Any:
         # shared.admission.gang_pass's Refusal)
         self.failed_at: dict[GangKey, tuple[tuple[Any, ...], Any]] = {}
+        # per complete gang refused, the unit whose members were all answered and told a reason of this shape
+        # (numbers blanked) when it was last refused: while the unit is the same object (it is rebuilt when a
+        # member comes, goes or is answered again), no member is due a reason of that shape (`told_alike`)
+        self._told_units: dict[GangKey, tuple[GangUnit, str]] = {}
 
     def add(self, waiting: Waiting, settings: GangSettings) -> None:
         key = (waiting.tenant, settings.name)
@@ -164,6 +168,21 @@ class WaitingGangs:
         self.told[waiting.key] = reason
         return True
 
+    def told_alike(self, unit: GangUnit, reason: str) -> bool:
+        """Whether `due(m, reason, numbers_may_lag=True)` is False for every member: the same unit was last
+        refused with a reason of the same shape and all its members were answered (see note_told)."""
+        kept = self._told_units.get(unit.key)
+        return kept is not None and kept[0] is unit and kept[1] == _shape(reason)
+
+    def note_told(self, unit: GangUnit, reason: str) -> None:
+        """The unit's members were each asked `due(m, reason, numbers_may_lag=True)`: each was told a reason
+        of its shape now or before. Kept when every member was answered already (a member not answered is
+        due whatever it was told)."""
+        if all(m.answered for m in unit.members):
+            self._told_units[unit.key] = (unit, _shape(reason))
+        else:
+            self._told_units.pop(unit.key, None)
+
     def units(self) -> tuple[list[GangUnit], list[tuple[GangUnit, list[tuple[Waiting, str]]]]]:
         """The complete gangs, in tenant and name order, and each gang that changed since the last call
         with the members that disagree with it (and why)."""
@@ -174,6 +193,7 @@ class WaitingGangs:
                 self._units.pop(key, None)
                 self._complete.discard(key)
                 self.failed_at.pop(key, None)
+                self._told_units.pop(key, None)
                 continue
             found = self._units[key] = self._unit(key)
             if before is None or [m.key for m in before[0].members] != [m.key for m in found[0].members]:

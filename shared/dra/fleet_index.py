@@ -357,6 +357,11 @@ class DeviceIndex:
         self._ensure(node)
         return [d for group in self.by_node.get(node, ()) for d in group.free]
 
+    def free_count(self, node: str) -> int:
+        """len(free_on(node)), without building the list."""
+        self._ensure(node)
+        return sum(len(group.free) for group in self.by_node.get(node, ()))
+
     def devices_on(self, node: str) -> list[FleetDevice]:
         self._ensure(node)
         return [d for group in self.by_node.get(node, ()) for d in group.devices]
