@@ -148,14 +148,13 @@ class Estimator:
                       for d in found]
             async with unit_of_work(self.sessions) as work:
                 done = await ledger.write_estimates(work, self.shard, writes, now=self.clock())
+            self.relay.committed(work.flushed)  # at once: the relay keeps commit order
             written = done.claims
             by_key = {d.key: d.estimate for d in found}
             for key in written:
                 published[key] = by_key[key].p50
             published.update(done.held)  # published already as it is (by another allocator): what its row holds
             # the others (decided meanwhile, or back in the queue unanswered) are due again as they come
-            if written:
-                self.relay.due()
         self.runs += 1
         self.figures = RunFigures(cpu, wall, probe.late, len(estimates), len(written))
         log.debug("start estimates: %d claims, %.3f CPU s, loop late %.1f ms at most, %d published",

@@ -83,6 +83,7 @@ class ClaimIntake:
         except LEDGER_ERRORS as write_error:  # the ledger refuses or is away: the message is redelivered
             log.error("could not dead-letter message %s: %s", message_id, write_error)
             return False
+        self.relay.committed(work.flushed)
         return True
 
     async def degraded(self, error: Exception, *, unavailable: bool) -> None:
@@ -102,4 +103,4 @@ class ClaimIntake:
         await self.report("decision cycles commit again", True)
 
     async def settled(self, messages: Sequence[Msg]) -> None:
-        self.relay.due()  # the relay publishes what the commit wrote
+        pass  # what the commit wrote was handed to the relay as it committed

@@ -87,11 +87,11 @@ class Allocator:
         self.cycle = DecisionCycle(classes, self.inventory, metrics, reason_refresh=reason_refresh,
                                    min_runtime=min_runtime, gang_reserve_after=gang_reserve_after,
                                    tenant_budget=tenant_budget, clock=clock)
+        self.relay = OutboxRelay(self.sessions)
         self.transaction = DecisionTransaction(
             self.sessions, self.cycle, metrics, shard=shard, holder=f"{socket.gethostname()}:{id(self):x}",
             cycle_interval=cycle_interval, clock=clock, early_releases_per_tenant=early_releases_per_tenant,
-            release_answer_ttl=release_answer_ttl)
-        self.relay = OutboxRelay(self.sessions)
+            release_answer_ttl=release_answer_ttl, relay=self.relay)
         # start estimates beside the decisions, off their transactions (0: none)
         self.backlog = False  # the last fetch brought a full batch
         self.estimator = (Estimator(self.sessions, self.cycle, self.relay, shard=shard, interval=estimate_interval,

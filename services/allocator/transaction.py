@@ -21,7 +21,8 @@ from services.allocator.claim_batch import DEFAULT_EARLY_RELEASES_PER_TENANT, RE
 from services.allocator.cycle import Cycled, DecisionCycle
 from services.allocator.decision_metrics import DecisionMetrics, Parts
 from services.allocator.messages import CONSUMER, message_key, read_message
-from shared.ledger import inbox
+from services.allocator.outbox_relay import OutboxRelay
+from shared.ledger import inbox, outbox
 from shared.ledger.handles import AsyncSession
 from shared.ledger.quota_store import load_quota_config
 from shared.ledger.unit_of_work import unit_of_work
@@ -35,7 +36,7 @@ class DecisionTransaction:
     def __init__(self, sessions: Callable[[], AsyncSession], cycle: DecisionCycle, metrics: DecisionMetrics, *,
                  shard: str, holder: str, cycle_interval: float, clock: Callable[[], float],
                  early_releases_per_tenant: int = DEFAULT_EARLY_RELEASES_PER_TENANT,
-                 release_answer_ttl: float = RELEASE_ANSWER_TTL_S) -> None:
+                 release_answer_ttl: float = RELEASE_ANSWER_TTL_S, relay: OutboxRelay | None = None) -> None:
         self.sessions = sessions
         self.cycle = cycle
         self.metrics = metrics
@@ -47,14 +48,19 @@ class DecisionTransaction:
         self.early_releases_per_tenant = early_releases_per_tenant
         self.release_answer_ttl = release_answer_ttl
         self.decided: collections.Counter[str] = collections.Counter()
+        # what each commit wrote to the outbox is handed to it; it marks what the relay published since
+        self.relay = relay
 
     async def decide(self, messages: Sequence[Msg]) -> None:
         """One transaction: the batch's inbox rows and claim changes, one decision cycle, its events."""
         started = time.perf_counter()
         parts = Parts()
+        marks = self.relay.take_marks() if self.relay is not None else []
         try:
             async with unit_of_work(self.sessions) as work:
                 await work.take_turn(self.shard, self.holder, self.clock() + 3 * self.cycle_interval + 30)
+                if marks:  # the events the relay published from memory since the last transaction
+                    await outbox.mark_published_by_message_id(work, marks)
                 parts.lap("turn")
                 keys = [message_key(message) for message in messages]
                 done = await inbox.seen(work.session, CONSUMER, keys)
@@ -86,7 +92,11 @@ class DecisionTransaction:
         except BaseException:
             self.cycle.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             self.cycle.gang_clocks.rolled_back()
+            if self.relay is not None:
+                self.relay.return_marks(marks)
             raise
+        if self.relay is not None:  # at once, before anything else commits: the relay keeps commit order
+            self.relay.committed(work.flushed)
         self.cycle.gang_clocks.committed()
         self.cycle.inventory.lost_nodes -= cycled.lost  # only once committed: a rollback handles them again
         self.decided = collections.Counter({f"preempted:{rule}": n for rule, n in cycled.preempted.items()})

@@ -153,6 +153,7 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
     await session.execute(_SET_ESTIMATE, updates)
     await session.execute(insert(_HISTORY), history)
     await session.execute(insert(_OUTBOX), outbox)
+    work.flushed.extend(outbox)  # committed with the transaction: its relay may publish them from memory
     return Written([(tenant, name) for _, tenant, name, *_ in rows], held)
 
 

@@ -1,6 +1,7 @@
 """The outbox: events committed with the decisions that caused them (written by the unit of work,
-shared/ledger/unit_of_work.py), read back in order and marked once NATS has them. A crash between the two
-only publishes again events that JetStream drops as duplicates (their Nats-Msg-Id)."""
+shared/ledger/unit_of_work.py), published once committed (read back in order, or handed over by the
+transaction that wrote them) and marked once NATS has them. A crash between the two only publishes again
+events that JetStream drops as duplicates (their Nats-Msg-Id)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from shared.ledger.schema import OutboxEvent
-from shared.ledger.unit_of_work import UnitOfWork
+from shared.ledger.unit_of_work import UnitOfWork, in_chunks
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,20 @@ async def unpublished(work: UnitOfWork, limit: int = 500) -> list[Unpublished]:
     return [Unpublished(*row) for row in rows]
 
 
+def handed_over(rows: list[dict[str, Any]]) -> list[Unpublished]:
+    """The rows a unit of work flushed (UnitOfWork.flushed), as events to publish; they carry no row id
+    (mark them by message id)."""
+    return [Unpublished(0, row["subject"], row["payload"], row["message_id"], row.get("ttl_s")) for row in rows]
+
+
 async def mark_published(work: UnitOfWork, ids: list[int]) -> None:
     await work.session.execute(
         update(OutboxEvent).where(OutboxEvent.id.in_(ids)).values(published_at=datetime.now(UTC)))
+
+
+async def mark_published_by_message_id(work: UnitOfWork, message_ids: list[str]) -> None:
+    """Events published from memory: marked by their (unique) message ids, in chunks."""
+    now = datetime.now(UTC)
+    for chunk in in_chunks(message_ids):
+        await work.session.execute(
+            update(OutboxEvent).where(OutboxEvent.message_id.in_(chunk)).values(published_at=now))

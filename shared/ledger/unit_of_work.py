@@ -197,6 +197,9 @@ class UnitOfWork:
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
         self.writes = Writes()
+        # the outbox rows `flush` wrote, in order: once the unit commits, its relay may publish them from here
+        # instead of reading them back (services/allocator/outbox_relay.py)
+        self.flushed: list[dict[str, Any]] = []
 
     @property
     def revision(self) -> int | None:
@@ -238,6 +241,7 @@ class UnitOfWork:
         for table, rows in ((_DEVICES, devices), (_HISTORY, history), (_OUTBOX, outbox)):
             if rows:
                 await session.execute(insert(table), rows)
+        self.flushed.extend(outbox)
 
 
 @asynccontextmanager

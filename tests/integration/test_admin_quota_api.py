@@ -408,7 +408,8 @@ async def test_claim_history_and_explain(api: Api) -> None:
     assert detail["history"][0]["at"].endswith(("Z", "+00:00"))
     explained = (await api.client.get("/v1/claims/vision/waits/explain", headers=api.scoped)).json()
     assert explained == {"namespace": "vision", "name": "waits", "state": "Pending",
-                         "reason": "quota H100 exhausted", "explain": why, "estimatedStart": None}
+                         "reason": "quota H100 exhausted", "explain": why, "estimatedStart": None,
+                         "estimatedStartReason": None}
     plain = (await api.client.get("/v1/claims/vision/plain/explain", headers=api.viewer)).json()
     assert plain["explain"] is None and plain["state"] == "Pending" and plain["reason"] == "waits"
     assert_problem(await api.client.get("/v1/claims/vision/ghost/explain", headers=api.viewer), 404)
