@@ -177,16 +177,21 @@ async def test_a_decision_in_flight_is_waited_for_and_wins(ledger_url: str) -> N
         await engine.dispose()
 
 
+async def _one_waiting_claim(make: Any) -> None:
+    """Claim t/a, Pending at sequence 1, and the shard's lease taken once (estimates are written under it)."""
+    async with make() as session, session.begin():
+        session.add(_claim("a", "Pending", sequence=1))
+    async with unit_of_work(make) as work:
+        await work.take_turn("default", "me", T0.timestamp() + 60)
+
+
 async def test_pending_statuses_carry_the_estimate_until_allocated(ledger_url: str) -> None:
     engine = create_engine(ledger_url)
     make = sessions(engine)
     estimate = {"p50": "2026-12-01T12:20:00Z", "p90": None, "blockedBy": []}
     p50 = T0.timestamp()
     try:
-        async with make() as session, session.begin():
-            session.add(_claim("a", "Pending", sequence=1))
-        async with unit_of_work(make) as work:
-            await work.take_turn("default", "me", T0.timestamp() + 60)
+        await _one_waiting_claim(make)
         async with unit_of_work(make) as work:
             await write_estimates(work, "default", [EstimateWrite("t", "a", estimate, p50)])
         async with unit_of_work(make) as work:  # a reason worked out again: a Pending decision
@@ -225,10 +230,7 @@ async def test_a_null_estimate_keeps_its_reason_until_allocated(ledger_url: str)
     estimate = {"p50": "2026-12-01T12:20:00Z", "p90": None, "blockedBy": []}
     p50 = T0.timestamp()
     try:
-        async with make() as session, session.begin():
-            session.add(_claim("a", "Pending", sequence=1))
-        async with unit_of_work(make) as work:
-            await work.take_turn("default", "me", T0.timestamp() + 60)
+        await _one_waiting_claim(make)
         async with unit_of_work(make) as work:
             assert (await write_estimates(work, "default", [EstimateWrite("t", "a", None, None, UNSATISFIABLE)])
                     ).claims == [("t", "a")]
