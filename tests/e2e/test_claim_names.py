@@ -93,8 +93,12 @@ class StackThread:
         return message_id
 
     def submissions(self) -> int:
+        """Every message the claims stream ever stored: its last sequence (the count of those it holds drops as
+        the allocator acknowledges them, a work queue's retention, and failed the check of a refused file
+        when the allocator took the message of the example before between the two reads)."""
+
         async def count() -> int:
-            return int((await self.nc.jetstream().stream_info(subjects.CLAIMS_STREAM)).state.messages)
+            return int((await self.nc.jetstream().stream_info(subjects.CLAIMS_STREAM)).state.last_seq)
 
         return self.run(count())
 
