@@ -55,6 +55,7 @@ class ClaimBatch:
     new: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # claims queued, not yet written
     # submissions of claims that wait or run already: compared with the stored document after the batch
     again: list[tuple[ClaimMessage, dra.ResourceClaim, Claim]] = field(default_factory=list)
+    parsed: dict[tuple[str, str], dra.ResourceClaim] = field(default_factory=dict)  # the claims queued, parsed
 
     def apply(self, messages: list[ClaimMessage]) -> bool:
         """Apply the messages in order; whether any claim was queued or released (a cycle has work)."""
@@ -118,6 +119,7 @@ class ClaimBatch:
             self._forget_release(key)  # the new row carries it (a refusal above: the Rejected row does)
         self.new[key] = {**claim_values(claim, status_sequence), "submitted_seq": sequence or None,
                          "released_seq": row_released}
+        self.parsed[key] = claim
         return True
 
     def _released_before(self, message: ClaimMessage, claim: dra.ResourceClaim, released: int) -> None:
@@ -227,4 +229,5 @@ async def apply_messages(work: UnitOfWork, messages: list[ClaimMessage], config:
     if batch.again:
         batch.compare_again(await intake.specs_of(work, (row.id for _, _, row in batch.again)))
     await intake.write(work, batch.written, now or datetime.now(UTC), early_releases_per_tenant)
+    work.queued_documents.update(batch.parsed)  # the queue read takes them as they are
     return changed

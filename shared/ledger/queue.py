@@ -5,7 +5,7 @@ and what else a cycle reads of the claims (the running claims on lost nodes, rec
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -73,7 +73,7 @@ class QueueCache:
         self.documents.pop(row_id, None)
 
 
-def _document(spec: dict[str, Any]) -> dra.ResourceClaim:
+def read_document(spec: dict[str, Any]) -> dra.ResourceClaim:
     """A claim row's document, parsed once while the claim stays queued or running (the cache keeps it, and
     nothing else: a claim's memory goes when it ends)."""
     claim = dra.ResourceClaim.model_validate(spec)
@@ -129,7 +129,7 @@ async def load_queue(work: UnitOfWork, cache: QueueCache | None = None) -> Queue
             else set(cache.keys) - {row[0] for row in queued})  # not queued any more
     for row_id in gone:
         cache.drop(row_id)
-    await _read_rows(session, cache, queued, full=since is None)
+    await _read_rows(session, cache, queued, full=since is None, parsed=work.queued_documents)
     if since is not None:
         count = await session.scalar(select(func.count()).select_from(Claim).where(Claim.state.in_(QUEUED)))
         if count != len(cache.keys):
@@ -143,8 +143,10 @@ async def load_queue(work: UnitOfWork, cache: QueueCache | None = None) -> Queue
     return cache.held
 
 
-async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[Any], *, full: bool) -> None:
-    """Bring the cache's entries of these queued rows up to date (`full`: they are all the queued rows)."""
+async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[Any], *, full: bool,
+                     parsed: Mapping[tuple[str, str], dra.ResourceClaim] | None = None) -> None:
+    """Bring the cache's entries of these queued rows up to date (`full`: they are all the queued rows).
+    `parsed`: documents of claims queued in this transaction, by claim, taken instead of their rows' specs."""
     pending = [row[0] for row in listed if row[3] == State.PENDING.value]
     displaced: dict[int, set[tuple[str, str]]] = {}
     preempted = select(ClaimEvent.claim_id, ClaimEvent.by).where(ClaimEvent.state == State.PREEMPTED.value)
@@ -164,15 +166,20 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
     unread: list[int] = []  # new to the cache: document and allocation are read
     stale: list[int] = []  # running, and not as the cache holds it: the allocation is read
     documents = cache.documents
-    for row_id, _, _, state, sequence, *_ in listed:
+    for row_id, namespace, name, state, sequence, *_ in listed:
         if row_id not in documents:
-            unread.append(row_id)
+            document = parsed.get((namespace, name)) if parsed and state == State.PENDING.value else None
+            if document is not None:
+                dra.share_fields_sets(document)
+                documents[row_id] = document
+            else:
+                unread.append(row_id)
         elif state == State.ALLOCATED.value and cache.sequences.get(row_id) != sequence:
             stale.append(row_id)
     for chunk in in_chunks(unread):
         for row_id, spec, allocation in await session.execute(
                 select(Claim.id, Claim.spec, Claim.allocation).where(Claim.id.in_(chunk))):
-            documents[row_id] = _document(spec)
+            documents[row_id] = read_document(spec)
             allocations[row_id] = allocation
     for chunk in in_chunks(stale):
         for row_id, allocation in await session.execute(

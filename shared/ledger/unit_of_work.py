@@ -200,6 +200,10 @@ class UnitOfWork:
         # the outbox rows `flush` wrote, in order: once the unit commits, its relay may publish them from here
         # instead of reading them back (services/allocator/outbox_relay.py)
         self.flushed: list[dict[str, Any]] = []
+        # the documents of the claims this unit queued, as parsed from their messages: the queue read takes
+        # them instead of reading their rows' specs back and parsing them again (what a row's spec parses to
+        # is the same document: tests/hostile/test_corpus_documents.py)
+        self.queued_documents: dict[tuple[str, str], Any] = {}
 
     @property
     def revision(self) -> int | None:
