@@ -28,7 +28,7 @@ from shared.dra import model as dra
 from shared.dra.budget import TENANT_BUDGET
 from shared.dra.results import State
 from shared.ledger import decisions, queue
-from shared.ledger.quota_store import load_quota_config
+from shared.ledger.quota_store import QuotaConfigCache
 from shared.ledger.unit_of_work import UnitOfWork, Writes
 
 
@@ -57,6 +57,7 @@ class DecisionCycle:
         self.kept = ClockedKeptState()  # selector results and the cycle's states, kept from one cycle to the next
         self.gang_clocks = GangClocks(self.kept)  # waiting gangs' clocks, kept in the ledger as they change
         self.queue_cache = queue.QueueCache()
+        self.quotas = QuotaConfigCache()  # read again when the ledger's config_revision moved
         self.collector = CollectorPacing()  # what a cycle keeps is frozen: young GC passes skip it
         self.reasons = ReasonRefresh(reason_refresh, clock)
         self.set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
@@ -100,7 +101,7 @@ class DecisionCycle:
             parts.lap("queue")
             return cycled
         self.reasons.ask_again(held)
-        config = config if config is not None else await load_quota_config(work.session)
+        config = config if config is not None else await self.quotas.load(work.session)
         waiting, changes = held.waiting.snapshot()
         if self.set_aside:  # compared in full, not by the changes recorded
             waiting = self._without_set_aside(waiting, held)

@@ -20,7 +20,7 @@ from shared.dra.inventory import Fleet
 from shared.fleet.freshness import judge
 from shared.ledger import queue
 from shared.ledger.handles import AsyncSession
-from shared.ledger.quota_store import load_quota_config
+from shared.ledger.quota_store import QuotaConfigCache, config_revision
 from shared.ledger.unit_of_work import unit_of_work
 
 
@@ -33,20 +33,22 @@ class LedgerSnapshots:
         self.inventory_ttl, self.min_runtime, self.gang_reserve_after = inventory_ttl, min_runtime, gang_reserve_after
         self.tenant_budget, self.clock = tenant_budget, clock
         self.cache = queue.QueueCache()  # documents parsed once per claim, as the allocator's cycle keeps them
+        self.quotas = QuotaConfigCache()
         self.committed_snapshot: Snapshot | None = None
         self.changes = 0
         self._version: object = None
 
     async def refresh(self) -> None:
-        """Read the queue again when the ledger's claims or the fleet's nodes moved since the last read."""
+        """Read the queue again when the ledger's claims, its quota configuration or the fleet's nodes moved
+        since the last read."""
         fleet = await self.fleet()
         async with unit_of_work(self.sessions) as work:
-            version = (await queue.queue_version(work.session),
+            version = (await queue.queue_version(work.session), await config_revision(work.session),
                        frozenset((name, node.shape_id) for name, node in fleet.nodes.items()))
             if version == self._version:
                 return
             held = await queue.load_queue(work, self.cache)
-            config = await load_quota_config(work.session)
+            config = await self.quotas.load(work.session)
             now = self.clock()
             limited = any(t.max_preemptions_per_minute is not None for t in config.tenants.values())
             recent = await queue.recent_preemptions(work, now - 60.0) if limited else {}

@@ -24,7 +24,6 @@ from services.allocator.messages import CONSUMER, message_key, read_message
 from services.allocator.outbox_relay import OutboxRelay
 from shared.ledger import inbox, outbox
 from shared.ledger.handles import AsyncSession
-from shared.ledger.quota_store import load_quota_config
 from shared.ledger.unit_of_work import unit_of_work
 
 
@@ -78,7 +77,8 @@ class DecisionTransaction:
                 await inbox.record(work.session, CONSUMER, recorded, now)
                 parts.lap("inbox")
                 # the quotas, read once: submissions are checked against maxPending, the cycle decides on them
-                config = await load_quota_config(work.session) if any(m.claim is not None for m in fresh) else None
+                config = await self.cycle.quotas.load(work.session) if any(m.claim is not None for m in fresh) \
+                    else None
                 parts.lap("quotas")
                 if await apply_messages(work, fresh, config, now=now,
                                         early_releases_per_tenant=self.early_releases_per_tenant,

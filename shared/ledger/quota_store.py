@@ -17,7 +17,7 @@ from sqlalchemy import delete, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.admission.quota import Flavor, QuotaConfig, QuotaLimit, TenantQuota, merge_flavors
-from shared.ledger.schema import AuditEntry, Cohort, Quota, Tenant
+from shared.ledger.schema import AuditEntry, Cohort, ConfigRevision, Quota, Tenant
 from shared.ledger.schema import Flavor as FlavorRow
 
 
@@ -84,6 +84,27 @@ async def load_quota_config(session: AsyncSession) -> QuotaConfig:
                           Tenant.admin_access, Tenant.max_pending, Tenant.min_runtime_s,
                           Tenant.max_preemptions_per_minute, Tenant.gang_reserve_after_s).order_by(Tenant.name))}
     return QuotaConfig(merge_flavors(listed), cohorts, tenants, listed)
+
+
+async def config_revision(session: AsyncSession) -> int | None:
+    """Where the quota configuration stands: moved by the database on every change (migration 0015)."""
+    return await session.scalar(select(ConfigRevision.revision).where(ConfigRevision.id == 1))
+
+
+class QuotaConfigCache:
+    """The quota configuration as last read, read again only when `config_revision` moved: one query a
+    transaction instead of four, and the same object from cycle to cycle while nothing changed (the decision
+    core then recognises it by identity)."""
+
+    def __init__(self) -> None:
+        self.revision: int | None = None
+        self.config: QuotaConfig | None = None
+
+    async def load(self, session: AsyncSession) -> QuotaConfig:
+        revision = await config_revision(session)
+        if self.config is None or revision is None or revision != self.revision:
+            self.config, self.revision = await load_quota_config(session), revision
+        return self.config
 
 
 def _diff(kind: str, entity: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> Change | None:

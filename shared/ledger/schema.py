@@ -297,6 +297,15 @@ class ClaimEvent(Base):
     by: Mapped[str | None] = mapped_column(String(512), nullable=True)  # the preemptor, "tenant/claim"
 
 
+class ConfigRevision(Base):
+    """One row whose revision the database moves whenever tenants, quotas, cohorts or flavors change
+    (triggers, migration 0015): the allocator reads the quota configuration again only when it moved."""
+
+    __tablename__ = "config_revision"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    revision: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
 class AllocatorLease(Base):
     """One active decider per shard: the holder renews `expires_at`; every decision transaction locks
     this row and bumps `revision`, so a second allocator waits, then sees what the first wrote."""

@@ -80,3 +80,34 @@ async def test_0014_adds_estimate_reason_and_takes_it_back(db_url: str) -> None:
     assert await _execute(db_url, "SELECT name, sequence FROM claims") == [("waits", 2)]
     await migrate(db_url)
     assert await _execute(db_url, "SELECT estimate_reason FROM claims") == [(None,)]
+
+
+async def test_0015_moves_the_config_revision_on_every_write_of_the_quota_configuration(db_url: str) -> None:
+    """Whoever writes tenants, quotas, cohorts or flavors (the admin API, quota import, psql), the database
+    moves config_revision, which the allocator reads the configuration again by. At head: a later migration
+    that rebuilt one of these tables on SQLite without its triggers fails here."""
+    await migrate(db_url)
+
+    async def revision() -> int:
+        return int((await _execute(db_url, "SELECT revision FROM config_revision WHERE id = 1"))[0][0])
+
+    writes = ["INSERT INTO cohorts (name) VALUES ('org')",
+              "INSERT INTO tenants (name, cohort, weight, admin_access) VALUES ('vision', 'org', 1.0, false)",
+              "UPDATE tenants SET weight = 2.0 WHERE name = 'vision'",
+              "INSERT INTO flavors (name, selector, value, position) VALUES ('h100', 'true', 1.0, 0)",
+              "UPDATE flavors SET value = 2.0",
+              "INSERT INTO quotas (tenant, flavor, nominal) VALUES ('vision', 'h100', 8)",
+              "UPDATE quotas SET nominal = 16",
+              "DELETE FROM quotas", "DELETE FROM flavors", "DELETE FROM tenants", "DELETE FROM cohorts"]
+    for statement in writes:
+        before = await revision()
+        await _execute(db_url, statement)
+        assert await revision() > before, statement
+    before = await revision()
+    await _execute(db_url, "UPDATE claims SET sequence = sequence + 1")  # not the configuration
+    assert await revision() == before
+    await downgrade(db_url, "0014")
+    assert "config_revision" not in await tables(db_url)
+    await _execute(db_url, "INSERT INTO cohorts (name) VALUES ('after')")  # no trigger left behind
+    await migrate(db_url)
+    assert await revision() == 0
