@@ -102,7 +102,7 @@ async def test_a_decision_transaction_reads_only_the_claims_written_since_the_la
     await migrate(ledger_url)
     engine = create_engine(ledger_url)
     make = sessions(engine)
-    cache = QueueCache()
+    cache = QueueCache(count_every=0.0)  # each read checked against a count (the default: every second)
     changes: list[QueueChanges] = []
 
     async def decide(before: Any = None, after: Any = None, *, commit: bool = True) -> Queue:
