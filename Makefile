@@ -8,7 +8,7 @@ JS     := node_modules/.installed
 .PHONY: help install demo up test lint bench bench-core bench-quota bench-eta bench-eta-accuracy bench-budget bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif chaos clean
 
 help: ## show this help
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-19s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
