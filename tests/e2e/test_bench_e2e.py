@@ -27,7 +27,9 @@ def test_the_quick_benchmark_prints_a_line_per_phase_and_every_claim_gets_a_stat
     # where the allocator's time went during the churn, from its JSON log: every part of a transaction
     assert len(parts) == 1 and parts[0]["transactions"] > 0 and parts[0]["messages"] >= 100, parts
     assert {"turn", "inbox", "parse", "intake", "queue", "flush", "commit"} <= set(parts[0]["per_message_ms"]), parts
-    assert parts[0]["outbox_batches"] > 0 and {"read", "publish", "mark"} == set(parts[0]["outbox_per_event_ms"])
+    # the relay publishes from memory (read and mark only where it read the outbox back)
+    assert parts[0]["outbox_batches"] > 0 and "publish" in parts[0]["outbox_per_event_ms"]
+    assert set(parts[0]["outbox_per_event_ms"]) <= {"read", "publish", "mark"}
     assert [(line["db"], line["phase"]) for line in lines] == [
         ("sqlite", "echo"), ("sqlite", "burst"), ("sqlite", "churn"), ("sqlite", "echo-churn")], run.stdout
     echo = lines[0]["claims_per_s"]
