@@ -453,6 +453,9 @@ async def test_a_tenant_credential_submits_as_its_tenant(tmp_path: Path) -> None
     settings = BrokerSettings(data_dir=tmp_path / "data")
     async with running_stack(settings, services=("watcher", "allocator")) as stack:
         assert stack.authority is not None and stack.allocator is not None
+        # connected first: a service whose connection the server authenticates while it reloads its accounts
+        # can be refused (`up` restarts it; this stack runs no supervisor)
+        assert await stack.allocator.wait_for_inventory(20)
         async with sessions(stack.engine)() as session, session.begin():
             password, row = await add_credential(session, "tenant", "vision", actor="test")
         await stack.authority.apply()
@@ -460,7 +463,6 @@ async def test_a_tenant_credential_submits_as_its_tenant(tmp_path: Path) -> None
             if "vision" in stack.authority.provisioned:
                 break
             await asyncio.sleep(0.05)
-        assert await stack.allocator.wait_for_inventory(20)
         url = bus_auth.url_with_user(stack.nats_url, row.user, password)
         code, out, err = await run("--nats", url, "submit", str(claims), "--wait", "20")
         assert code == 0 and json.loads(out)["namespace"] == "vision" and json.loads(out)["state"] == "Allocated", err
