@@ -22,7 +22,7 @@ import yaml
 from rich.table import Table
 
 from services.cli.common import Refused, Unreachable, cli_settings, err
-from shared.admission.estimate_text import rough_duration
+from shared.admission.estimate_text import first_clause, rough_duration
 from shared.contract import subjects
 from shared.contract.messages import ClaimStatus, UnreadableStatus, read_status
 from shared.settings import BrokerSettings
@@ -440,13 +440,6 @@ def own_tenant_only(url: str, tenant: str) -> None:
     if own is not None and tenant != own:
         err.print(f"claimbroker: this bus credential is tenant {own}'s: it cannot reach tenant {tenant}'s claims")
         raise typer.Exit(1)
-
-
-def first_clause(text: str) -> str:
-    """Up to the first comma, semicolon, colon or parenthesis: 'it does not start within 7d of the claims
-    running now' of the horizon's reason."""
-    cut = min((i for i in (text.find(mark) for mark in (",", ";", ":", " (")) if i > 0), default=len(text))
-    return text[:cut]
 
 
 def eta(status: Mapping[str, Any], now: datetime | None = None, *, whole: bool = True) -> str:

@@ -238,10 +238,13 @@ def simulate(
             console.print(f"{event['claim']} {event['state']} by {event['by']} ({event['rule']}): {event['reason']}")
 
 
-def eta_text(estimate: Any) -> str:
-    """A Pending claim's estimatedStart for a table: its p50, and its p90 in brackets ('-': none)."""
+def eta_text(estimate: Any, why: Any = None) -> str:
+    """A Pending claim's estimatedStart for a table: its p50, and its p90 in brackets; 'none: <gist>' for a
+    null one with its reason (estimatedStartReason; -o json has it whole); '-': none."""
+    from shared.admission.estimate_text import first_clause
+
     if not isinstance(estimate, dict) or not estimate.get("p50"):
-        return "-"
+        return f"none: {first_clause(why)}" if estimate is None and isinstance(why, str) and why else "-"
     return f"{estimate['p50']} ({estimate.get('p90') or '?'})"
 
 
@@ -251,7 +254,7 @@ def simulate_table(claims: list[dict[str, Any]]) -> Any:
     for c in claims:
         allocation = c.get("allocation") or {}
         devices = ", ".join(r["device"] for r in (allocation.get("devices") or {}).get("results", []))
-        eta = eta_text(c.get("estimatedStart")) if c["state"] == "Pending" else ""
+        eta = eta_text(c.get("estimatedStart"), c.get("estimatedStartReason")) if c["state"] == "Pending" else ""
         rows.append([c["namespace"], c["name"], c["state"], allocation.get("nodeName", ""), devices, eta,
                      c.get("reason") or ""])
     return make_table(["TENANT", "CLAIM", "STATE", "NODE", "DEVICES", "ETA", "REASON"], rows)

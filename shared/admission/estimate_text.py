@@ -19,3 +19,10 @@ def rough_duration(seconds: float) -> str:
     days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
     parts = [f"{n}{u}" for n, u in ((days, "d"), (hours, "h"), (minutes, "m")) if n]
     return "".join(parts[:2]) or "1m"
+
+
+def first_clause(text: str) -> str:
+    """Up to the first comma, semicolon, colon or parenthesis: a reason's gist for a table's cell ('it does
+    not start within 7d of the claims running now' of the horizon's reason)."""
+    cut = min((i for i in (text.find(mark) for mark in (",", ";", ":", " (")) if i > 0), default=len(text))
+    return text[:cut]

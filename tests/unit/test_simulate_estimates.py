@@ -12,6 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli import app
+from services.cli.claims import eta_text
+from shared.admission.estimate_text import first_clause
 from shared.admission.estimates import HORIZON, UNSATISFIABLE, beyond_horizon
 from shared.admission.simulate import run_waves
 from shared.admission.wave_documents import Advance, Release, WaveItem
@@ -103,7 +105,8 @@ def test_simulate_prints_an_eta_column_and_estimated_start(tmp_path: Path) -> No
         CLAIM.format(name=f"busy-{i}", tenant="lab", runtime=f"{m}m", n=1) for i, m in enumerate((10, 20, 30, 40))))
     (tmp_path / "w2.yaml").write_text("{kind: Advance, duration: 5m}\n---\n{kind: Release, namespace: lab, "
                                       "name: busy-1}\n---\n" + CLAIM.format(name="two", tenant="vision", runtime="1h",
-                                                                            n=2))
+                                                                            n=2)
+                                      + "---\n" + CLAIM.format(name="eight", tenant="vision", runtime="1h", n=8))
     base = ["simulate", "--inventory", str(tmp_path / "fleet.yaml"), "--claims", str(tmp_path / "w1.yaml"),
             "--claims", str(tmp_path / "w2.yaml")]
     as_json = runner.invoke(app, [*base, "-o", "json"])
@@ -118,3 +121,8 @@ def test_simulate_prints_an_eta_column_and_estimated_start(tmp_path: Path) -> No
     assert "ETA" in header
     row = next(line for line in table.stdout.splitlines() if " two " in line)
     assert "2026-01-01T00:10:00Z (2026-01-01T00:10:00Z)" in row
+    why = claims["eight"]["estimatedStartReason"]  # more GPUs than the node has: null, with the reason
+    assert claims["eight"]["estimatedStart"] is None and why
+    row = next(line for line in table.stdout.splitlines() if " eight " in line)
+    assert "none: no device" in row  # its gist in the cell (which wraps), the whole of it in -o json
+    assert eta_text(None, why) == f"none: {first_clause(why)}"
