@@ -79,6 +79,7 @@ class Estimator:
         self.runtimes = Runtimes()
         self.runtimes_at: float | None = None  # monotonic time of the last read
         self.published: dict[ClaimKey, float | None] | None = None  # p50 last published per waiting claim
+        self.published_reasons: dict[ClaimKey, str] = {}  # of the null ones published here: said again if it changes
         self.seen_changes = -1  # the cycle's `changes` at the last run
         self.last_run: float | None = None  # monotonic
         self.figures: RunFigures | None = None  # the last run's
@@ -141,7 +142,8 @@ class Estimator:
         published = self.published
         for key in [k for k in published if k not in estimates]:  # no longer waiting
             del published[key]
-        found = due(estimates, published, self.clock(), self.per_run)
+            self.published_reasons.pop(key, None)
+        found = due(estimates, published, self.clock(), self.per_run, self.published_reasons)
         written: list[ClaimKey] = []
         if found:
             writes = [ledger.EstimateWrite(d.key[0], d.key[1], d.estimate.to_json(), d.estimate.p50, d.estimate.reason)
@@ -153,6 +155,10 @@ class Estimator:
             by_key = {d.key: d.estimate for d in found}
             for key in written:
                 published[key] = by_key[key].p50
+                if by_key[key].p50 is None and by_key[key].reason:
+                    self.published_reasons[key] = by_key[key].reason or ""
+                else:
+                    self.published_reasons.pop(key, None)
             published.update(done.held)  # published already as it is (by another allocator): what its row holds
             # the others (decided meanwhile, or back in the queue unanswered) are due again as they come
         self.runs += 1

@@ -63,14 +63,19 @@ class Due:
     move: float
 
 
-def move(published: bool, before: float | None, new: float | None, now: float) -> float | None:
+REASON_MOVE = 1.0  # a null estimate whose reason changed: due, after the first ones and the big moves
+
+
+def move(published: bool, before: float | None, new: float | None, now: float, *,
+         reason_changed: bool = False) -> float | None:
     """How far an estimate moved from the one last published (inf: the first, a null included, one said again
-    after a null, or a null after a value; else its move over the time that one still had to wait), or None when
-    it is not due. `published`: one was (`before` its p50, None for a null)."""
+    after a null, or a null after a value; REASON_MOVE: a null after a null that said another reason; else its
+    move over the time that one still had to wait), or None when it is not due. `published`: one was (`before`
+    its p50, None for a null)."""
     if not published:
         return math.inf
     if before is None:
-        return math.inf if new is not None else None
+        return math.inf if new is not None else REASON_MOVE if reason_changed else None
     if new is None:
         return math.inf
     moved = abs(new - before)
@@ -80,12 +85,15 @@ def move(published: bool, before: float | None, new: float | None, now: float) -
 
 
 def due(estimates: Mapping[ClaimKey, Estimate], published: Mapping[ClaimKey, float | None], now: float,
-        limit: int) -> list[Due]:
+        limit: int, reasons: Mapping[ClaimKey, str] | None = None) -> list[Due]:
     """The estimates to publish now, at most `limit`, the biggest moves first. `published`: per claim, the p50
-    last published for it (None: a null estimate was); a claim not in it has had none."""
+    last published for it (None: a null estimate was); a claim not in it has had none. `reasons`: the reasons
+    of the null ones published, where known (a null whose reason changed is published again)."""
     found: list[Due] = []
+    reasons = reasons or {}
     for key, estimate in estimates.items():
-        moved = move(key in published, published.get(key), estimate.p50, now)
+        changed = estimate.p50 is None and key in reasons and (estimate.reason or "") != reasons[key]
+        moved = move(key in published, published.get(key), estimate.p50, now, reason_changed=changed)
         if moved is not None:
             found.append(Due(key, estimate, moved))
     found.sort(key=lambda d: (-d.move, d.estimate.p50 if d.estimate.p50 is not None else math.inf, d.key))

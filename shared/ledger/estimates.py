@@ -126,7 +126,10 @@ async def write_estimates(work: UnitOfWork, shard: str, estimates: Sequence[Esti
             if key not in wanted:
                 continue
             published = bool(row[7]) or bool(row[9])  # an estimate, or a null one with its reason
-            if now is not None and move(published, row[6] if row[7] else None, wanted[key].p50, now) is None:
+            estimate = wanted[key]
+            reason_changed = not row[7] and bool(row[9]) and estimate.p50 is None and (estimate.reason or "") != row[9]
+            if now is not None and move(published, row[6] if row[7] else None, estimate.p50, now,
+                                        reason_changed=reason_changed) is None:
                 held[key] = row[6] if row[7] else None
             else:
                 explained = row[8] if isinstance(row[8], dict) else {}

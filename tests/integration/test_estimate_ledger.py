@@ -280,3 +280,21 @@ async def test_a_null_estimate_keeps_its_reason_until_allocated(ledger_url: str)
             assert await published_estimates(work) == {}
     finally:
         await engine.dispose()
+
+
+async def test_a_null_estimate_whose_reason_changed_is_written_again(ledger_url: str) -> None:
+    """The row check lets a null through again only with another reason: another allocator or a restarted
+    estimator writes the same null once, a changed one once more."""
+    engine = create_engine(ledger_url)
+    make = sessions(engine)
+    beyond = "it does not start within 7d of the claims running now"
+    try:
+        await _one_waiting_claim(make)
+        for reason, written in ((UNSATISFIABLE, True), (UNSATISFIABLE, False), (beyond, True), (beyond, False)):
+            async with unit_of_work(make) as work:
+                done = await write_estimates(work, "default", [EstimateWrite("t", "a", None, None, reason)],
+                                             now=T0.timestamp())
+            assert done.claims == ([("t", "a")] if written else []), (reason, written)
+        assert [s.get("estimatedStartReason") for s in await _outbox(make)] == [UNSATISFIABLE, beyond]
+    finally:
+        await engine.dispose()

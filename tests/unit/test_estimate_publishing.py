@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from shared.admission.estimate_publishing import MIN_MOVE, due, quantiles, runtimes_from
+from shared.admission.estimate_publishing import MIN_MOVE, REASON_MOVE, due, quantiles, runtimes_from
 from shared.admission.estimates import Estimate, Quantiles
 
 NOW = 1_000_000.0
@@ -34,6 +34,19 @@ def est(p50: float | None) -> Estimate:
 def test_the_rule(published: dict[tuple[str, str], float | None], estimate: Estimate, expected: bool) -> None:
     found = due({K: estimate}, published, NOW, limit=10)
     assert [d.key for d in found] == ([K] if expected else [])
+
+
+@pytest.mark.parametrize(("reasons", "said", "expected"), [
+    ({K: "never"}, "never", False),  # the same null again
+    ({K: "never"}, "gang g: 1 of 2 members received", True),  # another reason: said again
+    ({}, "gang g: 1 of 2 members received", False),  # its reason not known here (a restart): not said again
+])
+def test_a_null_is_published_again_when_its_reason_changes(reasons: dict[tuple[str, str], str], said: str,
+                                                           expected: bool) -> None:
+    found = due({K: Estimate(None, None, (), said)}, {K: None}, NOW, limit=10, reasons=reasons)
+    assert [d.key for d in found] == ([K] if expected else [])
+    if expected:  # after first publications and big moves
+        assert found[0].move == REASON_MOVE < math.inf
 
 
 def test_bounded_count_biggest_moves_first() -> None:
