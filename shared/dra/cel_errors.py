@@ -3,12 +3,16 @@ under the error for a terminal, and cel-python's messages in CEL's own names."""
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import celpy
 from celpy.evaluation import CELEvalError
 
+TYPO_CUTOFF = 0.8  # how alike a missing name and an existing one must be to name the latter (difflib's ratio)
+_QUOTED = re.compile(r"'([^']+)'")
 GUARD_HINT = (
     "consider using CEL optional chaining (.? followed by orValue()) or guarding the check with has() "
     "for optional fields"
@@ -137,9 +141,10 @@ def _readable(text: str) -> str:
     return _CLASS.sub(lambda m: _CEL_NAMES.get(m[1], m[1]), text)
 
 
-def runtime_error(error: CELEvalError) -> str:
+def runtime_error(error: CELEvalError, names: Iterable[str] = ()) -> str:
     """CEL's message; where it is vague ("return error for overflow" for an invalid quantity), the Python
-    error behind it; Kubernetes' hint where a missing key is the cause."""
+    error behind it; Kubernetes' hint where a missing key is the cause, after the closest of `names` (the
+    device's attribute and capacity names) where the missing one looks like a typo of it."""
     message = _readable(str(error.args[0]) if error.args else str(error))
     cause = error.args[2] if len(error.args) > 2 else ()
     detail = _readable(str(cause[0]))[:300] if isinstance(cause, tuple) and cause else ""
@@ -148,5 +153,9 @@ def runtime_error(error: CELEvalError) -> str:
     elif message in _VAGUE and detail and detail != "overflow" and "CELEvalError" not in detail:
         message = detail if message == "return error for overflow" else f"{message}: {detail}"
     if "no such key" in message or "no such member" in message:
-        message = f"{message}; {GUARD_HINT}"
+        missing = _QUOTED.search(message)
+        close = difflib.get_close_matches(missing[1], sorted(set(names) - {missing[1]}), 1, TYPO_CUTOFF) \
+            if missing else []
+        typo = f" (did you mean '{close[0]}'?)" if close else ""
+        message = f"{message}{typo}; {GUARD_HINT}"
     return f"CEL runtime error: {message[:1000]}"

@@ -151,6 +151,16 @@ class CompiledSelector:
     budget: EvaluationBudget = field(default_factory=EvaluationBudget, compare=False, repr=False)
 
 
+def _names(activation: ct.MapType) -> list[str]:
+    """The attribute and capacity names of the device, every domain's (what a typo is compared with)."""
+    names: list[str] = []
+    for section in ("attributes", "capacity"):
+        domains = activation.get(ct.StringType(section))
+        for by_name in (domains.values() if isinstance(domains, ct.MapType) else ()):
+            names.extend(str(name) for name in (by_name.keys() if isinstance(by_name, ct.MapType) else ()))
+    return names
+
+
 def evaluate(selector: CompiledSelector, activation: ct.MapType, budget: EvaluationBudget | None = None) -> bool:
     """True or False; anything else (a runtime error, a non-bool result, a limit reached) raises
     SelectorError. `budget` defaults to the selector's own, kept for as long as the selector is cached."""
@@ -176,7 +186,7 @@ def evaluate(selector: CompiledSelector, activation: ct.MapType, budget: Evaluat
         raise SelectorError(f"CEL evaluation stopped after {step_limit:,} steps, the limit for one device: the "
                             "expression is too expensive to evaluate; iterate over fewer elements") from None
     except CELEvalError as error:
-        raise SelectorError(runtime_error(error)) from None
+        raise SelectorError(runtime_error(error, _names(activation))) from None
     except RecursionError:
         raise SelectorError(too_deep("it ran out of stack while being evaluated")) from None
     except MemoryError:
@@ -184,7 +194,7 @@ def evaluate(selector: CompiledSelector, activation: ct.MapType, budget: Evaluat
     except Exception as error:  # a claim's text must never crash the allocator
         raise SelectorError(f"CEL runtime error: {type(error).__name__}: {error}") from None
     if isinstance(result, CELEvalError):
-        raise SelectorError(runtime_error(result))
+        raise SelectorError(runtime_error(result, _names(activation)))
     if not isinstance(result, bool | ct.BoolType):
         raise SelectorError(f"CEL expression must evaluate to bool, got {type(result).__name__}")
     return bool(result)

@@ -94,6 +94,7 @@ def numbers(count: int) -> str:
     ('{"a": 1}["b"] == 1', "no such key: 'b'"),
     ('device.attributes["amd.com"].productName == "MI300X"', "no such member in mapping: 'productName'; consider"),
     (f"{A}.profile == '1g.10gb'", "no such member in mapping: 'profile'; consider"),
+    (f'{A}.prodctName == "H100"', "no such member in mapping: 'prodctName' (did you mean 'productName'?); consider"),
     ("foo == 1", "undeclared reference to 'foo'"),
     ("unknownFn() == 1", "undeclared reference to 'unknownFn'"),
     ('"abc".substring(1) == "bc"', "undeclared reference to 'substring'"),
