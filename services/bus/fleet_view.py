@@ -37,12 +37,21 @@ class FleetView:
         self.caught_up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def current(self) -> Fleet:
-        """The fleet once the replay has caught up (started with the first call)."""
+    async def current(self, timeout: float = CATCH_UP_S, *, strict: bool = False) -> Fleet:
+        """The fleet once the replay has caught up (started with the first call). After `timeout`, what it
+        has read, or (`strict`) TimeoutError; a follower that failed (the bus away) raises its error."""
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._follow(), name="fleet-view")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.caught_up.wait(), CATCH_UP_S)
+        caught_up = asyncio.create_task(self.caught_up.wait())
+        try:
+            await asyncio.wait([caught_up, self._task], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            caught_up.cancel()
+        if not self.caught_up.is_set():
+            if self._task.done() and not self._task.cancelled() and self._task.exception() is not None:
+                raise self._task.exception()  # type: ignore[misc]
+            if strict:
+                raise TimeoutError(f"the inventory stream was not read within {timeout:g}s")
         return self.fleet
 
     async def close(self) -> None:

@@ -3,10 +3,8 @@ service's start, and read without a consumer (the last message per subject, the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,12 +13,11 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, DiscardPolicy, Header, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, Header, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
 from services.bus.connection import BUS_ERRORS, connect
 from shared.contract import subjects
-from shared.contract.events import read_inventory
 from shared.dra.inventory import Fleet
 
 DUPLICATE_WINDOW_S = 600.0
@@ -99,33 +96,14 @@ def _kept_claims_config(wanted: StreamConfig, existing: StreamConfig, tenant_bac
 
 
 async def read_fleet(url: str, tls_ca: Path | None = None, timeout: float = 30.0) -> Fleet:
-    """Every node's last inventory message on the bus (an ordered consumer, last per subject)."""
-    nc = await connect(url, name="claimbroker-fleet-view", tls_ca=tls_ca)
+    """Every node's last inventory message on the bus, read once (services/bus/fleet_view.py follows it)."""
+    from services.bus.fleet_view import FleetView
+
+    view = FleetView(lambda: connect(url, name="claimbroker-fleet-view", tls_ca=tls_ca))
     try:
-        js = nc.jetstream()
-        if not (await js.stream_info(subjects.INVENTORY_STREAM)).state.messages:
-            return Fleet()
-        nodes: dict[str, Any] = {}
-        done = asyncio.Event()
-
-        async def on_message(message: Any) -> None:
-            inventory = read_inventory(json.loads(message.data))
-            if inventory.removed:
-                nodes.pop(inventory.node, None)
-            else:
-                nodes[inventory.node] = inventory
-            if message.metadata.num_pending == 0:
-                done.set()
-
-        sub = await js.subscribe(subjects.INVENTORY_ALL, ordered_consumer=True,
-                                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, cb=on_message)
-        try:
-            await asyncio.wait_for(done.wait(), timeout)
-        finally:
-            await sub.unsubscribe()
-        return Fleet(nodes)
+        return await view.current(timeout, strict=True)
     finally:
-        await nc.close()
+        await view.close()
 
 
 class DirectGetError(RuntimeError):
