@@ -7,6 +7,7 @@ under the shard's turn (no decision races them) and publishes them through an ou
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
@@ -37,8 +38,6 @@ class EstimatesService:
         return self.estimator.outage.why() if self.estimator is not None else "not started yet"
 
     async def run(self, nc: Client, subscribe: Callable[[], Awaitable[object]]) -> None:
-        import asyncio
-
         settings = self.settings
         self.relay.js = nc.jetstream()
 
