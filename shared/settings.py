@@ -12,10 +12,10 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -91,6 +91,11 @@ class AllocatorSettings:
     inbox_retention: float
     early_releases_per_tenant: int
     estimate_interval: float
+    # The cluster's ResourceClaims as a second way in (`--kube`): the cluster to follow, and which tenant a
+    # namespace's claims belong to where it is not named as one.
+    kube: bool
+    kubeconfig: Path | None
+    kube_namespaces: dict[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,10 +296,24 @@ class BrokerSettings(BaseSettings):
 
     # Watcher inventory sources. `kube` (above) reads the cluster; `nvml` this host's GPUs.
     kubeconfig: Path | None = None  # None: in-cluster ServiceAccount, else ~/.kube/config
+    # With `kube`, the allocator takes the cluster's brokered ResourceClaims: a namespace is the tenant of its
+    # name unless mapped here ("ml-prod=vision,ml-dev=vision").
+    kube_namespaces: Annotated[dict[str, str], NoDecode] = {}
     nvml: bool = False
     node_name: str | None = None  # the NVML source's node (from the downward API); None: the hostname
     heartbeat_interval: float = 30.0  # republish unchanged nodes this often, well inside inventory_ttl
     nvml_poll_interval: float = 10.0
+
+    @field_validator("kube_namespaces", mode="before")
+    @classmethod
+    def _namespace_map(cls, value: object) -> object:
+        """`ns=tenant,ns2=tenant` as well as a JSON object."""
+        if isinstance(value, str):
+            pairs = [p.strip() for p in value.split(",") if p.strip()]
+            if any(p.count("=") != 1 or p.startswith("=") or p.endswith("=") for p in pairs):
+                raise ValueError(f"expected namespace=tenant pairs separated by commas, got {value!r}")
+            return dict(p.split("=") for p in pairs)
+        return value
 
     @field_validator("heartbeat_interval", "nvml_poll_interval", mode="before")
     @classmethod

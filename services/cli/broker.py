@@ -40,7 +40,8 @@ from shared.settings import BrokerSettings
 def up(
     inventory: Annotated[list[Path] | None, typer.Option("--inventory", help="inventory file", exists=True,
                                                          dir_okay=False, readable=True)] = None,
-    kube: Annotated[bool, typer.Option(help="take the fleet from the Kubernetes cluster only")] = False,
+    kube: Annotated[bool, typer.Option(help="take the fleet from the Kubernetes cluster only, and its ResourceClaims "
+                                            "annotated claimbroker.io/broker")] = False,
     kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for --kube (default: in-cluster)")] = None,
     db: Annotated[str | None, typer.Option(help="ledger URL (default: SQLite in the data folder)")] = None,
     nats: Annotated[str | None, typer.Option(help="external NATS URL (default: embedded)")] = None,
@@ -245,8 +246,9 @@ def serve(
     inventory: Annotated[list[Path] | None, typer.Option("--inventory")] = None,
     db: Annotated[str | None, typer.Option()] = None,
     nats: Annotated[str | None, typer.Option()] = None,
-    kube: Annotated[bool, typer.Option(help="watcher: the fleet from the Kubernetes cluster")] = False,
-    kubeconfig: Annotated[Path | None, typer.Option(help="watcher: kubeconfig (default: in-cluster)")] = None,
+    kube: Annotated[bool, typer.Option(help="watcher: the fleet from the Kubernetes cluster; allocator: its "
+                                            "ResourceClaims annotated claimbroker.io/broker")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="--kube's kubeconfig (default: in-cluster)")] = None,
     nvml: Annotated[bool, typer.Option(help="watcher: this host's GPUs, read with NVML")] = False,
     stream_replicas: Annotated[int | None, typer.Option(help="servers of a NATS cluster keeping each stream")] = None,
     log_format: LogFormat = None,

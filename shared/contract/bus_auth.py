@@ -50,7 +50,9 @@ BACKFILLED = "claimbroker.io/backfilled"  # a tenant stream's metadata once the 
 
 _SERVICE_JS = ["$JS.API.>", "$JS.ACK.>", "$JS.FC.>"]
 _SERVICE_SUBJECTS = {
-    "allocator": [subjects.STATUS_ALL, subjects.ALERTS_ALL],
+    # the allocator also submits and releases the cluster's claims (`--kube`) for their tenants: no more
+    # than it does already, since it decides every tenant's claims
+    "allocator": [subjects.STATUS_ALL, subjects.ALERTS_ALL, subjects.SUBMIT_ALL, subjects.RELEASE_ALL],
     "notifier": [subjects.ALERTS_ALL],
     "watcher": [subjects.INVENTORY_ALL, subjects.ALERTS_ALL],
     "admin-api": [],  # it reads: the page's live feed, the node map and what-if's fleet

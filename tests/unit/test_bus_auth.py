@@ -53,7 +53,8 @@ def test_a_tenant_may_publish_its_own_subjects_and_read_its_own_stream_but_not_c
     ("service", "service.watcher", None,
      [subjects.INVENTORY_ALL, subjects.ALERTS_ALL, "$JS.API.>", "$JS.ACK.>", "$JS.FC.>"], ["_I.service.watcher.>"]),
     ("service", "service.allocator", None,
-     [subjects.STATUS_ALL, subjects.ALERTS_ALL, "$JS.API.>", "$JS.ACK.>", "$JS.FC.>"], ["_I.service.allocator.>"]),
+     [subjects.STATUS_ALL, subjects.ALERTS_ALL, subjects.SUBMIT_ALL, subjects.RELEASE_ALL, "$JS.API.>", "$JS.ACK.>",
+      "$JS.FC.>"], ["_I.service.allocator.>"]),
     ("admin", "admin.local", None, [">"], [">"]),
 ])
 def test_what_other_identities_may_do(role: str, user: str, tenant: str | None, publishes: list[str],

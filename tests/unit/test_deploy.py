@@ -47,6 +47,42 @@ def test_watcher_rbac_is_read_only_on_nodes_and_resource_slices() -> None:
                                     "namespace": "claim-broker"}]
 
 
+def grants_of(path: Path) -> tuple[list[tuple[str, str, str]], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    docs = documents(path)
+    assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])  # no resourceNames etc.
+    grants = sorted((g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+                    for v in rule["verbs"])
+    return grants, role, next(d for d in docs if d["kind"] == "ClusterRoleBinding"), next(
+        d for d in docs if d["kind"] == "ServiceAccount")
+
+
+def test_allocator_rbac_grants_exactly_what_the_cluster_write_back_calls() -> None:
+    """services/allocator/cluster_claims.py: follow claims and gated pods, patch a claim's finalizer and
+    annotations, update its status, patch a pod's gate away, evict pods, write events; nothing else (no
+    delete, no create of claims or pods, no secrets, no wildcards)."""
+    grants, role, binding, account = grants_of(ROOT / "deploy" / "k8s" / "rbac-allocator.yaml")
+    assert grants == sorted([
+        ("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceclaims", "list"),
+        ("resource.k8s.io", "resourceclaims", "watch"), ("resource.k8s.io", "resourceclaims", "patch"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
+        ("", "pods/eviction", "create"), ("", "events", "create")])
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "claim-broker"}]
+    allocator = documents(ROOT / "deploy" / "k8s" / "allocator.yaml")[0]["spec"]["template"]["spec"]
+    assert allocator["serviceAccountName"] == account["metadata"]["name"]
+    assert "--kube" in allocator["containers"][0]["args"]
+    source = (ROOT / "services" / "allocator" / "cluster_claims.py").read_text()
+    for call in ("list_resource_claim_for_all_namespaces", "patch_namespaced_resource_claim",
+                 "replace_namespaced_resource_claim_status", "read_namespaced_resource_claim",
+                 "list_pod_for_all_namespaces", "patch_namespaced_pod", "create_namespaced_pod_eviction",
+                 "create_namespaced_event"):
+        assert call in source, call  # each call above is what a grant is for
+
+
 def test_each_service_is_probed_where_serve_answers() -> None:
     """The probes ask the port CLAIMBROKER_HEALTH_PORT gives `serve`, on the paths services.runtime.health serves."""
     from services.runtime.health import answer

@@ -1,0 +1,410 @@
+"""The cluster as a second way in (`up --kube`, `serve allocator --kube`): brokered ResourceClaims are
+submitted to the queue like any tenant's claim, and the cluster is kept where the ledger is.
+
+Level-triggered: a claim is marked due when the cluster changes it (its watch), when the broker publishes a
+status for it (the status stream), at start and every `resync_s`; a due claim's ledger row is read and
+`shared.kube_claims.writeback.plan` says what to write. So a restart, a relist, a missed event or a cluster
+that drifted is mended by the same code as a new claim. Of several allocators, the one holding the writer's
+lease in the ledger writes; every write carries the resourceVersion it was planned on, and a 409 re-reads the
+claim and plans again. Pods carrying the gate `claimbroker.io/allocation` are ungated once every broker claim
+they use is Allocated in the cluster.
+
+Submissions go through the claims stream with a message id per cluster uid (exactly once, as a tenant's
+would); statuses reach NATS as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+from nats.aio.client import Client
+from nats.js.api import DeliverPolicy
+
+from services.kube.reflector import Reflector
+from shared.contract import subjects
+from shared.kube_claims.cluster_claim import (
+    FINALIZER,
+    GATE,
+    REASON_ANNOTATION,
+    STATE_ANNOTATION,
+    ClusterClaim,
+    Tenancy,
+    gated,
+    pod_claim_names,
+    read_claim,
+)
+from shared.kube_claims.writeback import (
+    Action,
+    AddFinalizer,
+    ClearAllocation,
+    Evict,
+    LedgerClaim,
+    Release,
+    RemoveFinalizer,
+    Say,
+    Submit,
+    Wait,
+    WriteAllocation,
+    allocated_devices,
+    plan,
+)
+from shared.ledger import cluster_claims as ledger
+from shared.ledger.engine import sessions
+from shared.ledger.handles import AsyncEngine
+
+log = logging.getLogger("claimbroker.allocator.cluster")
+
+CLAIMS, PODS = "resourceclaims", "pods"
+COMPONENT = "claimbroker.io/allocator"
+CONFLICT_RETRIES = 5
+Key = tuple[str, str]
+
+
+class Conflict(Exception):
+    """The object moved since it was read (409): read it again and plan again."""
+
+
+class ClusterClaims:
+    def __init__(self, api: client.ApiClient, engine: AsyncEngine, nc: Client, *, holder: str,
+                 namespaces: Mapping[str, str] | None = None, lease_s: float = 15.0, resync_s: float = 30.0,
+                 clock: Callable[[], float] = time.time, reflector: Reflector | None = None) -> None:
+        self.api, self.nc, self.js = api, nc, nc.jetstream()
+        self.resource, self.core = client.ResourceV1Api(api), client.CoreV1Api(api)
+        self.sessions = sessions(engine)
+        self.holder, self.namespaces = holder, dict(namespaces or {})
+        self.lease_s, self.resync_s, self.clock = lease_s, resync_s, clock
+        self.reflector = reflector or Reflector(api)
+        self.claims: dict[Key, ClusterClaim] = {}
+        self.pods: dict[Key, dict[str, Any]] = {}
+        self.synced: set[str] = set()
+        self.due: set[Key] = set()
+        self.wake = asyncio.Event()
+        self.leader = False
+        self.tenancy = Tenancy(self.namespaces, [])
+        self.writes: dict[str, int] = {}  # per kind of write, for tests and metrics
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.reflector.reflect(CLAIMS, self.resource.list_resource_claim_for_all_namespaces,
+                                                     self._replace_claims, self._claim_event))
+            group.create_task(self.reflector.reflect(PODS, self.core.list_pod_for_all_namespaces,
+                                                     self._replace_pods, self._pod_event))
+            group.create_task(self._follow_statuses())
+            group.create_task(self._work())
+
+    # --- what the cluster and the bus say ---------------------------------------------------------
+
+    async def _replace_claims(self, items: list[dict[str, Any]]) -> None:
+        self.claims = {claim.key: claim for claim in map(read_claim, items) if _ours(claim)}
+        self.synced.add(CLAIMS)
+        self._mark(self.claims)  # a relist: everything is due, drift included
+
+    async def _claim_event(self, kind: str, item: dict[str, Any]) -> None:
+        claim = read_claim(item)
+        if kind == "DELETED" or not _ours(claim):
+            self.claims.pop(claim.key, None)
+        else:
+            self.claims[claim.key] = claim
+            self._mark([claim.key])
+        self._mark_pods_of(claim.namespace, claim.name)
+
+    async def _replace_pods(self, items: list[dict[str, Any]]) -> None:
+        self.pods = {_pod_key(pod): pod for pod in items if gated(pod)}
+        self.synced.add(PODS)
+        self.wake.set()
+
+    async def _pod_event(self, kind: str, item: dict[str, Any]) -> None:
+        key = _pod_key(item)
+        if kind == "DELETED" or not gated(item):
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = item
+            self.wake.set()
+
+    async def _follow_statuses(self) -> None:
+        """Each status the broker publishes makes its cluster claim due (the ledger is read for what to do)."""
+        async def due(message: Any) -> None:
+            with contextlib.suppress(ValueError):
+                tenant, token = subjects.status_parts(message.subject)
+                for namespace in self.tenancy.namespaces_of(tenant):
+                    if (namespace, subjects.name_of(token)) in self.claims:
+                        self._mark([(namespace, subjects.name_of(token))])
+        while True:
+            try:
+                subscription = await self.js.subscribe(subjects.STATUS_ALL, ordered_consumer=True,
+                                                       deliver_policy=DeliverPolicy.NEW, cb=due)
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    with contextlib.suppress(Exception):
+                        await subscription.unsubscribe()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the bus away: the resync still comes
+                log.warning("cluster claims: following statuses failed (%r); again in 2s", error)
+                await asyncio.sleep(2.0)
+
+    def _mark(self, keys: Any) -> None:
+        self.due.update(keys)
+        self.wake.set()
+
+    def _mark_pods_of(self, namespace: str, name: str) -> None:
+        if any(k[0] == namespace for k in self.pods):
+            self.wake.set()
+
+    # --- keeping the cluster where the ledger is --------------------------------------------------
+
+    async def _work(self) -> None:
+        next_resync = 0.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=min(self.lease_s / 3, self.resync_s))
+            self.wake.clear()
+            try:
+                await self._hold_lease()
+                if not self.leader or self.synced != {CLAIMS, PODS}:
+                    continue
+                if time.monotonic() >= next_resync:
+                    next_resync = time.monotonic() + self.resync_s
+                    self.due.update(self.claims)
+                await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the ledger or the API server away: try again at the next wake
+                log.warning("cluster claims: reconcile failed (%r); again shortly", error)
+                await asyncio.sleep(1.0)
+
+    async def _hold_lease(self) -> None:
+        async with self.sessions() as session, session.begin():
+            leader = await ledger.hold_writer_lease(session, self.holder, self.clock(), self.lease_s)
+            self.tenancy = Tenancy(self.namespaces, await ledger.tenant_names(session))
+        if leader != self.leader:
+            log.info("cluster claims: %s the cluster writer's lease", "holding" if leader else "not holding")
+            self.leader = leader
+            if leader:
+                self.due.update(self.claims)
+
+    async def reconcile(self) -> None:
+        """Every due claim, then every gated pod; each claim guarded on its own (one failure is logged and
+        the claim stays due), so no claim can stop the others."""
+        keys, self.due = sorted(self.due), set()
+        wanted = {k: self.tenancy.tenant_of(k[0]) for k in keys}
+        async with self.sessions() as session:
+            found = await ledger.ledger_claims(session, {(t, k[1]) for k, t in wanted.items() if t is not None})
+        for key in keys:
+            tenant = wanted[key]
+            try:
+                await self._reconcile_claim(key, found.get((tenant, key[1])) if tenant is not None else None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning("cluster claim %s/%s: %r; tried again at the next resync", *key, error)
+        for pod_key in sorted(self.pods):
+            try:
+                await self._ungate(pod_key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning("pod %s/%s: ungating failed: %r", *pod_key, error)
+
+    async def _reconcile_claim(self, key: Key, own: LedgerClaim | None) -> None:
+        for _ in range(CONFLICT_RETRIES):
+            claim = self.claims.get(key)
+            if claim is None:
+                return
+            try:
+                for action in plan(claim, own, self.tenancy, self._held_elsewhere):
+                    claim = await self._carry_out(claim, action)
+                return
+            except Conflict:
+                await self._refresh(key)
+        log.warning("cluster claim %s/%s: still conflicting after %d tries; tried again later", *key,
+                    CONFLICT_RETRIES)
+        self.due.add(key)
+
+    def _held_elsewhere(self, claim: ClusterClaim, allocation: Mapping[str, Any]) -> str | None:
+        wanted = allocated_devices(allocation)
+        for other in self.claims.values():
+            if other.key != claim.key and other.allocation and wanted & allocated_devices(other.allocation):
+                return f"{other.namespace}/{other.name}"
+        return None
+
+    async def _carry_out(self, claim: ClusterClaim, action: Action) -> ClusterClaim:
+        """One action; returns the claim as the cluster now has it (writes answer the new object)."""
+        match action:
+            case AddFinalizer():
+                return await self._patch_meta(claim, {"finalizers": [*claim.finalizers, FINALIZER]}, "finalizer")
+            case RemoveFinalizer():
+                return await self._patch_meta(claim, {"finalizers": [f for f in claim.finalizers if f != FINALIZER]},
+                                              "finalizer-removed")
+            case Submit(tenant=tenant, document=document):
+                await self._publish(subjects.submit(tenant), document, f"kube-{claim.uid}", "submit")
+            case Release(tenant=tenant, name=name):
+                await self._publish(subjects.release(tenant), {"name": name}, f"kube-release-{claim.uid}", "release")
+            case WriteAllocation(allocation=allocation):
+                return await self._write_status(claim, dict(allocation))
+            case ClearAllocation():
+                return await self._write_status(claim, None)
+            case Evict(pods=pods, message=message):
+                await self._evict(claim, pods, message)
+            case Say(state=state, reason=reason):
+                said = await self._patch_meta(claim, {"annotations": {STATE_ANNOTATION: state,
+                                                                      REASON_ANNOTATION: reason}}, "said")
+                await self._event(claim.document, claim.namespace, action.event_type, state,
+                                  reason or f"the broker's state: {state}")
+                return said
+            case Wait(why=why):
+                log.debug("cluster claim %s/%s waits: %s", claim.namespace, claim.name, why)
+        return claim
+
+    # --- writes -----------------------------------------------------------------------------------
+
+    def _count(self, kind: str) -> None:
+        self.writes[kind] = self.writes.get(kind, 0) + 1
+
+    async def _patch_meta(self, claim: ClusterClaim, meta: dict[str, Any], kind: str) -> ClusterClaim:
+        body = {"metadata": {"resourceVersion": claim.resource_version, **meta}}
+        try:
+            updated = await self.resource.patch_namespaced_resource_claim(
+                claim.name, claim.namespace, body, _content_type="application/merge-patch+json")
+        except ApiException as error:
+            if error.status == 409:
+                raise Conflict() from error
+            raise
+        self._count(kind)
+        return self._keep(updated)
+
+    async def _write_status(self, claim: ClusterClaim, allocation: dict[str, Any] | None) -> ClusterClaim:
+        document = json.loads(json.dumps(claim.document))
+        document.setdefault("apiVersion", "resource.k8s.io/v1")
+        document.setdefault("kind", "ResourceClaim")
+        status = document.setdefault("status", {}) or {}
+        document["status"] = status
+        if allocation is None:
+            status.pop("allocation", None)
+        else:
+            status["allocation"] = {**allocation, "allocationTimestamp": _now_rfc3339(self.clock())}
+        body = client.ResourceV1ResourceClaim.from_dict(document)
+        assert body is not None
+        try:
+            updated = await self.resource.replace_namespaced_resource_claim_status(claim.name, claim.namespace, body)
+        except ApiException as error:
+            if error.status == 409:
+                raise Conflict() from error
+            raise
+        self._count("allocation" if allocation is not None else "allocation-cleared")
+        return self._keep(updated)
+
+    async def _refresh(self, key: Key) -> None:
+        try:
+            current = await self.resource.read_namespaced_resource_claim(key[1], key[0])
+        except ApiException as error:
+            if error.status == 404:
+                self.claims.pop(key, None)
+                return
+            raise
+        self._keep(current)
+
+    def _keep(self, updated: Any) -> ClusterClaim:
+        claim = read_claim(self.reflector.as_dict(updated))
+        if self._newer(claim):
+            self.claims[claim.key] = claim
+        return claim
+
+    def _newer(self, claim: ClusterClaim) -> bool:
+        held = self.claims.get(claim.key)
+        if held is None:
+            return _ours(claim)
+        try:
+            return int(claim.resource_version) >= int(held.resource_version)
+        except ValueError:
+            return True
+
+    async def _publish(self, subject: str, payload: Mapping[str, Any], message_id: str, kind: str) -> None:
+        await self.js.publish(subject, json.dumps(payload).encode(), headers={"Nats-Msg-Id": message_id})
+        self._count(kind)
+
+    async def _evict(self, claim: ClusterClaim, pods: Any, message: str) -> None:
+        for pod in pods:
+            if pod.resource != "pods":
+                continue
+            body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
+                                     metadata=client.V1ObjectMeta(name=pod.name, namespace=claim.namespace))
+            try:
+                await self.core.create_namespaced_pod_eviction(pod.name, claim.namespace, body)
+            except ApiException as error:
+                if error.status == 404:
+                    continue  # gone already: the claim controller clears its reservation
+                if error.status == 429:  # a disruption budget: the next resync asks again
+                    log.info("pod %s/%s: eviction refused for now (%s)", claim.namespace, pod.name, error.reason)
+                    self.due.add(claim.key)
+                    continue
+                raise
+            self._count("eviction")
+            await self._event({"apiVersion": "v1", "kind": "Pod",
+                               "metadata": {"name": pod.name, "namespace": claim.namespace, "uid": pod.uid}},
+                              claim.namespace, "Warning", "Preempted", message)
+
+    async def _event(self, obj: Mapping[str, Any], namespace: str, kind: str, reason: str, message: str) -> None:
+        meta = obj.get("metadata") or {}
+        at = datetime.fromtimestamp(self.clock(), UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta.get('name')}.", namespace=namespace),
+            involved_object=client.V1ObjectReference(
+                api_version=obj.get("apiVersion", "resource.k8s.io/v1"), kind=obj.get("kind", "ResourceClaim"),
+                name=meta.get("name"), namespace=namespace, uid=meta.get("uid")),
+            reason=reason, message=message[:1024], type=kind, first_timestamp=at, last_timestamp=at, count=1,
+            source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT,
+            reporting_instance=self.holder[:128])
+        try:
+            await self.core.create_namespaced_event(namespace, event)
+        except ApiException as error:  # an event is news, not state: its loss is logged, not retried
+            log.info("event for %s/%s not written: %s %s", namespace, meta.get("name"), error.status, error.reason)
+        else:
+            self._count("event")
+
+    async def _ungate(self, key: Key) -> None:
+        pod = self.pods.get(key)
+        if pod is None:
+            return
+        names = pod_claim_names(pod)
+        if names is None:
+            return  # a template's claim is not made yet
+        for name in names:
+            claim = self.claims.get((key[0], name))
+            if claim is not None and claim.brokered and claim.allocation is None:
+                return
+        gates = [g for g in (pod.get("spec") or {}).get("schedulingGates") or [] if g.get("name") != GATE]
+        body = {"metadata": {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion")},
+                "spec": {"schedulingGates": gates or None}}
+        try:
+            await self.core.patch_namespaced_pod(key[1], key[0], body, _content_type="application/merge-patch+json")
+        except ApiException as error:
+            if error.status in (404, 409):
+                return  # gone, or moved: its watch event brings it back if it still needs us
+            raise
+        self.pods.pop(key, None)
+        self._count("ungate")
+
+
+def _ours(claim: ClusterClaim) -> bool:
+    """Claims the broker decides, and those it still holds a finalizer on (annotation since removed)."""
+    return claim.brokered or FINALIZER in claim.finalizers
+
+
+def _pod_key(pod: Mapping[str, Any]) -> Key:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _now_rfc3339(now: float) -> str:
+    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
