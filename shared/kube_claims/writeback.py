@@ -161,17 +161,17 @@ def _allocation(claim: ClusterClaim, own: LedgerClaim, held_elsewhere: HeldElsew
     wanted = status_allocation(own.allocation) if own.state == "Allocated" and own.allocation else None
     if wanted is not None and same_allocation(claim.allocation, wanted):
         return []
+    actions: list[Action] = []
     if claim.allocation is not None:
         if claim.reserved_for:
             return [Evict(claim.reserved_for, _eviction_message(claim, own))]
-        if wanted is None:
-            return [ClearAllocation()]
+        actions.append(ClearAllocation())  # the API server refuses to change a set allocation: clear, then set
     if wanted is None:
-        return []
+        return actions
     holder = held_elsewhere(claim, wanted)
     if holder is not None:
-        return [Wait(f"claim {holder} still holds its devices in the cluster")]
-    return [WriteAllocation(wanted)]
+        return [*actions, Wait(f"claim {holder} still holds its devices in the cluster")]
+    return [*actions, WriteAllocation(wanted)]
 
 
 def _leaving(claim: ClusterClaim, ledger: LedgerClaim | None, own: LedgerClaim | None) -> list[Action]:

@@ -112,10 +112,11 @@ CASES = [
     ("drift: the cluster holds an allocation the ledger does not", cluster_claim(allocation=WRITTEN,
                                                                                    said=("Pending", None)),
      ledger("Pending"), ["ClearAllocation"]),
-    ("drift: another allocation written, no pod: rewritten", cluster_claim(allocation=status_allocation(
+    ("drift: another allocation written, no pod: cleared, then rewritten", cluster_claim(allocation=status_allocation(
         {"nodeName": "node-09", "devices": {"results": [
             {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-09", "device": "gpu-0"}]}}),
-        said=("Allocated", None)), ledger("Allocated", allocation=LEDGER_ALLOCATION), ["WriteAllocation"]),
+        said=("Allocated", None)), ledger("Allocated", allocation=LEDGER_ALLOCATION),
+     ["ClearAllocation", "WriteAllocation"]),
 ]
 
 
