@@ -156,6 +156,8 @@ class Explainer:
             tenant = alike.tenants[waiting.tenant] = {
                 "name": waiting.tenant, "unitsInUse": round(book.units[waiting.tenant], 4),
                 "weight": book.weight(waiting.tenant), "share": round(book.share(waiting.tenant), 4)}
+            if book.config.half_life > 0:  # fairSharing.halfLife: the share counts past use too
+                tenant["pastUse"] = round(book.past.get(waiting.tenant, 0.0), 4)
         key = None
         if not blocks and gid is not None:  # a quota's figures are the tenant's own
             key = (gid[1], decision.reason, decision.unsatisfiable)

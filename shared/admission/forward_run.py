@@ -69,13 +69,14 @@ class ForwardRun(ClockedQueue):
     # each instant, as simulate does (a few claims that exhaust the search made each run cost seconds,
     # which the allocator's decisions paid beside it): what it would find is left to the next instants.
     most_going_on = 2
+    decays_past_use = False  # looks ahead with the snapshot's past use as it is
 
     def __init__(self, snapshot: Snapshot, runtimes: Runtimes, quantile: int, horizon: float, exact: int,
                  expected: Mapping[ClaimKey, float | None], sizes: Mapping[ClaimKey, int],
                  selectors: SelectorMemo, flavors: FleetFlavors | None,
                  hopeless: Set[ClaimKey], carried: tuple[KeptState, WaitingQueue] | None = None) -> None:
         assert snapshot.now is not None
-        super().__init__(snapshot.fleet, snapshot.classes, snapshot.quotas, snapshot.now)
+        super().__init__(snapshot.fleet, snapshot.classes, snapshot.quotas, snapshot.now, snapshot.past_use)
         self.kept = KeptState(memo=selectors, flavors=flavors)
         self.expected = expected  # each waiting claim's expected runtime, read once for both runs
         self.sizes = sizes  # and the devices it takes

@@ -37,14 +37,15 @@ NO_VICTIMS: dict[ClaimKey, Victim] = {}  # read only
 
 
 class VictimTenants:
-    """Each tenant that runs preemptible claims with those claims, weight, share and cohort, and (asked
+    """Each tenant that runs preemptible claims with those claims, weight, share and the top cohort of
+    its tree (its cohort, when cohorts do not nest), and (asked
     only under reclaim and fair share) the flavors it borrows."""
 
     def __init__(self, book: QuotaBook, victims: Mapping[str, dict[ClaimKey, Victim]]) -> None:
         self.book = book
-        units, weight, cohort_of = book.units, book.weight, book.cohort_of  # share() inlined: rebuilt per admission
-        self.tenants = [(tenant, claims, w, units[tenant] / w, cohort_of(tenant))
-                        for tenant, claims in victims.items() if claims for w in (weight(tenant),)]
+        units, weight, tree_of, past = book.units, book.weight, book.top_of, book.past  # share() inlined: per admission
+        self.tenants = [(tenant, claims, w, (units[tenant] + past.get(tenant, 0.0) if past else units[tenant]) / w,
+                         tree_of(tenant)) for tenant, claims in victims.items() if claims for w in (weight(tenant),)]
         self.borrowed = book.borrowed_flavors  # kept by the book as usage moves
 
 

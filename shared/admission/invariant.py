@@ -13,12 +13,17 @@ vouch for itself.
 - lendingLimit: the part of a tenant's nominal it does not lend is used by nobody else, so what the
   members of a cohort use beyond the parts they keep fits in what they lend plus their share of the
   free capacity (Kueue's arithmetic, flat cohorts).
+- Nested cohorts (Kueue KEP-79): per node x and flavor, T(x) = nominal(x) - used(x) for a tenant and
+  T(x) = nominal(x) + sum over children c of min(lendingLimit(c), T(c)) for a cohort; T(x) is at least
+  -borrowingLimit(x) at every node that has one, and the fleet's free capacity covers what the top
+  cohorts (which lend each other nothing) draw: free + sum of min(0, T(top)) >= 0. And a subtree never
+  holds more than its own and its descendants' nominal plus its borrowingLimit.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
 from shared.admission.flavors import Flavors
@@ -59,6 +64,8 @@ def violations(fleet: Fleet, quotas: QuotaConfig, running: Iterable[Running],
                 out.append(f"counter {'/'.join(counter)} is drawn {amount} of {capacity_of[counter]}")
     if not quotas.enforced:
         return out
+    if quotas.nested:
+        return out + tree_violations(quotas, used, Counter(flavors.name_of(d) for d in fleet.devices))
     capacity = Counter(flavors.name_of(d) for d in fleet.devices)
     covered: Counter[str] = Counter()
     for quota in quotas.tenants.values():
@@ -102,6 +109,77 @@ def violations(fleet: Fleet, quotas: QuotaConfig, running: Iterable[Running],
         elif lent_over[flavor] > free:
             out.append(f"cohorts use {lent_over[flavor]} {flavor} beyond what their members keep and lend "
                        f"(lendingLimit), over the free capacity {free}")
+    return out
+
+
+def tree_violations(quotas: QuotaConfig, used: Mapping[tuple[str, str], int],
+                    capacity: Mapping[str | None, int]) -> list[str]:
+    """The nested-cohort invariants (KEP-79's T), recounted from the quotas and what each tenant holds."""
+    out: list[str] = []
+    infinite = 1 << 40
+    parent: dict[str, str | None] = {}  # cohort -> parent; a tenant without a cohort sits in one of its own
+    tenants_of: dict[str, list[str]] = defaultdict(list)
+    for cohort in quotas.cohorts:
+        parent[cohort] = quotas.cohort(cohort).parent
+    for quota in quotas.tenants.values():
+        home = quota.cohort or f"tenant:{quota.name}"
+        parent.setdefault(home, None)
+        tenants_of[home].append(quota.name)
+    for name, _ in used:
+        if name not in quotas.tenants:
+            parent.setdefault(f"tenant:{name}", None)
+            if name not in tenants_of[f"tenant:{name}"]:
+                tenants_of[f"tenant:{name}"].append(name)
+    children: dict[str, list[str]] = defaultdict(list)
+    for cohort, up in parent.items():
+        if up is not None:
+            children[up].append(cohort)
+    flavors = {f for _, f in used} | {f for t in quotas.tenants.values() for f in t.quotas} | {
+        f for c in quotas.cohort_tree.values() for f in c.quotas}
+    for flavor in sorted(flavors):
+        covered = sum(t.quotas[flavor].nominal for t in quotas.tenants.values() if flavor in t.quotas) + sum(
+            c.quotas[flavor].nominal for c in quotas.cohort_tree.values() if flavor in c.quotas)
+        free = max(0, capacity.get(flavor, 0) - covered)
+
+        def node(cohort: str, flavor: str = flavor) -> tuple[int, int, int]:
+            """T, the subtree's nominal and what the subtree holds, checking the subtree's nodes on the way."""
+            own = quotas.cohort(cohort).limit(flavor)
+            t_value = nominal = own.nominal if own else 0
+            held = 0
+            for tenant in tenants_of.get(cohort, ()):
+                limit = quotas.tenant(tenant).limit(flavor)
+                n = used.get((tenant, flavor), 0)
+                tenant_t = (limit.nominal if limit else 0) - n
+                if limit is not None and limit.borrowing_limit is not None and tenant_t < -limit.borrowing_limit:
+                    out.append(f"tenant {tenant} holds {n} {flavor}, over its nominal {limit.nominal} plus its "
+                               f"borrowingLimit {limit.borrowing_limit}")
+                lend = limit.lending_limit if limit is not None and limit.lending_limit is not None else infinite
+                t_value += min(lend, tenant_t)
+                nominal += limit.nominal if limit else 0
+                held += n
+            for child in children.get(cohort, ()):
+                child_t, child_nominal, child_held = node(child)
+                limit = quotas.cohort(child).limit(flavor)
+                lend = limit.lending_limit if limit is not None and limit.lending_limit is not None else infinite
+                t_value += min(lend, child_t)
+                nominal += child_nominal
+                held += child_held
+            if own is not None and own.borrowing_limit is not None:
+                if t_value < -own.borrowing_limit:
+                    out.append(f"cohort {cohort}: T({flavor}) = {t_value}, below minus its borrowingLimit "
+                               f"{own.borrowing_limit} (KEP-79)")
+                if held > nominal + own.borrowing_limit:
+                    out.append(f"cohort {cohort}'s subtree holds {held} {flavor}, over its nominal {nominal} "
+                               f"plus its borrowingLimit {own.borrowing_limit}")
+            return t_value, nominal, held
+
+        drawn = 0
+        for cohort in sorted(c for c, up in parent.items() if up is None):
+            top_t, _, _ = node(cohort)
+            drawn += max(0, -top_t)
+        if drawn > free:
+            out.append(f"top cohorts draw {drawn} {flavor} beyond their subtrees' quota, over the free capacity "
+                       f"{free}")
     return out
 
 

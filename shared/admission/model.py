@@ -93,6 +93,10 @@ class Snapshot:
     recent_preemptions: Mapping[str, int] = field(default_factory=dict)
     # What one tenant's claims may spend on placement per cycle, in the units of shared/dra/budget.py.
     tenant_budget: int = TENANT_BUDGET
+    # Past use at `now`, per (tenant, flavor) in GPU units (shared/admission/past_use.py): with the quotas'
+    # fairSharing.halfLife, a tenant's share is its units in use plus its past use, over its weight. The
+    # shell keeps it (advance_past_use at each cycle) and hands it over; ignored when half_life is 0.
+    past_use: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,8 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
     values = [f.value for f in quotas.flavors if f.name in flavors]
     # the preemptor's share after the move is at least this; a victim tenant's must stay at or above it
     mine = book.share(preemptor.tenant) + least * min(values, default=0.0) / book.weight(preemptor.tenant)
-    cohort = book.cohort_of(preemptor.tenant)
-    headroom: bool | None = None
+    tree = book.top_of(preemptor.tenant)
+    headroom: dict[int, bool] = {}  # per borrowing distance to the victim's tenant
     own_only = _stuck_on_quota(state, preemptor)  # a claim its quota keeps out preempts within its tenant
     view = state.victim_tenants()
     by_flavor = state.holdings.by_flavor
@@ -59,12 +59,16 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
             rule = "priority"
         elif own_only:
             continue
-        elif enforced and tenant_cohort == cohort:
-            if headroom is None:  # reclaim keeps the preemptor within its nominal quota
-                room = sum(max(0, book.nominal(preemptor.tenant, f) - book.used[(preemptor.tenant, f)])
-                           for f in flavors)
-                headroom = not flavors or room >= max(1, least)
-            if not headroom:
+        elif enforced and tenant_cohort == tree:
+            # reclaim keeps the preemptor (or, in a tree, its side under the nearest cohort it shares with
+            # the victim's tenant) within its nominal quota
+            levels = book.distance(own, tenant) if book.nested else 0
+            fits = headroom.get(levels)
+            if fits is None:
+                room = sum(book.guaranteed_room(own, f, levels) for f in flavors)
+                fits = headroom[levels] = not flavors or room >= max(1, least)
+            if not fits or (book.nested and flavors and not any(
+                    book.side_borrows(tenant, f, book.distance(tenant, own)) for f in flavors)):
                 continue
             rule = "reclaim"
         elif share >= mine:
@@ -177,7 +181,7 @@ def _stuck_on_quota(state: AdmissionState, waiting: Waiting) -> bool:
         return True  # its borrowingLimits stop it, whatever is lent
     if state.room.quota_short(tenant, facts) is None or any(book.over[f] > 0 for f in flavors):
         return False
-    members = book.members[book.cohort_of(tenant)]
+    members = book.tree_members(tenant)
     return not any(m != tenant and book.borrowing(m, f) > 0 for m in members for f in flavors)
 
 
@@ -210,14 +214,14 @@ def prefilter(state: AdmissionState) -> tuple[Callable[[Waiting], bool], Callabl
     if enforced:
         for tenant in lowest:
             if state.book.borrowed_count[tenant] > 0:
-                borrowers[state.book.cohort_of(tenant)].add(tenant)
+                borrowers[state.book.top_of(tenant)].add(tenant)
 
     def by_reclaim(tenant: str, flavors: frozenset[str] | None = None) -> bool:
         """A cohort-mate borrows and the tenant has nominal headroom (in one of `flavors`)."""
-        mates = borrowers.get(state.book.cohort_of(tenant)) if borrowers else None
+        mates = borrowers.get(state.book.top_of(tenant)) if borrowers else None
         if not mates or (len(mates) == 1 and tenant in mates):
             return False
-        headroom = state.book.headroom_flavors(tenant)
+        headroom = state.book.reclaim_flavors(tenant)
         return bool(headroom if flavors is None else headroom & flavors)
 
     def by_fair_share(tenant: str) -> bool:
@@ -273,7 +277,7 @@ def _try_preempt(state: AdmissionState, waiting: Waiting, within: Collection[str
         return None
     hosts = index.nodes if within is None else index.nodes & frozenset(within)
     on_hosts, units_on = _candidates(state, waiting, hosts)
-    best: tuple[tuple[float, int, int], list[tuple[Running, str]], Allocation] | None = None
+    best: tuple[tuple[int, float, int, int], list[tuple[Running, str]], Allocation] | None = None
     tried = 0  # nodes where evicting the candidates could make room, fewest candidate units first
     for _, node in sorted(zip(units_on.values(), units_on, strict=True)):  # fewest units, then name
         if tried == MAX_PREEMPTION_NODES:
@@ -286,14 +290,14 @@ def _try_preempt(state: AdmissionState, waiting: Waiting, within: Collection[str
         if len(index.free_on(node)) + could_free < lead.wanted:
             continue  # evicting them cannot make room
         tried += 1
-        found = _victims_on(state, waiting, sorted(candidates, key=lambda c: _victim_order(state, c[0])))
+        found = _victims_on(state, waiting, sorted(candidates, key=lambda c: _victim_order(state, waiting, c)))
         if found is None:
             continue
         victims, allocation = found
         if not _within_rates(state, victims):
             continue  # room here only by preempting more of a tenant than its maxPreemptionsPerMinute leaves
-        score = (sum(_units(state, r) for r, _ in victims), max(r.priority for r, _ in victims),
-                 -min(r.allocated_order for r, _ in victims))
+        score = (max(_reach(state, waiting, v) for v in victims), sum(_units(state, r) for r, _ in victims),
+                 max(r.priority for r, _ in victims), -min(r.allocated_order for r, _ in victims))
         if best is None or score < best[0]:
             best = (score, victims, allocation)
     if best is None:
@@ -355,8 +359,18 @@ def _units(state: AdmissionState, r: Running) -> float:
     return sum(state.holdings.holding(m).units for m in state.holdings.gang_of(r))
 
 
-def _victim_order(state: AdmissionState, r: Running) -> tuple[float, int, int]:
-    return (_units(state, r), r.priority, -r.allocated_order)
+def _reach(state: AdmissionState, waiting: Waiting, candidate: tuple[Running, str]) -> int:
+    """Reclaim takes from the nearest borrowers in the tree first: the borrowing distance of a reclaim
+    victim (kueue PR#4806); 0 for every other victim, and for every victim when cohorts do not nest."""
+    victim, rule = candidate
+    if rule != "reclaim" or not state.book.nested:
+        return 0
+    return state.book.distance(waiting.tenant, victim.tenant)
+
+
+def _victim_order(state: AdmissionState, waiting: Waiting, c: tuple[Running, str]) -> tuple[int, float, int, int]:
+    r = c[0]
+    return (_reach(state, waiting, c), _units(state, r), r.priority, -r.allocated_order)
 
 
 def _evict(state: AdmissionState, victim: Running) -> None:
@@ -387,14 +401,14 @@ def _fits_with(state: AdmissionState, waiting: Waiting, victims: Sequence[tuple[
     devices = allocated_devices(state.fleet, decision.allocation)
     deltas = flavor_deltas(devices, state.flavors)
     units = sum(state.flavors.units_of(d) for d in devices)
-    weight = state.book.weight(waiting.tenant)
     for victim, rule in victims:
         if rule == "reclaim":
-            if any(state.book.used[(waiting.tenant, f)] + n > state.book.nominal(waiting.tenant, f)
-                   for f, n in deltas.items()):
-                return None  # reclaim is for a tenant that stays within its nominal quota
+            book = state.book
+            levels = book.distance(waiting.tenant, victim.tenant) if book.nested else 0
+            if any(n > book.guaranteed_room(waiting.tenant, f, levels) for f, n in deltas.items()):
+                return None  # reclaim is for a tenant (in a tree: its side) that stays within its nominal quota
         elif rule == "fair-share":
-            mine = (state.book.units[waiting.tenant] + units) / weight
+            mine = state.book.share_with(waiting.tenant, units)
             if mine > state.book.share(victim.tenant):
                 return None
     return decision.allocation
@@ -461,8 +475,15 @@ def _preempt_reason(state: AdmissionState, waiting: Waiting, victim: Running, ru
     if rule == "priority":
         return f"preempted by {by}, priority {waiting.priority} over {victim.priority} in tenant {victim.tenant}"
     if rule == "reclaim":
+        book = state.book
+        levels = book.distance(waiting.tenant, victim.tenant) if book.nested else 0
+        if levels > 0:  # the quota taken back is its side's: the cohort under the one both share
+            return (f"preempted by {by}: cohort {book.path_of(waiting.tenant)[levels - 1]} of tenant "
+                    f"{waiting.tenant} reclaims its nominal quota that {victim.tenant} borrowed (borrowing distance "
+                    f"{levels})")
         return (f"preempted by {by}: tenant {waiting.tenant} reclaims its nominal quota that {victim.tenant} "
                 "borrowed")
     return (f"preempted by {by} for fair share: afterwards {waiting.tenant}'s share "
             f"{state.book.share(waiting.tenant):.2f} is at or below {victim.tenant}'s "
-            f"{state.book.share(victim.tenant):.2f} (GPU units in use per unit of weight)")
+            f"{state.book.share(victim.tenant):.2f} (GPU units in use"
+            f"{' plus past use' if state.book.config.half_life > 0 else ''} per unit of weight)")

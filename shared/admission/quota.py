@@ -1,5 +1,6 @@
-"""Quotas as the contract's Quotas format has them: flavors in GPU units, cohorts, tenants with weights
-and per-flavor nominal, borrowing and lending limits. Pure data, parsing and export; no I/O.
+"""Quotas as the contract's Quotas format has them: flavors in GPU units, cohorts (nested, with quotas of
+their own), tenants with weights and per-flavor nominal, borrowing and lending limits, and the half-life
+of past use in fair sharing. Pure data, parsing and export; no I/O.
 
 A flavor is a named CEL selector over devices with a `value` in GPU units; a device counts against the
 first flavor that accepts it. The built-in flavors cover each generation and each of its MIG profiles,
@@ -10,6 +11,7 @@ their order, then the built-ins not redefined by name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -57,6 +59,29 @@ class QuotaLimit:
             out["borrowingLimit"] = self.borrowing_limit
         if self.lending_limit is not None:
             out["lendingLimit"] = self.lending_limit
+        return out
+
+
+@dataclass(frozen=True)
+class CohortQuota:
+    """A cohort as a node of the quota tree: its parent (None: a top cohort, under the fleet's free
+    capacity) and its own quota per flavor, shared by its subtree. Its borrowingLimit caps what its
+    subtree borrows from its parent; its lendingLimit what the subtree lends its parent (a top cohort
+    lends nothing: top cohorts share only the free capacity)."""
+
+    name: str
+    parent: str | None = None
+    quotas: Mapping[str, QuotaLimit] = field(default_factory=dict)
+
+    def limit(self, flavor: str) -> QuotaLimit | None:
+        return self.quotas.get(flavor)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.parent is not None:
+            out["parent"] = self.parent
+        if self.quotas:
+            out["quotas"] = {flavor: limit.to_json() for flavor, limit in sorted(self.quotas.items())}
         return out
 
 
@@ -152,11 +177,31 @@ class QuotaConfig:
     """Everything quota decisions read: flavors in order, cohorts and tenants."""
 
     flavors: tuple[Flavor, ...] = BUILTIN_FLAVORS
-    cohorts: tuple[str, ...] = ()
+    cohorts: tuple[str, ...] = ()  # every cohort's name, as listed (then as tenants name them)
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
     listed_flavors: tuple[Flavor, ...] = ()  # the ones the admin wrote, for export
     default_min_runtime: float = 0.0  # for tenants without a minRuntime: the broker's setting
     default_gang_reserve_after: float = DEFAULT_GANG_RESERVE_AFTER  # for tenants without a gangReserveAfter
+    # Per cohort with a parent or quotas of its own: its place in the tree (a cohort not in it is a top
+    # cohort without quotas, as every cohort was before cohorts nested).
+    cohort_tree: Mapping[str, CohortQuota] = field(default_factory=dict)
+    half_life: float = 0.0  # seconds: fairSharing.halfLife of past use; 0: shares count only what runs now
+
+    def cohort(self, name: str) -> CohortQuota:
+        found = self.cohort_tree.get(name)
+        return found if found is not None else CohortQuota(name)
+
+    @cached_property
+    def nested(self) -> bool:
+        """Some cohort has a parent or quotas of its own: quota arithmetic walks the tree."""
+        return any(c.parent is not None or c.quotas for c in self.cohort_tree.values())
+
+    def ancestors(self, cohort: str) -> list[str]:
+        """The cohort and its ancestors, nearest first (parse_quotas refused cycles)."""
+        out = [cohort]
+        while (parent := self.cohort(out[-1]).parent) is not None and parent not in out:
+            out.append(parent)
+        return out
 
     def min_runtime(self, tenant: str) -> float:
         """Seconds a claim of `tenant` runs before fair share or reclaim may preempt it."""
@@ -177,7 +222,7 @@ class QuotaConfig:
     @cached_property
     def enforced(self) -> bool:
         """With no quota anywhere the fleet is open: any tenant may use any free device."""
-        return any(t.quotas for t in self.tenants.values())
+        return any(t.quotas for t in self.tenants.values()) or any(c.quotas for c in self.cohort_tree.values())
 
     def tenant(self, name: str) -> TenantQuota:
         return self.tenants.get(name) or TenantQuota(name)
@@ -190,7 +235,9 @@ class QuotaConfig:
         doc: dict[str, Any] = {"kind": KIND}
         if self.listed_flavors:
             doc["flavors"] = [f.to_json() for f in self.listed_flavors]
-        doc["cohorts"] = [{"name": c} for c in self.cohorts]
+        if self.half_life > 0:
+            doc["fairSharing"] = {"halfLife": f"{self.half_life:g}s"}
+        doc["cohorts"] = [self.cohort(c).to_json() for c in self.cohorts]
         doc["tenants"] = [self.tenants[name].to_json() for name in sorted(self.tenants)]
         return doc
 
@@ -238,12 +285,22 @@ def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
         raise QuotaFileError(f"{where}: flavors: a flavor name is listed twice")
     flavors = merge_flavors(listed)
     flavor_names = {f.name for f in flavors}
-    cohorts = []
+    half_life = _half_life(document.get("fairSharing"), where)
+    cohorts: list[str] = []
+    tree: dict[str, CohortQuota] = {}
     for i, raw in enumerate(document.get("cohorts") or []):
+        at = f"{where}: cohorts[{i}]"
         name = raw.get("name") if isinstance(raw, Mapping) else raw
         if not isinstance(name, str) or not name:
-            raise QuotaFileError(f"{where}: cohorts[{i}].name: required")
+            raise QuotaFileError(f"{at}.name: required")
+        cohort = _cohort(raw, name, at, flavor_names) if isinstance(raw, Mapping) else CohortQuota(name)
+        if name in cohorts:
+            if cohort != CohortQuota(name) or name in tree:
+                raise QuotaFileError(f"{at}.name: cohort {name!r} is listed twice")
+            continue
         cohorts.append(name)
+        if cohort.parent is not None or cohort.quotas:
+            tree[name] = cohort
     tenants: dict[str, TenantQuota] = {}
     for i, raw in enumerate(document.get("tenants") or []):
         at = f"{where}: tenants[{i}]"
@@ -252,11 +309,11 @@ def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
         name = raw["name"]
         if name in tenants:
             raise QuotaFileError(f"{at}.name: tenant {name!r} is listed twice")
-        cohort = raw.get("cohort")
-        if cohort is not None and not isinstance(cohort, str):
+        home = raw.get("cohort")
+        if home is not None and not isinstance(home, str):
             raise QuotaFileError(f"{at}.cohort: expected a cohort name")
-        if cohort is not None and cohort not in cohorts:
-            cohorts.append(cohort)  # naming a cohort creates it, as the admin API does
+        if home is not None and home not in cohorts:
+            cohorts.append(home)  # naming a cohort creates it, as the admin API does
         quotas = {}
         for flavor, limit in (raw.get("quotas") or {}).items():
             if flavor not in flavor_names:
@@ -288,7 +345,68 @@ def parse_quotas(document: Any, *, where: str = "Quotas") -> QuotaConfig:
         most = raw.get("maxPreemptionsPerMinute")
         if most is not None and (isinstance(most, bool) or not isinstance(most, int) or not 0 <= most <= 2**31 - 1):
             raise QuotaFileError(f"{at}.maxPreemptionsPerMinute: expected a whole number of claims, 0 or more")
-        tenants[name] = TenantQuota(name, cohort, float(_number(raw.get("weight", 1.0), f"{at}.weight",
+        tenants[name] = TenantQuota(name, home, float(_number(raw.get("weight", 1.0), f"{at}.weight",
                                                                 minimum=0.001)), pending_s, quotas, admin_access,
                                     max_pending, min_runtime_s, most, reserve_s)
-    return QuotaConfig(flavors, tuple(cohorts), tenants, tuple(listed))
+    _check_tree(tree, cohorts, where)
+    return QuotaConfig(flavors, tuple(cohorts), tenants, tuple(listed), cohort_tree=tree, half_life=half_life)
+
+
+def _half_life(raw: Any, where: str) -> float:
+    """fairSharing.halfLife in seconds (absent: 0, past use off)."""
+    from shared.settings import parse_duration
+
+    if raw is None:
+        return 0.0
+    if not isinstance(raw, Mapping):
+        raise QuotaFileError(f"{where}: fairSharing: expected a mapping such as {{halfLife: 24h}}")
+    unknown = set(raw) - {"halfLife"}
+    if unknown:
+        raise QuotaFileError(f"{where}: fairSharing.{sorted(unknown)[0]}: unknown field; use halfLife")
+    value = raw.get("halfLife")
+    if value is None:
+        return 0.0
+    try:
+        seconds = float(parse_duration(value))
+    except (ValueError, TypeError) as error:
+        raise QuotaFileError(f"{where}: fairSharing.halfLife: {error}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise QuotaFileError(f"{where}: fairSharing.halfLife: expected a duration such as 24h, got {value!r}")
+    return seconds
+
+
+def _cohort(raw: Mapping[str, Any], name: str, at: str, flavor_names: set[str]) -> CohortQuota:
+    unknown = set(raw) - {"name", "parent", "quotas"}
+    if unknown:
+        raise QuotaFileError(f"{at}.{sorted(unknown)[0]}: unknown field; use name, parent, quotas")
+    parent = raw.get("parent")
+    if parent is not None and (not isinstance(parent, str) or not parent):
+        raise QuotaFileError(f"{at}.parent: expected a cohort name")
+    quotas = raw.get("quotas") or {}
+    if not isinstance(quotas, Mapping):
+        raise QuotaFileError(f"{at}.quotas: expected a mapping of flavor to nominal, borrowingLimit, lendingLimit")
+    limits = {}
+    for flavor, limit in quotas.items():
+        if flavor not in flavor_names:
+            raise QuotaFileError(f"{at}.quotas.{flavor}: unknown flavor; define it under flavors: or use a "
+                                 f"built-in one such as H100 or H100-3g.40gb")
+        limits[str(flavor)] = _limit(limit, f"{at}.quotas.{flavor}")
+    return CohortQuota(name, parent, limits)
+
+
+def _check_tree(tree: Mapping[str, CohortQuota], cohorts: Sequence[str], where: str) -> None:
+    """Every parent is a cohort of the document, and no cohort is its own ancestor."""
+    known = set(cohorts)
+    for i, name in enumerate(cohorts):
+        parent = tree[name].parent if name in tree else None
+        if parent is not None and parent not in known:
+            raise QuotaFileError(f"{where}: cohorts[{i}].parent: cohort {name!r} names parent {parent!r}, which "
+                                 f"is no cohort of the document; list it under cohorts:")
+    for name in cohorts:
+        path = [name]
+        while name in tree and (parent := tree[name].parent) is not None:
+            if parent in path:
+                loop = " -> ".join(path[path.index(parent):] + [parent])
+                raise QuotaFileError(f"{where}: cohorts: a cohort may not be its own ancestor: {loop}")
+            path.append(parent)
+            name = parent

@@ -39,6 +39,18 @@ class QuotaBook:
         self._nominals: dict[tuple[str, str], int] = {}
         self._cohorts: dict[str, str] = {}  # the quotas are fixed for a book's life: looked up once
         self._weights: dict[str, float] = {}
+        self.past: dict[str, float] = {}  # past use per tenant in GPU units (fairSharing.halfLife), with penalties
+        # The tree (config.nested): per cohort its parent (None: a top cohort, under the free capacity), per
+        # cohort and flavor what its subtree lends its parent (`lent_up`, 0 for a top cohort) and its
+        # borrowingLimit; per tenant its top cohort (usage anywhere in a tree moves that tree's version).
+        self.nested = config.nested
+        self.parent: dict[str, str | None] = {}
+        self.lent_up: dict[tuple[str, str], int] = {}
+        self.cohort_caps: dict[tuple[str, str], int] = {}
+        self._tops: dict[str, str] = {}
+        self._tree_members: dict[str, list[str]] = {}
+        self.pool_flavors: dict[str, set[str]] = {}  # per cohort: the flavors its pool holds any of
+        self.paths: dict[str, tuple[str, ...]] = {}  # per tenant: its cohort and the cohort's ancestors, nearest first
         for tenant in config.tenants.values():
             cohort = self.cohort_of(tenant.name)
             self.members[cohort].append(tenant.name)
@@ -47,6 +59,55 @@ class QuotaBook:
                 self.keep[(tenant.name, flavor)] = limit.nominal - lent
                 self.lends[(cohort, flavor)] += lent
                 self.covered[flavor] += limit.nominal
+        if self.nested:
+            self._build_tree()
+
+    def _build_tree(self) -> None:
+        """Kueue's SubtreeQuota bottom up: a cohort's pool (`lends`) is its own nominal plus what its members
+        and child cohorts lend it; a child cohort lends its parent its pool up to its lendingLimit (all of it
+        when unset); a top cohort lends nothing (top cohorts share only the free capacity)."""
+        config = self.config
+        names = set(config.cohorts) | {c for c in self.members if not c.startswith("tenant:")}
+        depth = {name: len(config.ancestors(name)) for name in names}
+        for name in names:
+            self.parent[name] = config.cohort(name).parent
+        for (owner, flavor), pool in self.lends.items():
+            if pool:
+                self.pool_flavors.setdefault(owner, set()).add(flavor)
+        for name in sorted(names, key=lambda n: (-depth[n], n)):  # children before their parents
+            cohort = config.cohort(name)
+            self.pool_flavors.setdefault(name, set()).update(cohort.quotas)
+            for flavor, own in cohort.quotas.items():
+                self.lends[(name, flavor)] += own.nominal
+                self.covered[flavor] += own.nominal
+                if own.borrowing_limit is not None:
+                    self.cohort_caps[(name, flavor)] = own.borrowing_limit
+            parent = cohort.parent
+            if parent is None:
+                continue
+            for flavor in sorted(self.pool_flavors.get(name, ())):
+                pool = self.lends[(name, flavor)]
+                self.pool_flavors.setdefault(parent, set()).add(flavor)
+                found = cohort.limit(flavor)
+                lent = pool if found is None or found.lending_limit is None else min(found.lending_limit, pool)
+                self.lent_up[(name, flavor)] = lent
+                self.lends[(parent, flavor)] += lent
+
+    def top_of(self, tenant: str) -> str:
+        """The top cohort of the tenant's tree (its own cohort when cohorts do not nest)."""
+        found = self._tops.get(tenant)
+        if found is None:
+            found = self._tops[tenant] = self.path_of(tenant)[-1]
+        return found
+
+    def path_of(self, tenant: str) -> tuple[str, ...]:
+        """The tenant's cohort and its ancestors, nearest first."""
+        found = self.paths.get(tenant)
+        if found is None:
+            cohort = self.cohort_of(tenant)
+            found = self.paths[tenant] = (tuple(self.config.ancestors(cohort)) if self.nested
+                                          and not cohort.startswith("tenant:") else (cohort,))
+        return found
 
     def cohort_of(self, tenant: str) -> str:
         found = self._cohorts.get(tenant)
@@ -68,15 +129,27 @@ class QuotaBook:
         return found
 
     def share(self, tenant: str) -> float:
+        """GPU units in use, plus past use under fairSharing.halfLife, per unit of weight."""
+        past = self.past
+        if past:
+            return (self.units[tenant] + past.get(tenant, 0.0)) / self.weight(tenant)
         return self.units[tenant] / self.weight(tenant)
 
+    def share_with(self, tenant: str, units: float) -> float:
+        """The tenant's share if it held `units` more GPU units."""
+        return (self.units[tenant] + self.past.get(tenant, 0.0) + units) / self.weight(tenant)
+
     def cohort_version(self, tenant: str) -> int:
-        return self.cohort_versions[self.cohort_of(tenant)]
+        """Moves whenever usage in the tenant's tree moves (its cohort's, when cohorts do not nest)."""
+        return self.cohort_versions[self.top_of(tenant) if self.nested else self.cohort_of(tenant)]
 
     def add(self, tenant: str, flavor: str | None, units: float, count: int = 1) -> None:
         """The tenant takes `count` more devices of the flavor (fewer, when negative), weighing `units`."""
         self.units[tenant] += units
         if flavor is None:
+            return
+        if self.nested:
+            self._add_nested(tenant, flavor, count)
             return
         self.cohort_versions[self.cohort_of(tenant)] += 1
         key = (tenant, flavor)
@@ -104,6 +177,41 @@ class QuotaBook:
                 self.over[flavor] += over_change
                 self.free_version += 1
 
+    def _add_nested(self, tenant: str, flavor: str, count: int) -> None:
+        """add() in a tree: what a node uses beyond the part it keeps (its pool less what it lends up)
+        spills into its parent's pool, level by level; a top cohort's spill is free capacity in use."""
+        self.cohort_versions[self.top_of(tenant)] += 1
+        key = (tenant, flavor)
+        self.unused[flavor] = self.unused.get(flavor, 0) - count
+        keep = self.keep.get(key, 0)
+        used = self.used[key]
+        now = self.used[key] = used + count
+        nominal = self.nominal(tenant, flavor)
+        if (used > nominal) != (now > nominal):
+            self.borrowed_count[tenant] += 1 if count > 0 else -1
+            if now > nominal:
+                self._borrowing[tenant].add(flavor)
+            else:
+                self._borrowing[tenant].discard(flavor)
+            self._borrowed.pop(tenant, None)
+        change = (now - keep if now > keep else 0) - (used - keep if used > keep else 0)
+        for cohort in self.path_of(tenant):
+            if not change:
+                return
+            node = (cohort, flavor)
+            local = self.lends[node] - self.lent_up.get(node, 0)
+            usage = self.spill[node]
+            beyond = usage - local if usage > local else 0
+            usage = self.spill[node] = usage + change
+            change = (usage - local if usage > local else 0) - beyond
+        if change:
+            self.over[flavor] += change
+            self.free_version += 1
+
+    def subtree_used(self, cohort: str, flavor: str) -> int:
+        """Devices of the flavor the cohort's subtree holds (members and descendants), counted afresh."""
+        return sum(self.used[(t, flavor)] for t in self.config.tenants if cohort in self.path_of(t))
+
     def borrowing(self, tenant: str, flavor: str) -> int:
         beyond = self.used[(tenant, flavor)] - self.nominal(tenant, flavor)
         return beyond if beyond > 0 else 0
@@ -125,7 +233,7 @@ class QuotaBook:
         most = headroom + cap_left if cap_left > 0 else headroom
         if not lent_only:
             return most
-        available = self._available(fixed, flavor, used)
+        available = self._available(fixed, flavor, used, tenant)
         return available if available < most else most
 
     def _fixed_of(self, tenant: str, flavor: str) -> tuple[int, int, tuple[str, str], int, int]:
@@ -163,10 +271,11 @@ class QuotaBook:
         fixed = self._fixed_of(tenant, flavor)
         used = self.used[(tenant, flavor)]
         nominal = fixed[0]
-        left = self._available(fixed, flavor, used) - (nominal - used if nominal > used else 0)
+        left = self._available(fixed, flavor, used, tenant) - (nominal - used if nominal > used else 0)
         return left if left > 0 else 0
 
-    def _available(self, fixed: tuple[int, int, tuple[str, str], int, int], flavor: str, used: int) -> int:
+    def _available(self, fixed: tuple[int, int, tuple[str, str], int, int], flavor: str, used: int,
+                   tenant: str) -> int:
         """Devices of the flavor the tenant may take now, its borrowingLimit aside (Kueue's `available`):
         the part of its nominal it keeps (never lends) and does not use, what its cohort lends that nobody
         uses, and the free capacity no cohort has spilled into.
@@ -176,8 +285,37 @@ class QuotaBook:
         borrowers), never by being admitted beside them: then its cohort would hold more than its
         members' nominal quota, on devices of the free capacity or of another cohort's idle quota."""
         _, _, cohort, free, keep = fixed
+        if self.nested:
+            return self._available_tree(tenant, flavor, free)[0] + (keep - used if keep > used else 0)
         lent, spare = self.lends[cohort] - self.spill[cohort], free - self.over[flavor]
         return (lent if lent > 0 else 0) + (spare if spare > 0 else 0) + (keep - used if keep > used else 0)
+
+    def _available_tree(self, tenant: str, flavor: str, free: int) -> tuple[int, list[str]]:
+        """What the tenant's cohort makes available to it (Kueue's `available`, top down): the free
+        capacity no top cohort spilled into, then per cohort what it draws from its parent, capped by its
+        borrowingLimit (what it lends up plus its limit, less what it draws already), plus the part of
+        its pool it keeps that its subtree does not use. Also, per cohort, what bound it (for reasons)."""
+        spare = free - self.over[flavor]
+        available = spare if spare > 0 else 0
+        notes = []
+        path = self.path_of(tenant)
+        for at in range(len(path) - 1, -1, -1):
+            node = (path[at], flavor)
+            pool, up = self.lends[node], self.lent_up.get(node, 0)
+            local, usage = pool - up, self.spill[node]
+            cap = self.cohort_caps.get(node)
+            if cap is not None:
+                most = up - (usage - local if usage > local else 0) + cap
+                if most < 0:
+                    most = 0
+                if available > most:
+                    parent = self.parent.get(path[at])
+                    notes.append(f"cohort {path[at]} may draw only {most} more from "
+                                 f"{'cohort ' + parent if parent else 'the free capacity'} (its borrowingLimit "
+                                 f"{cap}, its subtree draws {usage - local if usage > local else 0} already)")
+                    available = most
+            available += local - usage if local > usage else 0
+        return available, notes
 
     def check(self, tenant: str, deltas: Mapping[str, int]) -> list[Block]:
         """Blocking quotas if the tenant took `deltas` more devices per flavor; [] when it may."""
@@ -196,12 +334,14 @@ class QuotaBook:
                        f"borrowingLimit of {cap}")
             else:
                 # within its nominal quota too: what it lends may be borrowed (see _available)
-                available = self._available(fixed, flavor, used)
+                available = self._available(fixed, flavor, used, tenant)
                 if delta <= available:
                     continue
                 headroom = nominal - used if nominal > used else 0
                 lent_out = headroom - available if headroom > available else 0
-                if borrow <= 0:
+                if self.nested:
+                    why = self._tree_reason(tenant, flavor, delta, used, nominal, available, fixed[3])
+                elif borrow <= 0:
                     why = (f"{tenant} is within its nominal {nominal} {flavor} (in use {used}), but its cohort "
                            f"borrows {lent_out} of the quota it lends: only {available} more are free to it "
                            f"until they are given back")
@@ -212,11 +352,82 @@ class QuotaBook:
                            + (f", and its cohort borrows {lent_out} of the quota it lends" if lent_out else ""))
             room = self.borrowable(tenant, flavor)
             limit = self.config.tenant(tenant).limit(flavor)
-            borrowed_by = {m: b for m in self.members[self.cohort_of(tenant)]
+            borrowed_by = {m: b for m in self.tree_members(tenant)
                            if m != tenant and (b := self.borrowing(m, flavor))}
             blocks.append(Block(flavor, delta, nominal, used, limit.borrowing_limit if limit else None, room,
                                 borrowed_by, why))
         return blocks
+
+    def _tree_reason(self, tenant: str, flavor: str, delta: int, used: int, nominal: int, available: int,
+                     free: int) -> str:
+        """Why the tree keeps `delta` more of the flavor from the tenant, naming the cohorts whose limits
+        or pools bind, nearest first, with the numbers."""
+        _, notes = self._available_tree(tenant, flavor, free)
+        pools = []
+        for cohort in self.path_of(tenant):
+            node = (cohort, flavor)
+            if self.lends[node]:
+                pools.append(f"cohort {cohort} has {max(0, self.lends[node] - self.spill[node])} of its pool of "
+                             f"{self.lends[node]} free")
+        spare = max(0, free - self.over[flavor])
+        said = list(reversed(notes)) or pools
+        return (f"{tenant} needs {delta} more {flavor} (nominal {nominal}, in use {used}), but its cohort tree "
+                f"lets it take only {available} more: " + "; ".join(said + [f"the free capacity has {spare}"]))
+
+    def tree_members(self, tenant: str) -> list[str]:
+        """The tenants of the tenant's tree (its cohort's members, when cohorts do not nest)."""
+        if not self.nested:
+            return self.members[self.cohort_of(tenant)]
+        top = self.top_of(tenant)
+        found = self._tree_members.get(top)
+        if found is None:
+            found = self._tree_members[top] = [t for t in self.config.tenants if self.top_of(t) == top] or [tenant]
+        return found
+
+    def distance(self, tenant: str, other: str) -> int:
+        """Borrowing distance (kueue PR#4806): cohort edges from the tenant's cohort up to the nearest
+        cohort it shares with `other` (0: the same cohort); a tenant of another tree is farthest."""
+        mine = self.path_of(tenant)
+        theirs = set(self.path_of(other))
+        return next((at for at, cohort in enumerate(mine) if cohort in theirs), len(mine))
+
+    def guaranteed_room(self, tenant: str, flavor: str, levels: int) -> int:
+        """Devices of the flavor the tenant may take while the node `levels` up its path (0: the tenant
+        itself, k: its k-th cohort) stays within its own and its descendants' nominal quota, borrowing
+        nothing from above: what reclaim may take back for it from borrowers whose nearest shared cohort
+        is `levels` up (0: its own nominal headroom, as in flat cohorts)."""
+        used, nominal = self.used[(tenant, flavor)], self.nominal(tenant, flavor)
+        if levels <= 0:
+            return nominal - used if nominal > used else 0
+        keep = self.keep.get((tenant, flavor), 0)
+        absorbed = keep - used if keep > used else 0  # taken within what it keeps: no cohort sees it
+        path = self.path_of(tenant)
+        for cohort in path[:levels - 1]:
+            node = (cohort, flavor)
+            local, usage = self.lends[node] - self.lent_up.get(node, 0), self.spill[node]
+            absorbed += local - usage if local > usage else 0
+        node = (path[levels - 1], flavor)
+        pool, usage = self.lends[node], self.spill[node]
+        return absorbed + (pool - usage if pool > usage else 0)
+
+    def side_borrows(self, tenant: str, flavor: str, levels: int) -> bool:
+        """Whether the node `levels` up the tenant's path (0: the tenant) holds more of the flavor than its
+        own and its descendants' nominal: it borrows from the cohort above it, so reclaim may take back."""
+        if levels <= 0:
+            return self.used[(tenant, flavor)] > self.nominal(tenant, flavor)
+        node = (self.path_of(tenant)[levels - 1], flavor)
+        return self.spill[node] > self.lends[node]
+
+    def reclaim_flavors(self, tenant: str) -> frozenset[str]:
+        """Flavors in which the tenant could reclaim at some level of its tree: its own nominal headroom,
+        or room within the nominal quota of one of its cohorts (`headroom_flavors` when cohorts do not nest)."""
+        if not self.nested:
+            return self.headroom_flavors(tenant)
+        flavors = set(self.config.tenant(tenant).quotas)
+        for cohort in self.path_of(tenant):
+            flavors.update(self.pool_flavors.get(cohort, ()))
+        levels = range(len(self.path_of(tenant)))
+        return frozenset(f for f in flavors if any(self.guaranteed_room(tenant, f, k) > 0 for k in levels))
 
     def headroom_flavors(self, tenant: str) -> frozenset[str]:
         """Flavors where the tenant still has nominal quota."""

@@ -10,13 +10,16 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 
+from shared.admission.flavors import Flavors
 from shared.admission.kept import KeptState
 from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot
+from shared.admission.past_use import PastUse, advance_past_use, units_in_use
 from shared.admission.quota import QuotaConfig
 from shared.admission.settling import MAX_GOING_ON, run_until_settled
 from shared.admission.waiting_queue import WaitingQueue
 from shared.dra import model as dra
 from shared.dra.inventory import Fleet
+from shared.dra.matching import SelectorMemo
 
 PREEMPTION_WINDOW = 60.0  # maxPreemptionsPerMinute counts the preemptions of the minute before
 
@@ -27,11 +30,17 @@ class ClockedQueue:
 
     most_changing = 8  # cycles that change something per settling; preemption victims retry in the next
     most_going_on = MAX_GOING_ON  # cycles that only go on with placement work a budget cut short
+    # Past use (fairSharing.halfLife) decays as the clock moves, as the allocator's ledger keeps it; a run
+    # that only looks ahead (start estimates) keeps the snapshot's past use as it was.
+    decays_past_use = True
 
     def __init__(self, fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaConfig,
-                 start: float) -> None:
+                 start: float, past_use: PastUse | None = None) -> None:
         self.fleet, self.classes, self.quotas = fleet, classes, quotas
         self.now = start
+        self.past_use: PastUse = dict(past_use or {})  # at `past_at`, per (tenant, flavor) in GPU units
+        self.past_at = start
+        self._flavors: Flavors | None = None
         self.kept = KeptState()  # what one cycle keeps for the next, as the allocator keeps it
         self.waiting = WaitingQueue()  # each cycle is handed what came and went since the last
         self.running: dict[ClaimKey, Running] = {}
@@ -44,7 +53,19 @@ class ClockedQueue:
         all_waiting, changes = self.waiting.snapshot()
         return Snapshot(self.fleet, self.classes, self.quotas, tuple(self.running.values()), all_waiting,
                         unusable_nodes=self.unusable_nodes, changes=changes, now=self.now,
-                        recent_preemptions=self.recent_preemptions())
+                        recent_preemptions=self.recent_preemptions(), past_use=self.current_past_use())
+
+    def current_past_use(self) -> PastUse:
+        """Past use brought up to now: what runs now has run since it was last brought up to date (claims
+        start and end only in cycles, each of which first asks for a snapshot at its instant)."""
+        if self.quotas.half_life <= 0 or not self.decays_past_use or self.now <= self.past_at:
+            return self.past_use
+        if self._flavors is None:
+            self._flavors = Flavors(self.quotas.flavors, SelectorMemo())
+        in_use = units_in_use(self.fleet, self.running.values(), self._flavors)
+        self.past_use = advance_past_use(self.past_use, in_use, self.now - self.past_at, self.quotas.half_life)
+        self.past_at = self.now
+        return self.past_use
 
     def recent_preemptions(self) -> dict[str, int]:
         """Per tenant, its claims preempted for fair share or reclaim in the minute before now (as the

@@ -1,6 +1,6 @@
 """Offline waves through the same decision core the allocator runs (claimbroker simulate), on a clock of
 its own: Advance documents let time pass, so time rules (minRuntime, maxPreemptionsPerMinute) hold as in
-the allocator.
+the allocator, and past use (fairSharing.halfLife) decays and grows with what runs meanwhile.
 """
 
 from __future__ import annotations

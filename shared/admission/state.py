@@ -25,6 +25,7 @@ from shared.admission.model import (
     Snapshot,
     Waiting,
 )
+from shared.admission.past_use import entry_penalty, per_tenant
 from shared.admission.placement_budget import PlacementBudget
 from shared.admission.quota_book import QuotaBook
 from shared.admission.quota_room import QuotaRoom
@@ -68,6 +69,9 @@ class AdmissionState:
         self.order = itertools.count(1)  # allocated_order of this cycle's admissions
         self._victim_view: VictimTenants | None = None  # dropped whenever a claim is admitted
         self.evicted: dict[ClaimKey, Running] = {}  # this cycle's preempted claims as they ran (an undo restores them)
+        self.half_life = snapshot.quotas.half_life
+        self._past_from: object = None  # the snapshot's past use the book holds, without this cycle's penalties
+        self._take_past(snapshot)
 
     def fits(self, snapshot: Snapshot, placement: FleetState | None) -> bool:
         """Whether this state may be brought up to date for `snapshot` and the kept fleet state `placement`
@@ -109,6 +113,7 @@ class AdmissionState:
             self.plans_cleared = self.memo.plans_cleared
             self.trials.clear()
             self.room.clear()
+        self._take_past(snapshot)
         self.admitted_now = set()
         self.gangs.refused_now = []
         self.answers.new_cycle()
@@ -116,6 +121,14 @@ class AdmissionState:
         self.evicted = {}
         self.preemptions, self.preempted = [], set()
         self.order = itertools.count(self.holdings.last_order + 1)
+
+    def _take_past(self, snapshot: Snapshot) -> None:
+        """The book's past use per tenant from the snapshot's (fairSharing.halfLife; none without it),
+        taken again when it changed or this state's last cycle added entry penalties to it."""
+        if self.half_life <= 0 or snapshot.past_use is self._past_from:
+            return
+        self.book.past = per_tenant(snapshot.past_use)
+        self._past_from = snapshot.past_use
 
     @per_claim
     def _enqueue(self, waiting: Waiting) -> None:
@@ -178,12 +191,23 @@ class AdmissionState:
                            waiting.arrival, next(self.order), gang=gang))
         self.admitted_now.add(waiting.key)
         self._victim_view = None  # shares moved
+        if self.half_life > 0:
+            self._penalise(waiting, 1)
 
     def withdraw(self, waiting: Waiting) -> None:
         """A claim admitted in this cycle runs no more: its gang could not be admitted whole."""
+        if self.half_life > 0:
+            self._penalise(waiting, -1)
         self.holdings.drop(self.holdings.running[waiting.key])
         self.admitted_now.discard(waiting.key)
         self._victim_view = None
+
+    def _penalise(self, waiting: Waiting, sign: int) -> None:
+        """The entry penalty (shared/admission/past_use.py): an admission adds its expected past use at once."""
+        units = self.holdings.holding(self.holdings.running[waiting.key]).units
+        past = self.book.past
+        past[waiting.tenant] = past.get(waiting.tenant, 0.0) + sign * entry_penalty(units, self.half_life)
+        self._past_from = None  # the next cycle takes its snapshot's past use afresh
 
     def victim_tenants(self) -> VictimTenants:
         """The tenants that run preemptible claims as preemption sees them: the same for every attempt
