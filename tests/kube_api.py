@@ -1166,6 +1166,7 @@ def _merge_list(original: list[Any], patch: list[Any], merge_key: str) -> list[A
 def handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms wait for a delayed ACK
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
             pass
@@ -1308,7 +1309,7 @@ def serving(api: FakeApiServer | None = None) -> Iterator[tuple[FakeApiServer, s
     api = api or FakeApiServer()
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(api))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True, name="fake-kube-api")
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True, name="fake-kube-api")
     thread.start()
     api.url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
