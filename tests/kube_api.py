@@ -291,6 +291,9 @@ class FakeApiServer:
         self.kubelet = True
         self.claim_controller = True
         self._settling = False
+        self._reserving: set[str] = set()  # claims with reservedFor entries
+        self._unbound: set[str] = set()  # pods for the scheduler: no node, no gates, not deleting
+        self._starting: set[str] = set()  # pods for the kubelet: bound, Pending
 
     # test side ---------------------------------------------------------------------------------
     def apply(self, kind: str, event: str, obj: Object, *, record: bool = True) -> int:
@@ -354,7 +357,8 @@ class FakeApiServer:
         """As a PUT would (resourceVersion checked when the body has one); raises FakeApiError."""
         with self.changed:
             metadata = obj["metadata"]
-            return self.update_object(kind, metadata.get("namespace"), metadata["name"], obj, subresource)[0]
+            namespace = metadata.get("namespace", "default") if RESOURCES[kind].namespaced else None
+            return self.update_object(kind, namespace, metadata["name"], obj, subresource)[0]
 
     def patch(self, kind: str, namespace: str | None, name: str, patch: Any, *, content_type: str = MERGE_PATCH,
               subresource: str = "") -> Object:
@@ -444,7 +448,7 @@ class FakeApiServer:
             else:
                 ending = None
                 if since is None:
-                    batch = [{"type": "ADDED", "object": self._typed(r, obj)}
+                    batch = [{"type": "ADDED", "object": self._typed(r, copy.deepcopy(obj))}
                              for _, obj in sorted(self.objects[kind].items()) if wanted(obj)]
             position = self.version if since is None else since
         while True:
@@ -518,6 +522,10 @@ class FakeApiServer:
         if r.has_status:
             obj.pop("status", None)
         if kind == PODS:
+            spec = obj.get("spec") or {}
+            if spec.get("nodeName") and spec.get("schedulingGates"):
+                raise _invalid(r, name, [("spec.nodeName", "Forbidden: cannot be set until all schedulingGates have "
+                                          "been cleared")])
             obj["status"] = {"phase": "Pending"}
             if (obj.get("spec") or {}).get("schedulingGates"):
                 obj["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
@@ -559,16 +567,15 @@ class FakeApiServer:
             if old.get("status") is not None:
                 new["status"] = copy.deepcopy(old["status"])
             self._check_metadata_update(r, old, new)
+        normal_old, normal_new = self._normal(r, old), self._normal(r, new)
         if kind == CLAIMS:
-            self._check_claim_update(r, old, new)
+            self._check_claim_update(r, old, new, normal_old, normal_new)
         if kind == PODS:
-            self._check_pod_update(r, old, new)
-        new_spec, old_spec = self._normal(r, new).get("spec"), self._normal(r, old).get("spec")
-        if subresource != "status" and new_spec != old_spec:
-            new["metadata"]["generation"] = int(old["metadata"].get("generation") or 1) + 1
-        new["metadata"]["resourceVersion"] = old["metadata"].get("resourceVersion")
-        if self._normal(r, new) == self._normal(r, old):
+            self._check_pod_update(r, old, normal_old, normal_new)
+        if normal_new == normal_old:
             return copy.deepcopy(self._typed(r, old)), warnings  # nothing changed: not written, no event
+        if subresource != "status" and normal_new.get("spec") != normal_old.get("spec"):
+            new["metadata"]["generation"] = int(old["metadata"].get("generation") or 1) + 1
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
             self._commit(kind, "DELETED", copy.deepcopy(old))
             self._settle()
@@ -663,10 +670,25 @@ class FakeApiServer:
             self.objects[kind].pop(key, None)
         else:
             self.objects[kind][key] = obj
+        self._index(kind, key, None if event == "DELETED" else obj)
         if record:
             self.history[kind].append((self.version, event, obj))
         self.changed.notify_all()
         return obj
+
+    def _index(self, kind: str, key: str, obj: Object | None) -> None:
+        """The objects the control plane has work on, so a write does not scan every claim and pod."""
+        if kind == CLAIMS:
+            reserved = obj is not None and bool((obj.get("status") or {}).get("reservedFor"))
+            (self._reserving.add if reserved else self._reserving.discard)(key)
+        elif kind == PODS:
+            spec = (obj or {}).get("spec") or {}
+            live = obj is not None and not obj["metadata"].get("deletionTimestamp")
+            unbound = live and not spec.get("nodeName") and not spec.get("schedulingGates")
+            starting = live and bool(spec.get("nodeName")) and (
+                (obj or {}).get("status") or {}).get("phase", "Pending") == "Pending"
+            (self._unbound.add if unbound else self._unbound.discard)(key)
+            (self._starting.add if starting else self._starting.discard)(key)
 
     def _stored(self, r: Resource, namespace: str | None, name: str) -> Object:
         found = self.objects[r.plural].get(_key(namespace if r.namespaced else None, name))
@@ -749,9 +771,10 @@ class FakeApiServer:
                 raise _invalid(r, name, [("metadata.finalizers", "Forbidden: no new finalizers can be added if the "
                                           f"object is being deleted, found new finalizers []string{{{listed}}}")])
 
-    def _check_claim_update(self, r: Resource, old: Object, new: Object) -> None:
+    @staticmethod
+    def _check_claim_update(r: Resource, old: Object, new: Object, normal_old: Object, normal_new: Object) -> None:
         name = old["metadata"]["name"]
-        if self._normal(r, new).get("spec") != self._normal(r, old).get("spec"):
+        if normal_new.get("spec") != normal_old.get("spec"):
             raise _invalid(r, name, [("spec", "Invalid value: field is immutable")])
         old_status, status = old.get("status") or {}, new.get("status") or {}
         causes: list[tuple[str, str]] = []
@@ -772,9 +795,8 @@ class FakeApiServer:
                 causes.append(("status.reservedFor", "Forbidden: new entries may not be added while "
                                "`deallocationRequested` or `deletionTimestamp` are set"))
         allocation, old_allocation = status.get("allocation"), old_status.get("allocation")
-        normal_new = (self._normal(r, new).get("status") or {}).get("allocation")
-        normal_old = (self._normal(r, old).get("status") or {}).get("allocation")
-        if old_allocation and allocation and normal_new != normal_old:
+        if old_allocation and allocation and (normal_new.get("status") or {}).get("allocation") != (
+                normal_old.get("status") or {}).get("allocation"):
             causes.append(("status.allocation", "Invalid value: field is immutable"))
         elif allocation and not old_allocation:
             requests = {q.get("name") for q in ((new.get("spec") or {}).get("devices") or {}).get("requests") or []}
@@ -786,11 +808,12 @@ class FakeApiServer:
         if causes:
             raise _invalid(r, name, causes)
 
-    def _check_pod_update(self, r: Resource, old: Object, new: Object) -> None:
+    @staticmethod
+    def _check_pod_update(r: Resource, old: Object, normal_old: Object, normal_new: Object) -> None:
         """Scheduling gates may only be removed; the rest of the spec may not change (see the docstring)."""
         name = old["metadata"]["name"]
-        old_spec = self._normal(r, old).get("spec") or {}
-        new_spec = self._normal(r, new).get("spec") or {}
+        old_spec = copy.deepcopy(normal_old.get("spec") or {})
+        new_spec = copy.deepcopy(normal_new.get("spec") or {})
         old_gates = [g.get("name") for g in old_spec.pop("schedulingGates", None) or []]
         new_gates = [g.get("name") for g in new_spec.pop("schedulingGates", None) or []]
         for gate in new_gates:
@@ -859,7 +882,8 @@ class FakeApiServer:
     def _release_reservations(self) -> bool:
         """The resourceclaim controller: reservedFor loses pods that are gone or finished."""
         changed = False
-        for claim in list(self.objects[CLAIMS].values()):
+        for key in sorted(self._reserving):
+            claim = self.objects[CLAIMS][key]
             status = claim.get("status") or {}
             reserved = status.get("reservedFor") or []
             keep = [c for c in reserved if c.get("resource") != "pods" or self._pod_holds(claim, c)]
@@ -881,10 +905,9 @@ class FakeApiServer:
     def _schedule(self) -> bool:
         """kube-scheduler for pods without gates or node: claims allocated -> reserved, pod bound."""
         changed = False
-        for pod in list(self.objects[PODS].values()):
-            spec, metadata = pod.get("spec") or {}, pod["metadata"]
-            if spec.get("nodeName") or spec.get("schedulingGates") or metadata.get("deletionTimestamp"):
-                continue
+        for key in sorted(self._unbound):
+            pod = self.objects[PODS][key]
+            metadata = pod["metadata"]
             node, why = self._placement(pod)
             if node is None:
                 if self._set_condition(pod, "PodScheduled", "False", "Unschedulable", why):
@@ -907,15 +930,13 @@ class FakeApiServer:
     def _run_bound_pods(self) -> bool:
         """The kubelet: a bound, Pending pod starts Running."""
         changed = False
-        for pod in list(self.objects[PODS].values()):
-            if (pod.get("spec") or {}).get("nodeName") and not pod["metadata"].get("deletionTimestamp") and (
-                    pod.get("status") or {}).get("phase", "Pending") == "Pending":
-                running = copy.deepcopy(pod)
-                running.setdefault("status", {})["phase"] = "Running"
-                running["status"]["startTime"] = _now()
-                _put_condition(running, "Ready", "True", None, None)
-                self._commit(PODS, "MODIFIED", running)
-                changed = True
+        for key in sorted(self._starting):
+            running = copy.deepcopy(self.objects[PODS][key])
+            running.setdefault("status", {})["phase"] = "Running"
+            running["status"]["startTime"] = _now()
+            _put_condition(running, "Ready", "True", None, None)
+            self._commit(PODS, "MODIFIED", running)
+            changed = True
         return changed
 
     def _claims_of(self, pod: Object) -> list[Object]:
@@ -1252,7 +1273,9 @@ def handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                                                      strict=strict)
                     return 200, obj, warnings
                 if method == "DELETE" and name and not subresource:
-                    return 200, api.delete_object(r.plural, namespace, name, payload), []
+                    deleted = api.delete_object(r.plural, namespace, name, payload)
+                    held = api.get(r.plural, namespace, name) is not None
+                    return 202 if held else 200, deleted, []  # 202: accepted, finalizers hold it
             raise FakeApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested "
                                f"resource: {method} {r.plural}")
 

@@ -218,6 +218,7 @@ async def test_a_finalizer_holds_deletion_until_the_last_one_is_removed(kube: Ku
     held = kube.plain(await kube.resource.delete_namespaced_resource_claim("train", NS))
     assert held["metadata"]["deletionTimestamp"] and held["metadata"]["deletionGracePeriodSeconds"] == 0
     assert kube.api.get(CLAIMS, NS, "train") is not None
+    assert kube.api.requests[-1].code == 202  # accepted, not done
 
     error = await refused(kube.resource.patch_namespaced_resource_claim(
         "train", NS, {"metadata": {"finalizers": [FINALIZER, "other.io/x"]}}, _content_type=MERGE_PATCH))
@@ -236,6 +237,8 @@ async def test_scheduling_gates_may_only_be_removed(kube: Kube) -> None:
     created = await kube.pod("worker", gates=(GATE, "other.io/gate"))
     assert created["status"]["phase"] == "Pending"
     assert created["status"]["conditions"][0]["reason"] == "SchedulingGated"
+    error = await refused(kube.pod("placed", node_name="node-a"))
+    assert error.status == 422 and "cannot be set until all schedulingGates have been cleared" in message(error)
 
     added = {"spec": {"schedulingGates": [{"name": GATE}, {"name": "other.io/gate"}, {"name": "third.io/gate"}]}}
     error = await refused(kube.core.patch_namespaced_pod("worker", NS, added, _content_type=MERGE_PATCH))
