@@ -129,6 +129,7 @@ class _Simulation(ClockedQueue):
             self.ask_again()
             self.settle()
         self.now = end
+        self.current_past_use()  # what ran until now counts before a Release of this wave ends it
         self.ask_again()
 
     def estimate(self) -> None:

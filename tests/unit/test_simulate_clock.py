@@ -204,3 +204,19 @@ def test_a_preferred_gang_is_split_when_its_wait_ends_within_an_advance() -> Non
     result = run_waves(cliques, BUILTIN_CLASSES, waves, QuotaConfig())
     states = {o.name: o.decision.state.value for o in result.outcomes}
     assert states == {"m1": "Allocated", "m2": "Allocated", "urgent": "Pending"}, result.outcomes
+
+
+@pytest.mark.parametrize(("fair_sharing", "admitted"), [({"halfLife": "1h"}, "nlp/first"), ({}, "vision/again")],
+                         ids=["past-use-decays-between-waves", "without-a-half-life-arrival-decides"])
+def test_past_use_decays_over_advances(fair_sharing: dict[str, str], admitted: str) -> None:
+    """vision holds both H100 for an hour (4 GPU units: past use 2 at its release), then an hour passes
+    (past use 1); vision asks again before nlp, which ran nothing. With fairSharing.halfLife nlp goes
+    first; without it both shares are 0 and vision's earlier arrival decides."""
+    config = parse_quotas({"kind": "Quotas", **({"fairSharing": fair_sharing} if fair_sharing else {})})
+    waves: list[list[WaveItem]] = [
+        [claim("big", "vision", count=2)],
+        [Advance(3600), Release("vision", "big")],
+        [Advance(3600), claim("again", "vision", count=2), claim("first", "nlp", count=2)]]
+    result = run_waves(FLEET, BUILTIN_CLASSES, waves, config)
+    states = {f"{o.namespace}/{o.name}": o.decision.state.value for o in result.outcomes}
+    assert [k for k, state in states.items() if state == "Allocated"] == [admitted]
