@@ -84,6 +84,8 @@ class ClusterClaims:
         self.lease_s, self.resync_s, self.clock = lease_s, resync_s, clock
         self.reflector = reflector or Reflector(api)
         self.claims: dict[Key, ClusterClaim] = {}
+        self.gone: dict[Key, int] = {}  # the resourceVersion a claim was deleted at: a late write answer is no news
+        self.waiting: set[Key] = set()  # claims whose devices another cluster claim still holds
         self.pods: dict[Key, dict[str, Any]] = {}
         self.synced: set[str] = set()
         self.due: set[Key] = set()
@@ -110,11 +112,17 @@ class ClusterClaims:
 
     async def _claim_event(self, kind: str, item: dict[str, Any]) -> None:
         claim = read_claim(item)
+        held = self.claims.get(claim.key)
+        if kind == "DELETED":
+            self.gone[claim.key] = _version(claim)
         if kind == "DELETED" or not _ours(claim):
             self.claims.pop(claim.key, None)
         else:
+            self.gone.pop(claim.key, None)
             self.claims[claim.key] = claim
             self._mark([claim.key])
+        if held is not None and held.allocation is not None and (kind == "DELETED" or claim.allocation is None):
+            self._mark(self.waiting)  # devices freed in the cluster: the claims waiting for them may go on
         self._mark_pods_of(claim.namespace, claim.name)
 
     async def _replace_pods(self, items: list[dict[str, Any]]) -> None:
@@ -235,7 +243,9 @@ class ClusterClaims:
         wanted = allocated_devices(allocation)
         for other in self.claims.values():
             if other.key != claim.key and other.allocation and wanted & allocated_devices(other.allocation):
+                self.waiting.add(claim.key)
                 return f"{other.namespace}/{other.name}"
+        self.waiting.discard(claim.key)
         return None
 
     async def _carry_out(self, claim: ClusterClaim, action: Action) -> ClusterClaim:
@@ -315,19 +325,26 @@ class ClusterClaims:
         self._keep(current)
 
     def _keep(self, updated: Any) -> ClusterClaim:
+        """The object a write answered, kept unless the cache knows newer (its watch got there first)."""
         claim = read_claim(self.reflector.as_dict(updated))
-        if self._newer(claim):
+        freed = self.claims.get(claim.key)
+        if claim.deleting and not claim.finalizers:  # that write deleted it
+            self.gone[claim.key] = _version(claim)
+            self.claims.pop(claim.key, None)
+        elif self._newer(claim):
             self.claims[claim.key] = claim
+        if freed is not None and freed.allocation is not None and (self.claims.get(claim.key) is None
+                                                                   or claim.allocation is None):
+            self._mark(self.waiting - {claim.key})
         return claim
 
     def _newer(self, claim: ClusterClaim) -> bool:
+        if self.gone.get(claim.key, -1) >= _version(claim):
+            return False
         held = self.claims.get(claim.key)
         if held is None:
             return _ours(claim)
-        try:
-            return int(claim.resource_version) >= int(held.resource_version)
-        except ValueError:
-            return True
+        return _version(claim) >= _version(held)
 
     async def _publish(self, subject: str, payload: Mapping[str, Any], message_id: str, kind: str) -> None:
         await self.js.publish(subject, json.dumps(payload).encode(), headers={"Nats-Msg-Id": message_id})
@@ -399,6 +416,15 @@ class ClusterClaims:
 def _ours(claim: ClusterClaim) -> bool:
     """Claims the broker decides, and those it still holds a finalizer on (annotation since removed)."""
     return claim.brokered or FINALIZER in claim.finalizers
+
+
+def _version(claim: ClusterClaim) -> int:
+    """resourceVersions are opaque to clients, but etcd's are increasing integers: compared only to tell a
+    late answer from news; one that is not a number counts as news."""
+    try:
+        return int(claim.resource_version)
+    except ValueError:
+        return 1 << 62
 
 
 def _pod_key(pod: Mapping[str, Any]) -> Key:

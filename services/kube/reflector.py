@@ -90,7 +90,9 @@ class Reflector:
                     await replace([self.as_dict(item) for item in listing.items])
                     version = str(listing.metadata.resource_version)  # only once applied: else list again
                 self.watched_from.setdefault(kind, []).append(version)
-                async with watch.Watch() as stream:
+                # events as the API's JSON: the client's own model lookup misses some kinds (it derives
+                # "V1ResourceClaim" from ResourceV1ResourceClaimList), and we want dicts anyway
+                async with watch.Watch(return_type=object) as stream:
                     # the client's own timeout outlasts the server's, so a quiet watch ends cleanly, not in error
                     async for event in stream.stream(list_fn, resource_version=version, allow_watch_bookmarks=True,
                                                      timeout_seconds=self.watch_timeout_s,

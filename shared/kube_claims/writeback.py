@@ -30,7 +30,8 @@ WARNING_STATES = frozenset({"Rejected", "Preempted"})
 @dataclass(frozen=True)
 class LedgerClaim:
     """The ledger's claim of the same namespace and name. `uid`: the cluster uid its document carries (None
-    for a claim that came through the queue)."""
+    for a claim that came through the queue); `by`: the claim that preempted it, if preemption ended its
+    last allocation."""
 
     tenant: str
     state: str
@@ -143,6 +144,11 @@ def plan(claim: ClusterClaim, ledger: LedgerClaim | None, tenancy: Tenancy,
     if FINALIZER not in claim.finalizers:
         actions.append(AddFinalizer())
     if own is None:
+        if claim.allocation is not None:  # an allocation the ledger does not know: removed (after its pods)
+            if claim.reserved_for:
+                return [*actions, Evict(claim.reserved_for, f"claim {claim.namespace}/{claim.name} holds an "
+                                                             "allocation the broker's ledger does not know")]
+            actions.append(ClearAllocation())
         if ledger is None or ledger.state not in ACTIVE:
             return [*actions, Submit(tenant, document)]
         if ledger.uid is None:
@@ -190,8 +196,11 @@ def _leaving(claim: ClusterClaim, ledger: LedgerClaim | None, own: LedgerClaim |
 
 
 def _eviction_message(claim: ClusterClaim, own: LedgerClaim) -> str:
-    by = f" by {own.by}" if own.by else ""
+    """`own.by`: the claim that preempted it, when preemption took its allocation (it may wait as Pending
+    again by now)."""
+    if own.by:
+        return f"claim {claim.namespace}/{claim.name} was preempted by {own.by}"
     why = f": {own.reason}" if own.reason else ""
     if own.state == "Preempted":
-        return f"claim {claim.namespace}/{claim.name} was preempted{by}{why}"
+        return f"claim {claim.namespace}/{claim.name} was preempted{why}"
     return f"claim {claim.namespace}/{claim.name} is {own.state} in the broker's ledger{why}"

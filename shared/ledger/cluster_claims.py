@@ -26,8 +26,7 @@ async def ledger_claims(session: AsyncSession, keys: Collection[tuple[str, str]]
         rows = (await session.execute(
             select(Claim.id, Claim.namespace, Claim.name, Claim.state, Claim.allocation, Claim.reason, Claim.spec)
             .where(tuple_(Claim.namespace, Claim.name).in_(chunk)))).all()
-        preempted = [row.id for row in rows if row.state == "Preempted"]
-        by = await _preemptors(session, preempted)
+        by = await _preemptors(session, [row.id for row in rows if row.state != "Allocated"])
         for row in rows:
             spec = row.spec if isinstance(row.spec, dict) else {}
             uid = (spec.get("metadata") or {}).get("uid")
@@ -37,15 +36,17 @@ async def ledger_claims(session: AsyncSession, keys: Collection[tuple[str, str]]
 
 
 async def _preemptors(session: AsyncSession, claim_ids: Iterable[int]) -> dict[int, str]:
+    """Who preempted each claim whose last allocation ended in preemption (its last Allocated or Preempted
+    event is a Preempted one)."""
     ids = list(claim_ids)
     if not ids:
         return {}
     last = (select(ClaimEvent.claim_id, func.max(ClaimEvent.sequence).label("sequence"))
-            .where(ClaimEvent.claim_id.in_(ids), ClaimEvent.state == "Preempted").group_by(ClaimEvent.claim_id)
-            .subquery())
-    rows = await session.execute(select(ClaimEvent.claim_id, ClaimEvent.by).join(
+            .where(ClaimEvent.claim_id.in_(ids), ClaimEvent.state.in_(("Allocated", "Preempted")))
+            .group_by(ClaimEvent.claim_id).subquery())
+    rows = await session.execute(select(ClaimEvent.claim_id, ClaimEvent.state, ClaimEvent.by).join(
         last, (ClaimEvent.claim_id == last.c.claim_id) & (ClaimEvent.sequence == last.c.sequence)))
-    return {claim_id: by for claim_id, by in rows if by}
+    return {claim_id: by for claim_id, state, by in rows if state == "Preempted" and by}
 
 
 async def tenant_names(session: AsyncSession) -> list[str]:

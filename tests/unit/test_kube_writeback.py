@@ -109,6 +109,10 @@ CASES = [
     ("a queue claim holds the name: said", cluster_claim(), ledger("Pending", uid=None), ["Say"]),
     ("an earlier incarnation still active: released first", cluster_claim(), ledger("Pending", uid="old"),
      ["Release", "Wait"]),
+    ("drift: an allocation the ledger has never seen: cleared, then submitted",
+     cluster_claim(allocation=WRITTEN), None, ["ClearAllocation", "Submit"]),
+    ("drift: an unknown allocation a pod uses: its pod evicted first", cluster_claim(allocation=WRITTEN,
+                                                                                     reserved=[POD]), None, ["Evict"]),
     ("drift: the cluster holds an allocation the ledger does not", cluster_claim(allocation=WRITTEN,
                                                                                    said=("Pending", None)),
      ledger("Pending"), ["ClearAllocation"]),
@@ -155,7 +159,7 @@ def test_eviction_names_the_claim_that_preempted() -> None:
     evict = plan(read_claim(obj), ledger("Preempted", reason="fair share: ...", by="vision/urgent-1"), OPEN)[0]
     assert isinstance(evict, Evict)
     assert [p.name for p in evict.pods] == ["trainer"]
-    assert evict.message == "claim vision/training-gpu was preempted by vision/urgent-1: fair share: ..."
+    assert evict.message == "claim vision/training-gpu was preempted by vision/urgent-1"
 
 
 def test_a_submission_is_the_claim_with_its_uid_and_the_users_broker_annotations_only() -> None:
