@@ -298,7 +298,8 @@ class FakeApiServer:
     # test side ---------------------------------------------------------------------------------
     def apply(self, kind: str, event: str, obj: Object, *, record: bool = True) -> int:
         """Store `obj` as it is (no validation, no semantics): what happened in etcd. The control plane
-        still reacts to it."""
+        still reacts to it; watches and lists send it as given (even with an apiVersion the real server would
+        have converted), while GET, PUT and PATCH see it as the endpoint's version."""
         with self.changed:
             obj = copy.deepcopy(obj)
             metadata = obj.setdefault("metadata", {})
@@ -698,9 +699,9 @@ class FakeApiServer:
 
     @staticmethod
     def _typed(r: Resource, obj: Object) -> Object:
-        """Objects stored by `apply` may lack apiVersion/kind; answers always carry them."""
-        obj.setdefault("apiVersion", r.api_version)
-        obj.setdefault("kind", r.kind)
+        """An object as the endpoint's version serves it (the real server converts what it stores): objects
+        stored by `apply` may lack apiVersion/kind, or carry another version."""
+        obj["apiVersion"], obj["kind"] = r.api_version, r.kind
         return obj
 
     @staticmethod

@@ -272,6 +272,10 @@ async def test_bodies_are_checked_with_the_client_models(kube: Kube) -> None:
     assert error.status == 400 and "does not match the expected API version (resource.k8s.io/v1)" in message(error)
     error = await refused(kube.send("POST", path, dict(resource_claim("pod", NS), kind="Pod")))
     assert error.status == 400
+    # stored at another version (apply is raw): served as the endpoint's version, so a patch works on it
+    kube.api.apply(CLAIMS, "ADDED", dict(resource_claim("old", NS), apiVersion="resource.k8s.io/v1beta1"))
+    patched = await kube.send("PATCH", f"{path}/old", {"metadata": {"labels": {"a": "b"}}}, content_type=MERGE_PATCH)
+    assert patched["apiVersion"] == "resource.k8s.io/v1" and patched["metadata"]["labels"] == {"a": "b"}
 
     unknown = resource_claim("extra", NS)
     unknown["spec"]["surprise"] = {"a": 1}
