@@ -1286,7 +1286,8 @@ def handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             for warning in warnings or []:
-                self.send_header("Warning", f'299 - "{warning}"')
+                escaped = warning.replace("\\", "\\\\").replace('"', '\\"')
+                self.send_header("Warning", f'299 - "{escaped}"')
             self.end_headers()
             self.wfile.write(data)
 

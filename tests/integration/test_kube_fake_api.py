@@ -339,6 +339,10 @@ async def test_a_finished_pod_leaves_reserved_for_and_switches_hold_the_control_
 async def test_an_eviction_is_refused_by_a_disruption_budget_and_honoured_within_it(kube: Kube) -> None:
     for name in ("w-0", "w-1", "w-2"):
         await kube.pod(name, gates=(), labels={"app": "train"})
+    await kube.pod("other", gates=())
+    selected = await kube.core.list_namespaced_pod(NS, label_selector="app=train",
+                                                   field_selector="spec.nodeName=node-a,status.phase!=Pending")
+    assert sorted(p.metadata.name or "" for p in selected.items if p.metadata) == ["w-0", "w-1", "w-2"]
     kube.api.create(PDBS, disruption_budget("train", NS, {"app": "train"}, min_available=3))
     eviction = client.V1Eviction(api_version="policy/v1", kind="Eviction",
                                  metadata=client.V1ObjectMeta(name="w-0", namespace=NS))
