@@ -29,6 +29,13 @@ nothing else arrives but what keeps the depth, and prints their median (`one_rel
 cycle's cost is to follow what changed, not the depth of the queue.
 `--cpu-time` times the cycles as the thread's CPU time instead of wall time: on a machine shared with other
 work, the wall time of a cycle includes the time the others ran.
+
+Nested cohorts and past use (issue 41): `--tree` puts the 10 cohorts under 3 organisations under one root
+(three levels of cohorts above the tenants; each organisation has 8 devices of each generation of its own,
+borrowingLimit 64 and lendingLimit 4 of them); `--half-life 24h` turns on fairSharing.halfLife: each tenant
+starts with a past use drawn from its own stream, each cycle is a minute of simulated time, and the shell
+brings past use up to date before each cycle (outside the timing, as the allocator's ledger would). The
+invariant recount then checks the tree at every level.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from shared.admission.flavors import Flavors  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
 from shared.admission.kept import KeptState  # noqa: E402
 from shared.admission.model import CycleResult, Running, Snapshot, Waiting  # noqa: E402
+from shared.admission.past_use import bring_up_to, units_in_use  # noqa: E402
 from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.admission.waiting_queue import WaitingQueue  # noqa: E402
 from shared.dra import model as dra  # noqa: E402
@@ -62,6 +70,7 @@ from shared.dra.inventory import Fleet  # noqa: E402
 from shared.dra.matching import SelectorMemo  # noqa: E402
 from shared.dra.results import State  # noqa: E402
 from shared.fleet.sources import documents_from  # noqa: E402
+from shared.settings import parse_duration  # noqa: E402
 
 MODELS = ("A100", "H100", "H200", "B200", "B300")
 CLIQUE = "nvidia.com/gpu.clique"
@@ -85,9 +94,15 @@ def build_fleet(nodes: int, cliques: bool = False) -> Fleet:
     return fleet
 
 
-def build_quotas(nodes: int, rng: random.Random) -> QuotaConfig:
+ORGS = 3  # with --tree: the organisations the cohorts sit in, under one root
+CYCLE_SECONDS = 60.0  # with --half-life: the simulated time between two cycles
+
+
+def build_quotas(nodes: int, rng: random.Random, tree: bool = False, half_life: float = 0.0) -> QuotaConfig:
     """Each generation's devices split among the tenants' nominal quotas (a tenant holds two or three
-    generations), some lending limits, some borrowing limits, weights 1 to 3."""
+    generations), some lending limits, some borrowing limits, weights 1 to 3. With `tree`, the cohorts
+    nest under organisations with quotas of their own, under one root (no draw of `rng` changes, so the
+    tenants' quotas are those of the flat workload)."""
     per_model = nodes * 8 // len(MODELS)
     tenants: list[dict[str, Any]] = []
     for t in range(TENANTS):
@@ -102,7 +117,15 @@ def build_quotas(nodes: int, rng: random.Random) -> QuotaConfig:
             quotas[m] = limit
         tenants.append({"name": f"t{t:03d}", "cohort": f"c{t % COHORTS}", "weight": rng.choice((1.0, 2.0, 3.0)),
                         "quotas": quotas})
-    return parse_quotas({"kind": "Quotas", "tenants": tenants})
+    document: dict[str, Any] = {"kind": "Quotas", "tenants": tenants}
+    if tree:
+        own = {m: {"nominal": 8, "borrowingLimit": 64, "lendingLimit": 4} for m in MODELS}
+        document["cohorts"] = [{"name": "root"}, *({"name": f"org{o}", "parent": "root", "quotas": own}
+                                                   for o in range(ORGS)),
+                               *({"name": f"c{c}", "parent": f"org{c % ORGS}"} for c in range(COHORTS))]
+    if half_life > 0:
+        document["fairSharing"] = {"halfLife": f"{half_life:g}s"}
+    return parse_quotas(document)
 
 
 def new_claim(rng: random.Random, serial: int) -> Waiting:
@@ -173,11 +196,17 @@ def _keyed(w: Waiting) -> tuple[tuple[str, str], Waiting]:
 
 
 def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = True, gang_fraction: float = 0.0,
-        release_cycles: int = 0, cpu_time: bool = False) -> dict[str, Any]:
+        release_cycles: int = 0, cpu_time: bool = False, tree: bool = False, half_life: float = 0.0) -> dict[str, Any]:
     clock = time.thread_time if cpu_time else time.perf_counter  # CPU time: what other work on the machine leaves out
     rng = random.Random(seed)
     fleet = build_fleet(nodes, cliques=gang_fraction > 0)
-    quotas = build_quotas(nodes, rng)
+    quotas = build_quotas(nodes, rng, tree, half_life)
+    past_rng = random.Random(seed * 1_000_003 + 41)  # its own stream: the flat workload's draws stay the same
+    past: dict[tuple[str, str], float] = {(f"t{t:03d}", m): past_rng.choice((0.0, 0.0, 4.0, 16.0, 64.0))
+                                          for t in range(TENANTS) for m in MODELS} if half_life > 0 else {}
+    sim_now = 0.0
+    past_flavors = Flavors(quotas.flavors, SelectorMemo())
+    past_s = 0.0  # spent bringing past use up to date (the shell's work, outside the cycles' timing)
     gangs = GangStream(seed, gang_fraction) if gang_fraction > 0 else None
     serial = 0
     waiting = WaitingQueue()  # as a shell keeps it: the cycle is handed what came and went
@@ -204,14 +233,21 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = Tru
 
     def one_cycle(finished: list[tuple[str, str]], record: bool) -> tuple[float, int, CycleResult]:
         """`finished` end, arrivals keep the depth, one cycle runs and what it decided is applied."""
-        nonlocal broken, broken_cycles, checked
+        nonlocal broken, broken_cycles, checked, past, sim_now, past_s
+        if half_life > 0:  # a minute passed with what ran, then `finished` end
+            stepped = time.perf_counter()
+            past = bring_up_to(past, sim_now, units_in_use(fleet, running.values(), past_flavors),
+                               sim_now + CYCLE_SECONDS, half_life)
+            sim_now += CYCLE_SECONDS
+            past_s += time.perf_counter() - stepped
         for key in finished:
             del running[key]
             del submitted[key]
         while len(waiting) < depth:
             arrive()
         queued, changes = waiting.snapshot()
-        snapshot = Snapshot(fleet, BUILTIN_CLASSES, quotas, tuple(running.values()), queued, changes=changes)
+        snapshot = Snapshot(fleet, BUILTIN_CLASSES, quotas, tuple(running.values()), queued, changes=changes,
+                            now=sim_now if half_life > 0 else None, past_use=past)
         started = clock()
         result = run_cycle(snapshot, memo)
         elapsed = clock() - started
@@ -265,6 +301,9 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = Tru
            "cycle_p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1),
            "quota_violations": {"cycles": broken_cycles, "checked": checked, "first": broken},
            "decisions": digest.hexdigest()[:16]}
+    if tree or half_life > 0:
+        out |= {"tree": tree, "half_life_s": half_life,
+                "past_use_step_ms": round(past_s * 1000 / max(1, cycles), 2) if half_life > 0 else None}
     if gangs is not None:
         members = [w for w in waiting.values() if gang_name(w.claim) is not None]
         out |= {"gang_fraction": gang_fraction, "gang_members_admitted": gang_admitted,
@@ -305,11 +344,16 @@ def main() -> None:
                         help="then this many cycles after one release each: their median cycle")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time cycles as this thread's CPU time, not wall time (a machine shared with other work)")
+    parser.add_argument("--tree", action="store_true",
+                        help="the cohorts nest: three levels (root, organisations with quotas, cohorts)")
+    parser.add_argument("--half-life", default="0s",
+                        help="fairSharing.halfLife (such as 24h): past use orders the tenants, a minute a cycle")
     args = parser.parse_args()
     tune_gc()  # as `claimbroker up` and `serve` run
     for depth in args.depth or (1000, 10_000):
         print(json.dumps(run(args.nodes, depth, args.cycles, args.seed, not args.no_check, args.gang_fraction,
-                             args.release_cycles, args.cpu_time)), flush=True)
+                             args.release_cycles, args.cpu_time, args.tree, parse_duration(args.half_life))),
+              flush=True)
 
 
 if __name__ == "__main__":

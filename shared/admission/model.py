@@ -95,7 +95,10 @@ class Snapshot:
     tenant_budget: int = TENANT_BUDGET
     # Past use at `now`, per (tenant, flavor) in GPU units (shared/admission/past_use.py): with the quotas'
     # fairSharing.halfLife, a tenant's share is its units in use plus its past use, over its weight. The
-    # shell keeps it (advance_past_use at each cycle) and hands it over; ignored when half_life is 0.
+    # shell keeps it (past_use.bring_up_to at each cycle) and hands it over; ignored when half_life is 0.
+    # TODO(ledger, issue 41): services/allocator/cycle.py builds its Snapshot without it: read the ledger's
+    # past use, bring it up to `now` with the units held (past_use.units_in_use) and write it back in the
+    # cycle's transaction, so it survives restarts.
     past_use: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 

@@ -50,6 +50,18 @@ def advance_past_use(previous: PastUse, in_use: PastUse, elapsed: float,
     return out
 
 
+def bring_up_to(previous: PastUse, since: float | None, in_use: PastUse, now: float,
+                half_life: float) -> dict[tuple[str, str], float]:
+    """The shell's one call per step: past use kept at `since` (None: never kept) brought up to `now`, with
+    `in_use` held since then. A clock that went back steps nothing. The shell steps at every cycle and
+    whenever claims end between cycles, so that use is counted while it is held (kueue#15383)."""
+    if half_life <= 0:
+        return {}
+    if since is None:
+        return dict(previous)
+    return advance_past_use(previous, in_use, max(0.0, now - since), half_life)
+
+
 def entry_penalty(units: float, half_life: float) -> float:
     """The past use an admission of `units` GPU units adds at once: what ENTRY_PENALTY_SECONDS of holding them
     would add to a past use of 0."""

@@ -13,6 +13,7 @@ from shared.admission.flavors import Flavors
 from shared.admission.invariant import violations
 from shared.admission.kept import KeptState
 from shared.admission.model import ClaimKey, CycleResult, Running, Snapshot, Waiting
+from shared.admission.past_use import PastUse, per_tenant
 from shared.admission.quota import QuotaConfig
 from shared.admission.settling import run_until_settled
 from shared.dra import model as dra
@@ -40,10 +41,11 @@ class Settled:
 
 
 def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaConfig,
-           running: Iterable[Running], waiting: Iterable[Waiting], unusable: Mapping[str, str] | None = None
-           ) -> Settled:
+           running: Iterable[Running], waiting: Iterable[Waiting], unusable: Mapping[str, str] | None = None,
+           past_use: PastUse | None = None) -> Settled:
     """Cycles until one changes nothing (at most MAX_CYCLES): admissions, preemptions, and the victims
-    and the rest trying again, as the allocator would over its next cycles."""
+    and the rest trying again, as the allocator would over its next cycles (with the tenants' past use as
+    it is now, under the quotas' fairSharing.halfLife)."""
     out = Settled({r.key: r for r in running}, {w.key: w for w in waiting})
     order = max((r.allocated_order for r in out.running.values()), default=0)
     # every claim that preempted a claim, kept as the ledger keeps it: a victim never takes back from any of them
@@ -52,7 +54,7 @@ def settle(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaCo
     def snapshot() -> Snapshot:
         return Snapshot(fleet, classes, quotas, tuple(out.running.values()),
                         tuple(sorted(out.waiting.values(), key=lambda w: (w.arrival, w.key))),
-                        unusable_nodes=unusable or {})
+                        unusable_nodes=unusable or {}, past_use=past_use or {})
 
     def apply(cycle: CycleResult) -> bool:
         nonlocal order
@@ -134,15 +136,17 @@ class WhatIf:
 def what_if(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaConfig,
             running: Iterable[Running], waiting: Iterable[Waiting],
             documents: Mapping[ClaimKey, dra.ResourceClaim], change: Change,
-            unusable: Mapping[str, str] | None = None) -> WhatIf:
+            unusable: Mapping[str, str] | None = None, past_use: PastUse | None = None) -> WhatIf:
     """Settle today's state, and today's state with `change`; `documents` are the running claims'
     (a drained node's claims, and preemption victims, go back to the queue). `unusable`: nodes the
-    allocator places nothing on, and why (stale inventory), as it has them today."""
+    allocator places nothing on, and why (stale inventory), as it has them today. `past_use`: the tenants'
+    past use now (per tenant and flavor, GPU units), which shares count where the quotas (today's, or the
+    change's: a changed fairSharing.halfLife) have a half-life; the change's tree edits come in its quotas."""
     now_running = [_Running(r.tenant, r.name, r.allocation, r.priority, r.preemptible, r.arrival,
                             r.allocated_order, r.allocated_at, gang=r.gang, claim=documents.get(r.key))
                    for r in running]
     now_waiting = list(waiting)
-    before = settle(fleet, classes, quotas, now_running, now_waiting, unusable)
+    before = settle(fleet, classes, quotas, now_running, now_waiting, unusable, past_use)
 
     nodes = {name: inventory for name, inventory in fleet.nodes.items() if name not in change.drain}
     nodes.update({n.node: n for n in change.add_nodes})
@@ -163,7 +167,7 @@ def what_if(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaC
             kept_running.append(r)
     after = settle(after_fleet, classes, after_quotas, kept_running,
                    [w for w in now_waiting if w.tenant not in change.remove_tenants] + requeued,
-                   {n: why for n, why in (unusable or {}).items() if n in after_fleet.nodes})
+                   {n: why for n, why in (unusable or {}).items() if n in after_fleet.nodes}, past_use)
 
     drained = {k for k, _ in gone}
     admitted = sorted(k for k in after.running if k not in before.running)
@@ -177,14 +181,15 @@ def what_if(fleet: Fleet, classes: Mapping[str, dra.DeviceClass], quotas: QuotaC
     for tenant, flavor in sorted(set(held_before) | set(held_after)):
         usage[tenant][flavor] = (held_before.get((tenant, flavor), 0), held_after.get((tenant, flavor), 0))
     tenants = sorted({k[0] for k in (*before.running, *before.waiting, *after.running, *after.waiting)})
+    past = per_tenant(past_use or {})
     return WhatIf(
         admitted=admitted, preempted=preempted,
         over_quota_before=violations(fleet, quotas, before.running.values(), flavors_before),
         over_quota_after=violations(after_fleet, after_quotas, after.running.values(), flavors_after),
         over_quota_claims=_beyond_limits(after_fleet, after_quotas, after.running.values(), held_after, flavors_after),
         usage=dict(usage),
-        shares={t: (_share(t, quotas, held_before, flavors_before), _share(t, after_quotas, held_after, flavors_after))
-                for t in tenants},
+        shares={t: (_share(t, quotas, held_before, flavors_before, past),
+                    _share(t, after_quotas, held_after, flavors_after, past)) for t in tenants},
         pending={t: (sum(1 for k in before.waiting if k[0] == t), sum(1 for k in after.waiting if k[0] == t))
                  for t in tenants})
 
@@ -229,8 +234,10 @@ def _held(fleet: Fleet, running: Iterable[Running], flavors: Flavors) -> Counter
     return held
 
 
-def _share(tenant: str, quotas: QuotaConfig, held: Mapping[tuple[str, str], int], flavors: Flavors) -> float:
+def _share(tenant: str, quotas: QuotaConfig, held: Mapping[tuple[str, str], int], flavors: Flavors,
+           past: Mapping[str, float]) -> float:
     values = {f.name: f.value for f in quotas.flavors}
     own = quotas.tenants.get(tenant)
     weight = own.weight if own is not None else 1.0
-    return sum(count * values.get(flavor, 1.0) for (t, flavor), count in held.items() if t == tenant) / weight
+    units = sum(count * values.get(flavor, 1.0) for (t, flavor), count in held.items() if t == tenant)
+    return (units + (past.get(tenant, 0.0) if quotas.half_life > 0 else 0.0)) / weight

@@ -16,6 +16,7 @@ from shared.admission.model import Running, Snapshot, Waiting
 from shared.admission.past_use import (
     ENTRY_PENALTY_SECONDS,
     advance_past_use,
+    bring_up_to,
     decay_factor,
     entry_penalty,
     halves_in,
@@ -23,6 +24,7 @@ from shared.admission.past_use import (
     units_in_use,
 )
 from shared.admission.quota import QuotaConfig, parse_quotas
+from shared.admission.whatif import Change, what_if
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.matching import SelectorMemo
 from shared.dra.results import State
@@ -185,3 +187,22 @@ def test_fair_share_picks_victims_by_the_share_with_past_use() -> None:
         assert [p.victim for p in result.preemptions] == victims
         if victims:
             assert "plus past use" in result.preemptions[0].reason
+
+
+def test_the_shell_brings_past_use_up_to_now() -> None:
+    key = ("t", "A100")
+    assert bring_up_to({key: 8.0}, None, {}, 10 * HOUR, HOUR) == {key: 8.0}  # never kept: nothing to decay
+    assert bring_up_to({key: 8.0}, 0.0, {}, HOUR, HOUR)[key] == pytest.approx(4.0, abs=1e-6)
+    assert bring_up_to({key: 8.0}, HOUR, {}, 0.0, HOUR) == {key: 8.0}  # the clock went back: no step
+    assert bring_up_to({key: 8.0}, 0.0, {}, HOUR, 0.0) == {}
+
+
+def test_whatif_with_a_half_life_weighs_past_use() -> None:
+    """What if the quotas gained fairSharing.halfLife: the tenant that ran 8 GPU-hours an hour ago would wait
+    behind the one that ran nothing, and its share counts its past use."""
+    waiting = [wait("x", "busy", arrival=1), wait("y", "idle", arrival=2)]
+    change = Change(quotas=open_fleet("1h"))
+    answer = what_if(fleet(*node("a", "A100", 1)), BUILTIN_CLASSES, open_fleet(None), (), waiting, {}, change,
+                     past_use=ran_8_gpu_hours_an_hour_ago())
+    assert answer.admitted == [("idle", "y")] and answer.preempted == [(("busy", "x"), "preempted")]
+    assert answer.shares["busy"] == (1.0, pytest.approx(2.0, abs=1e-6))  # before: its A100; after: past use
