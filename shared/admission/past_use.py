@@ -43,7 +43,9 @@ def advance_past_use(previous: PastUse, in_use: PastUse, elapsed: float,
     keep = decay_factor(elapsed, half_life)
     gain = 1.0 - keep
     out: dict[tuple[str, str], float] = {}
-    for key in previous.keys() | in_use.keys():
+    # in the inputs' order (not a set's, which varies between processes): per-tenant sums, and so the
+    # order of tenants whose shares tie, come out the same in every run
+    for key in [*previous, *(k for k in in_use if k not in previous)]:
         value = previous.get(key, 0.0) * keep + in_use.get(key, 0.0) * gain
         if value > NEGLIGIBLE:
             out[key] = value

@@ -50,6 +50,7 @@ class QuotaBook:
         self._tops: dict[str, str] = {}
         self._tree_members: dict[str, list[str]] = {}
         self.pool_flavors: dict[str, set[str]] = {}  # per cohort: the flavors its pool holds any of
+        self.borrowers: dict[str, set[str]] = defaultdict(set)  # in a tree: per flavor, the tenants beyond nominal
         self.paths: dict[str, tuple[str, ...]] = {}  # per tenant: its cohort and the cohort's ancestors, nearest first
         for tenant in config.tenants.values():
             cohort = self.cohort_of(tenant.name)
@@ -191,8 +192,10 @@ class QuotaBook:
             self.borrowed_count[tenant] += 1 if count > 0 else -1
             if now > nominal:
                 self._borrowing[tenant].add(flavor)
+                self.borrowers[flavor].add(tenant)
             else:
                 self._borrowing[tenant].discard(flavor)
+                self.borrowers[flavor].discard(tenant)
             self._borrowed.pop(tenant, None)
         change = (now - keep if now > keep else 0) - (used - keep if used > keep else 0)
         for cohort in self.path_of(tenant):
@@ -352,8 +355,13 @@ class QuotaBook:
                            + (f", and its cohort borrows {lent_out} of the quota it lends" if lent_out else ""))
             room = self.borrowable(tenant, flavor)
             limit = self.config.tenant(tenant).limit(flavor)
-            borrowed_by = {m: b for m in self.tree_members(tenant)
+            borrowed_by = {m: b for m in self.members[self.cohort_of(tenant)]
                            if m != tenant and (b := self.borrowing(m, flavor))}
+            if self.nested and not borrowed_by:  # none in its cohort: the nearest in the tree, by distance
+                top = self.top_of(tenant)
+                borrowed_by = {m: self.borrowing(m, flavor) for m in sorted(
+                    (m for m in self.borrowers[flavor] if m != tenant and self.top_of(m) == top),
+                    key=lambda m: (self.distance(tenant, m), m))}
             blocks.append(Block(flavor, delta, nominal, used, limit.borrowing_limit if limit else None, room,
                                 borrowed_by, why))
         return blocks
