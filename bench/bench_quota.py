@@ -34,8 +34,9 @@ Nested cohorts and past use (issue 41): `--tree` puts the 10 cohorts under 3 org
 (three levels of cohorts above the tenants; each organisation has 8 devices of each generation of its own,
 borrowingLimit 64 and lendingLimit 4 of them); `--half-life 24h` turns on fairSharing.halfLife: each tenant
 starts with a past use drawn from its own stream, each cycle is a minute of simulated time, and the shell
-brings past use up to date before each cycle (outside the timing, as the allocator's ledger would). The
-invariant recount then checks the tree at every level.
+brings past use up to date before each cycle with the units the last cycle left held (its result's
+`units_in_use`; outside the timing, as the allocator's ledger would). The invariant recount then checks the
+tree at every level.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,7 @@ from shared.admission.flavors import Flavors  # noqa: E402
 from shared.admission.invariant import violations  # noqa: E402
 from shared.admission.kept import KeptState  # noqa: E402
 from shared.admission.model import CycleResult, Running, Snapshot, Waiting  # noqa: E402
-from shared.admission.past_use import bring_up_to, units_in_use  # noqa: E402
+from shared.admission.past_use import bring_up_to  # noqa: E402
 from shared.admission.quota import QuotaConfig, parse_quotas  # noqa: E402
 from shared.admission.waiting_queue import WaitingQueue  # noqa: E402
 from shared.dra import model as dra  # noqa: E402
@@ -205,7 +207,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = Tru
     past: dict[tuple[str, str], float] = {(f"t{t:03d}", m): past_rng.choice((0.0, 0.0, 4.0, 16.0, 64.0))
                                           for t in range(TENANTS) for m in MODELS} if half_life > 0 else {}
     sim_now = 0.0
-    past_flavors = Flavors(quotas.flavors, SelectorMemo())
+    held_units: Mapping[tuple[str, str], float] = {}  # GPU units held per tenant and flavor, after the last cycle
     past_s = 0.0  # spent bringing past use up to date (the shell's work, outside the cycles' timing)
     gangs = GangStream(seed, gang_fraction) if gang_fraction > 0 else None
     serial = 0
@@ -233,11 +235,10 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = Tru
 
     def one_cycle(finished: list[tuple[str, str]], record: bool) -> tuple[float, int, CycleResult]:
         """`finished` end, arrivals keep the depth, one cycle runs and what it decided is applied."""
-        nonlocal broken, broken_cycles, checked, past, sim_now, past_s
+        nonlocal broken, broken_cycles, checked, past, sim_now, past_s, held_units
         if half_life > 0:  # a minute passed with what ran, then `finished` end
             stepped = time.perf_counter()
-            past = bring_up_to(past, sim_now, units_in_use(fleet, running.values(), past_flavors),
-                               sim_now + CYCLE_SECONDS, half_life)
+            past = bring_up_to(past, sim_now, held_units, sim_now + CYCLE_SECONDS, half_life)
             sim_now += CYCLE_SECONDS
             past_s += time.perf_counter() - stepped
         for key in finished:
@@ -251,6 +252,7 @@ def run(nodes: int, depth: int, cycles: int, seed: int = SEED, check: bool = Tru
         started = clock()
         result = run_cycle(snapshot, memo)
         elapsed = clock() - started
+        held_units = result.units_in_use  # what runs once this cycle's decisions are applied (below)
         collector.after_cycle()
         if record:
             digest.update(repr(sorted((d.tenant, d.name, d.decision.allocation.node, d.decision.allocation.keys)

@@ -10,13 +10,19 @@ allocator service and `claimbroker simulate --quotas` run the same code.
   lends (each member lends its unused nominal up to its lendingLimit) and the flavor's free capacity
   (devices no tenant's nominal covers), within its borrowingLimit. With no quota anywhere the fleet is
   open. `shared.admission.invariant` checks what users rely on.
-- Order: tenants by share (GPU units in use over weight, lowest first), then priority, then arrival.
+- Nested cohorts (KEP-79, only when a cohort has a parent or quotas of its own): the same arithmetic
+  level by level (`QuotaBook._available_tree`): a subtree draws on its parent's pool within its
+  borrowingLimit and lends it at most its lendingLimit; top cohorts share only the free capacity.
+- Order: tenants by share (GPU units in use over weight, lowest first; with fairSharing.halfLife, plus
+  past use: shared/admission/past_use.py), then priority, then arrival.
   Claims of one tenant and spec form a group tried from its head (see `passes.admission_pass`), so a deep
   queue never stalls admission and costs a cycle O(groups + admissions), not O(claims).
 - Placement within nominal first: devices of flavors where the tenant has nominal headroom, then the
   best fit it may borrow (or, when the best fit is blocked, another flavor it may borrow).
 - Preemption, only of preemptible claims, by three rules: (a) priority within a tenant, (b) reclaim: a
-  tenant that stays within its nominal takes back devices another tenant of its cohort borrows, (c)
+  tenant that stays within its nominal takes back devices another tenant of its cohort borrows (in a
+  tree: its side under the nearest cohort it shares with the borrower stays within that side's nominal,
+  and the nearest borrowers go first, kueue PR#4806's borrowing distance), (c)
   fair share: a tenant preempts a borrowing tenant only while its share afterwards stays at or below
   the victim's share afterwards. (b) and (c) only take from borrowers and (c) compares shares after
   the move; and a claim never preempts one that preempted it (`displaced_by`), so no pair of claims
@@ -108,4 +114,5 @@ def _decide_cycle(snapshot: Snapshot, kept: KeptState) -> CycleResult:
         results.append(ClaimDecision(waiting.tenant, waiting.name, decision, detail))
     if cycle.gangs.held_now:
         release_reserved(cycle)
-    return CycleResult(tuple(results), tuple(cycle.preemptions), flavors, cycle.budget.deferred)
+    units = cycle.book.units_in_use() if snapshot.quotas.half_life > 0 else {}
+    return CycleResult(tuple(results), tuple(cycle.preemptions), flavors, cycle.budget.deferred, units)

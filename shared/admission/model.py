@@ -125,6 +125,10 @@ class CycleResult:
     preemptions: tuple[Preemption, ...]
     flavors: Mapping[DeviceKey, tuple[str | None, float]]  # devices allocated in this cycle: flavor and units
     deferred: int = 0  # claims whose placement work ran out of budget: another cycle goes on with it
+    # With fairSharing.halfLife: GPU units each tenant holds per flavor once the cycle's admissions and
+    # preemptions are applied, what the shell's next past-use step counts as held (past_use.bring_up_to);
+    # {} without a half-life.
+    units_in_use: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,11 @@ class QuotaBook:
         """Devices of the flavor the cohort's subtree holds (members and descendants), counted afresh."""
         return sum(self.used[(t, flavor)] for t in self.config.tenants if cohort in self.path_of(t))
 
+    def units_in_use(self) -> dict[tuple[str, str], float]:
+        """GPU units each tenant holds per flavor (past_use.units_in_use's figures, from the counts kept)."""
+        values = {f.name: f.value for f in self.config.flavors}
+        return {key: n * values[key[1]] for key, n in self.used.items() if n > 0 and key[1] in values}
+
     def borrowing(self, tenant: str, flavor: str) -> int:
         beyond = self.used[(tenant, flavor)] - self.nominal(tenant, flavor)
         return beyond if beyond > 0 else 0

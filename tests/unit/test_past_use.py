@@ -206,3 +206,16 @@ def test_whatif_with_a_half_life_weighs_past_use() -> None:
                      past_use=ran_8_gpu_hours_an_hour_ago())
     assert answer.admitted == [("idle", "y")] and answer.preempted == [(("busy", "x"), "preempted")]
     assert answer.shares["busy"] == (1.0, pytest.approx(2.0, abs=1e-6))  # before: its A100; after: past use
+
+
+def test_a_cycle_says_what_is_held_for_the_next_step() -> None:
+    """With a half-life the result carries the GPU units held per tenant and flavor after the cycle (what the
+    shell's next bring_up_to counts), the same figures as units_in_use over what then runs."""
+    f = fleet(*node("h", "H100", 2), *node("a", "A100", 2))
+    config = open_fleet()
+    result = run_cycle(Snapshot(f, BUILTIN_CLASSES, config, (), (
+        wait("both-h100", "t", 2, model="H100"), wait("one-a100", "u", 1, model="A100"))))
+    held = [Running(d.tenant, d.name, d.decision.allocation) for d in result.decisions if d.decision.allocation]
+    assert result.units_in_use == units_in_use(f, held, Flavors(config.flavors, SelectorMemo())) == {
+        ("t", "H100"): 4.0, ("u", "A100"): 1.0}
+    assert run_cycle(Snapshot(f, BUILTIN_CLASSES, open_fleet(None), (), (wait("x", "t"),))).units_in_use == {}
