@@ -28,7 +28,9 @@ from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
+from nats.js.errors import APIError
 
+from services.bus.streams import BACKLOG_FULL_CODE
 from services.kube.reflector import Reflector
 from shared.contract import subjects
 from shared.kube_claims.cluster_claim import (
@@ -66,6 +68,8 @@ log = logging.getLogger("claimbroker.allocator.cluster")
 CLAIMS, PODS = "resourceclaims", "pods"
 COMPONENT = "claimbroker.io/allocator"
 CONFLICT_RETRIES = 5
+BACKLOG_WAIT_S = 30.0  # how long a publish waits for room in the tenant's backlog on the bus
+RETRY_AFTER_S = 2.0  # a claim whose reconcile failed is due again after this, not at the next resync
 Key = tuple[str, str]
 
 
@@ -76,12 +80,14 @@ class Conflict(Exception):
 class ClusterClaims:
     def __init__(self, api: client.ApiClient, engine: AsyncEngine, nc: Client, *, holder: str,
                  namespaces: Mapping[str, str] | None = None, lease_s: float = 15.0, resync_s: float = 30.0,
-                 clock: Callable[[], float] = time.time, reflector: Reflector | None = None) -> None:
+                 clock: Callable[[], float] = time.time, reflector: Reflector | None = None,
+                 concurrency: int = 32) -> None:
         self.api, self.nc, self.js = api, nc, nc.jetstream()
         self.resource, self.core = client.ResourceV1Api(api), client.CoreV1Api(api)
         self.sessions = sessions(engine)
         self.holder, self.namespaces = holder, dict(namespaces or {})
         self.lease_s, self.resync_s, self.clock = lease_s, resync_s, clock
+        self.concurrency = concurrency  # claims reconciled at once: requests in flight to the API server
         self.reflector = reflector or Reflector(api)
         self.claims: dict[Key, ClusterClaim] = {}
         self.gone: dict[Key, int] = {}  # the resourceVersion a claim was deleted at: a late write answer is no news
@@ -208,21 +214,35 @@ class ClusterClaims:
         wanted = {k: self.tenancy.tenant_of(k[0]) for k in keys}
         async with self.sessions() as session:
             found = await ledger.ledger_claims(session, {(t, k[1]) for k, t in wanted.items() if t is not None})
-        for key in keys:
+        in_flight = asyncio.Semaphore(self.concurrency)
+
+        async def one_claim(key: Key) -> None:
             tenant = wanted[key]
-            try:
-                await self._reconcile_claim(key, found.get((tenant, key[1])) if tenant is not None else None)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.warning("cluster claim %s/%s: %r; tried again at the next resync", *key, error)
-        for pod_key in sorted(self.pods):
-            try:
-                await self._ungate(pod_key)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.warning("pod %s/%s: ungating failed: %r", *pod_key, error)
+            async with in_flight:
+                try:
+                    await self._reconcile_claim(key, found.get((tenant, key[1])) if tenant is not None else None)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    log.warning("cluster claim %s/%s: %r; tried again in %gs", *key, error, RETRY_AFTER_S)
+                    asyncio.get_running_loop().call_later(RETRY_AFTER_S, self._mark, [key])
+
+        async def one_pod(key: Key) -> None:
+            async with in_flight:
+                try:
+                    await self._ungate(key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    log.warning("pod %s/%s: ungating failed: %r", *key, error)
+
+        # claims are independent of one another: their round trips to the API server overlap
+        async with asyncio.TaskGroup() as group:
+            for key in keys:
+                group.create_task(one_claim(key))
+        async with asyncio.TaskGroup() as group:
+            for pod_key in sorted(self.pods):
+                group.create_task(one_pod(pod_key))
 
     async def _reconcile_claim(self, key: Key, own: LedgerClaim | None) -> None:
         for _ in range(CONFLICT_RETRIES):
@@ -347,8 +367,20 @@ class ClusterClaims:
         return _version(claim) >= _version(held)
 
     async def _publish(self, subject: str, payload: Mapping[str, Any], message_id: str, kind: str) -> None:
-        await self.js.publish(subject, json.dumps(payload).encode(), headers={"Nats-Msg-Id": message_id})
-        self._count(kind)
+        """As a tenant publishes: a tenant's backlog on the bus is bounded (settings.tenant_backlog), and a
+        publish past it waits for the allocator to take some, pausing longer each time."""
+        pause, deadline = 0.01, time.monotonic() + BACKLOG_WAIT_S
+        while True:
+            try:
+                await self.js.publish(subject, json.dumps(payload).encode(), headers={"Nats-Msg-Id": message_id})
+            except APIError as error:
+                if error.err_code != BACKLOG_FULL_CODE or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(0.16, pause * 2)
+                continue
+            self._count(kind)
+            return
 
     async def _evict(self, claim: ClusterClaim, pods: Any, message: str) -> None:
         for pod in pods:
@@ -361,9 +393,9 @@ class ClusterClaims:
             except ApiException as error:
                 if error.status == 404:
                     continue  # gone already: the claim controller clears its reservation
-                if error.status == 429:  # a disruption budget: the next resync asks again
+                if error.status == 429:  # a disruption budget: asked again shortly
                     log.info("pod %s/%s: eviction refused for now (%s)", claim.namespace, pod.name, error.reason)
-                    self.due.add(claim.key)
+                    asyncio.get_running_loop().call_later(RETRY_AFTER_S, self._mark, [claim.key])
                     continue
                 raise
             self._count("eviction")
