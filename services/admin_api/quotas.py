@@ -35,8 +35,9 @@ _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class ChangeOut(Model):
-    kind: str = Field(description="cohort | flavor | tenant | quota")
-    entity: str = Field(description="as in the audit log, e.g. quota/vision/H100")
+    kind: str = Field(description="cohort | flavor | tenant | quota | cohort-quota | fair-sharing")
+    entity: str = Field(description="as in the audit log, e.g. quota/vision/H100, cohort-quota/research/H100, "
+                                    "fair-sharing")
     action: str = Field(description="create | update | delete")
     before: dict[str, Any] | None
     after: dict[str, Any] | None
@@ -218,6 +219,13 @@ def _unstorable(document: Any, config: QuotaConfig) -> str | None:
     for i, cohort in enumerate(config.cohorts[:len(listed)]):
         if not dra.is_dns_label(cohort):
             return f"cohorts[{i}].name: {dra.shown(cohort)} {dra.DNS_LABEL_RULE}"
+        for flavor, limit in config.cohort(cohort).quotas.items():
+            for field_name, amount in (("nominal", limit.nominal), ("borrowingLimit", limit.borrowing_limit),
+                                       ("lendingLimit", limit.lending_limit)):
+                if amount is not None and amount > INT32_MAX:
+                    return f"cohorts[{i}].quotas.{flavor}.{field_name}: {amount} is over the limit of {INT32_MAX}"
+    if not math.isfinite(config.half_life):
+        return "fairSharing.halfLife: must be a finite duration"
     for i, tenant in enumerate(config.tenants.values()):
         at = f"tenants[{i}]"
         if not dra.is_dns_label(tenant.name):

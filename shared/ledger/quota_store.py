@@ -1,10 +1,10 @@
 """The quota configuration in the ledger, as the pure model in shared/admission/quota.py has it.
 
-`load_quota_config` is what the allocator reads at every decision cycle (four small SELECTs, no joins),
-so a write through the admin API reaches the next decision without a restart. `quota_changes` works out
-what making the ledger's rows (`read_quota_rows`) equal a whole Quotas document (import) would change,
-writing nothing: a dry run's answer. `apply_quota_config` writes exactly that plan, a statement per kind
-of change rather than per row, and audits each change in the caller's transaction.
+`load_quota_config` is what the allocator reads when the configuration moved (config_revision; six small
+SELECTs, no joins), so a write through the admin API reaches the next decision without a restart.
+`quota_changes` works out what making the ledger's rows (`read_quota_rows`) equal a whole Quotas document
+(import) would change, writing nothing: a dry run's answer. `apply_quota_config` writes exactly that plan,
+a statement per kind of change rather than per row, and audits each change in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import delete, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.admission.quota import Flavor, QuotaConfig, QuotaLimit, TenantQuota, merge_flavors
-from shared.ledger.schema import AuditEntry, Cohort, ConfigRevision, Quota, Tenant
+from shared.admission.quota import CohortQuota, Flavor, QuotaConfig, QuotaLimit, TenantQuota, merge_flavors
+from shared.ledger.schema import AuditEntry, Cohort, CohortQuotaRow, ConfigRevision, Quota, QuotaSettings, Tenant
 from shared.ledger.schema import Flavor as FlavorRow
 
 
@@ -25,8 +25,8 @@ from shared.ledger.schema import Flavor as FlavorRow
 class Change:
     """One ledger row an import creates, updates or deletes; before/after read like the API's JSON."""
 
-    kind: str  # cohort | flavor | tenant | quota
-    entity: str  # as in the audit log: "quota/vision/H100"
+    kind: str  # cohort | flavor | tenant | quota | cohort-quota | fair-sharing
+    entity: str  # as in the audit log: "quota/vision/H100", "cohort-quota/research/H100", "fair-sharing"
     action: str  # create | update | delete
     before: dict[str, Any] | None
     after: dict[str, Any] | None
@@ -44,10 +44,23 @@ TENANT_COLUMNS = {"name": "name", "cohort": "cohort", "weight": "weight", "pendi
 QUOTA_COLUMNS = {"tenant": "tenant", "flavor": "flavor", "nominal": "nominal", "borrowingLimit": "borrowing_limit",
                  "lendingLimit": "lending_limit"}
 FLAVOR_COLUMNS = {"name": "name", "selector": "selector", "value": "value", "position": "position"}
+COHORT_COLUMNS = {"name": "name", "parent": "parent"}
+COHORT_QUOTA_COLUMNS = {"cohort": "cohort", "flavor": "flavor", "nominal": "nominal",
+                        "borrowingLimit": "borrowing_limit", "lendingLimit": "lending_limit"}
+FAIR_SHARING_ENTITY = "fair-sharing"
 
 
-def cohort_json(name: str) -> dict[str, Any]:
-    return {"name": name}
+def cohort_json(name: str, parent: str | None = None) -> dict[str, Any]:
+    return {"name": name, "parent": parent}
+
+
+def cohort_quota_json(row: Any) -> dict[str, Any]:
+    return {key: getattr(row, column) for key, column in COHORT_QUOTA_COLUMNS.items()}
+
+
+def fair_sharing_json(half_life: float) -> dict[str, Any]:
+    """The fair-sharing settings as the API has them: halfLife in seconds (0: off)."""
+    return {"halfLife": float(half_life)}
 
 
 def flavor_json(row: Any) -> dict[str, Any]:
@@ -66,11 +79,22 @@ def quota_json(row: Any) -> dict[str, Any]:
 
 
 async def load_quota_config(session: AsyncSession) -> QuotaConfig:
-    """Flavors in `position` order (then name) merged with the built-ins, cohorts, tenants, quotas. Read
-    as plain rows: building ORM objects for a few hundred quotas took most of the read, every cycle."""
+    """Flavors in `position` order (then name) merged with the built-ins, cohorts (with their parents and
+    quotas: the tree), tenants, quotas, the half-life. Read as plain rows: building ORM objects for a few
+    hundred quotas took most of the read, every cycle."""
     listed = tuple(Flavor(name, selector, float(value)) for name, selector, value in await session.execute(
         select(FlavorRow.name, FlavorRow.selector, FlavorRow.value).order_by(FlavorRow.position, FlavorRow.name)))
-    cohorts = tuple(await session.scalars(select(Cohort.name).order_by(Cohort.name)))
+    parents = {name: parent for name, parent in await session.execute(
+        select(Cohort.name, Cohort.parent).order_by(Cohort.name))}
+    cohorts = tuple(parents)
+    cohort_limits: dict[str, dict[str, QuotaLimit]] = {}
+    for cohort, flavor, nominal, borrowing, lending in await session.execute(
+            select(CohortQuotaRow.cohort, CohortQuotaRow.flavor, CohortQuotaRow.nominal,
+                   CohortQuotaRow.borrowing_limit, CohortQuotaRow.lending_limit)
+            .order_by(CohortQuotaRow.cohort, CohortQuotaRow.flavor)):
+        cohort_limits.setdefault(cohort, {})[flavor] = QuotaLimit(nominal, borrowing, lending)
+    tree = {name: CohortQuota(name, parent, cohort_limits.get(name, {})) for name, parent in parents.items()
+            if parent is not None or name in cohort_limits}  # as parse_quotas keeps it: nodes that nest
     limits: dict[str, dict[str, QuotaLimit]] = {}
     for tenant, flavor, nominal, borrowing, lending in await session.execute(
             select(Quota.tenant, Quota.flavor, Quota.nominal, Quota.borrowing_limit, Quota.lending_limit)
@@ -83,7 +107,24 @@ async def load_quota_config(session: AsyncSession) -> QuotaConfig:
                    select(Tenant.name, Tenant.cohort, Tenant.weight, Tenant.pending_alert_after_s,
                           Tenant.admin_access, Tenant.max_pending, Tenant.min_runtime_s,
                           Tenant.max_preemptions_per_minute, Tenant.gang_reserve_after_s).order_by(Tenant.name))}
-    return QuotaConfig(merge_flavors(listed), cohorts, tenants, listed)
+    return QuotaConfig(merge_flavors(listed), cohorts, tenants, listed, cohort_tree=tree,
+                       half_life=await half_life(session))
+
+
+async def half_life(session: AsyncSession) -> float:
+    """fairSharing.halfLife in seconds (0: past use off)."""
+    return float(await session.scalar(select(QuotaSettings.half_life_s).where(QuotaSettings.id == 1)) or 0.0)
+
+
+async def set_half_life(session: AsyncSession, seconds: float) -> float:
+    """Set fairSharing.halfLife; the one before. Nothing commits or audits here."""
+    row = await session.get(QuotaSettings, 1)
+    if row is None:  # a ledger whose row someone deleted: it comes back
+        row = QuotaSettings(id=1, half_life_s=0.0)
+        session.add(row)
+    before = float(row.half_life_s or 0.0)
+    row.half_life_s = float(seconds)
+    return before
 
 
 async def config_revision(session: AsyncSession) -> int | None:
@@ -135,35 +176,64 @@ class QuotaRows:
     flavors: dict[str, dict[str, Any]]
     tenants: dict[str, dict[str, Any]]
     quotas: dict[tuple[str, str], dict[str, Any]]
+    parents: dict[str, str | None] | None = None  # per cohort (None: every cohort a top one)
+    cohort_quotas: dict[tuple[str, str], dict[str, Any]] | None = None  # per (cohort, flavor)
+    half_life: float = 0.0
 
 
 async def read_quota_rows(session: AsyncSession) -> QuotaRows:
     """Plain rows, no ORM objects: an import of 100,000 tenants reads them all."""
+    parents = {name: parent for name, parent in await session.execute(select(Cohort.name, Cohort.parent))}
     return QuotaRows(
-        list(await session.scalars(select(Cohort.name))),
+        list(parents),
         {row.name: flavor_json(row) for row in await session.execute(
             select(*(FlavorRow.__table__.c[c] for c in FLAVOR_COLUMNS.values())))},
         {row.name: tenant_json(row) for row in await session.execute(
             select(*(Tenant.__table__.c[c] for c in TENANT_COLUMNS.values())))},
         {(row.tenant, row.flavor): quota_json(row) for row in await session.execute(
-            select(*(Quota.__table__.c[c] for c in QUOTA_COLUMNS.values())))})
+            select(*(Quota.__table__.c[c] for c in QUOTA_COLUMNS.values())))},
+        parents,
+        {(row.cohort, row.flavor): cohort_quota_json(row) for row in await session.execute(
+            select(*(CohortQuotaRow.__table__.c[c] for c in COHORT_QUOTA_COLUMNS.values())))},
+        await half_life(session))
 
 
 def quota_changes(config: QuotaConfig, rows: QuotaRows) -> list[Change]:
-    """What makes the ledger's rows equal `config`, in the order an import makes them: cohorts and flavors
-    created first, each tenant with its quotas, deletions of what tenants referred to last. Pure, and
-    linear in the rows: a tenant's existing quotas are looked up by tenant, not searched."""
+    """What makes the ledger's rows equal `config`, in the order an import makes them: the half-life,
+    cohorts and flavors created first (a cohort's parent set once every cohort exists), each cohort's and
+    each tenant's quotas, deletions of what tenants referred to last. Pure, and linear in the rows: a
+    tenant's existing quotas are looked up by tenant, not searched."""
     flavors, tenants, quotas = rows.flavors, rows.tenants, rows.quotas
+    parents = rows.parents if rows.parents is not None else {name: None for name in rows.cohorts}
     changes: list[Change] = []
 
     def note(change: Change | None) -> None:
         if change is not None:
             changes.append(change)
 
+    if float(config.half_life) != float(rows.half_life):
+        changes.append(Change("fair-sharing", FAIR_SHARING_ENTITY, "update", fair_sharing_json(rows.half_life),
+                              fair_sharing_json(config.half_life)))
     existing_cohorts = set(rows.cohorts)
     for name in config.cohorts:
-        if name not in existing_cohorts:
-            note(_diff("cohort", f"cohort/{name}", None, cohort_json(name)))
+        before = cohort_json(name, parents.get(name)) if name in existing_cohorts else None
+        note(_diff("cohort", f"cohort/{name}", before, cohort_json(name, config.cohort(name).parent)))
+    held_cohort_quotas: dict[str, dict[str, dict[str, Any]]] = {}
+    for (cohort, flavor_name), row in (rows.cohort_quotas or {}).items():
+        held_cohort_quotas.setdefault(cohort, {})[flavor_name] = row
+    for name in config.cohorts:
+        own = config.cohort(name).quotas
+        held = held_cohort_quotas.get(name, {})
+        for flavor_name in sorted(own):
+            note(_diff("cohort-quota", f"cohort-quota/{name}/{flavor_name}", held.get(flavor_name),
+                       _wanted_cohort_quota(name, flavor_name, own[flavor_name])))
+        for flavor_name in sorted(set(held) - set(own)):
+            note(_diff("cohort-quota", f"cohort-quota/{name}/{flavor_name}", held[flavor_name], None))
+    wanted_cohorts = set(config.cohorts)
+    for cohort, flavor_name in sorted(rows.cohort_quotas or {}):
+        if cohort not in wanted_cohorts:
+            note(_diff("cohort-quota", f"cohort-quota/{cohort}/{flavor_name}",
+                       (rows.cohort_quotas or {})[(cohort, flavor_name)], None))
     wanted_flavors = {f.name for f in config.listed_flavors}
     for position, flavor in enumerate(config.listed_flavors):
         after = {"name": flavor.name, "selector": flavor.selector, "value": float(flavor.value), "position": position}
@@ -189,8 +259,13 @@ def quota_changes(config: QuotaConfig, rows: QuotaRows) -> list[Change]:
     for name in sorted(set(tenants) - set(config.tenants)):
         note(_diff("tenant", f"tenant/{name}", tenants[name], None))
     for name in sorted(existing_cohorts - set(config.cohorts)):
-        note(_diff("cohort", f"cohort/{name}", cohort_json(name), None))
+        note(_diff("cohort", f"cohort/{name}", cohort_json(name, parents.get(name)), None))
     return changes
+
+
+def _wanted_cohort_quota(cohort: str, flavor: str, limit: QuotaLimit) -> dict[str, Any]:
+    return {"cohort": cohort, "flavor": flavor, "nominal": limit.nominal, "borrowingLimit": limit.borrowing_limit,
+            "lendingLimit": limit.lending_limit}
 
 
 async def plan_quota_config(session: AsyncSession, config: QuotaConfig) -> list[Change]:
@@ -224,7 +299,12 @@ async def write_quota_changes(session: AsyncSession, changes: list[Change], acto
         if values:
             await session.execute(statement, values)
 
+    for change in of.get(("fair-sharing", "update"), []):
+        await set_half_life(session, float((change.after or {})["halfLife"]))
+    # cohorts first without parents, then the parents, once every cohort a parent names exists
     await many(insert(Cohort), [{"name": (c.after or {})["name"]} for c in of.get(("cohort", "create"), [])])
+    await many(update(Cohort), [row for row in rows("cohort", "create", COHORT_COLUMNS) if row["parent"] is not None]
+               + rows("cohort", "update", COHORT_COLUMNS))
     await many(insert(FlavorRow), rows("flavor", "create", FLAVOR_COLUMNS))
     await many(update(FlavorRow), rows("flavor", "update", FLAVOR_COLUMNS))
     await many(insert(Tenant), rows("tenant", "create", TENANT_COLUMNS))
@@ -234,6 +314,13 @@ async def write_quota_changes(session: AsyncSession, changes: list[Change], acto
         await session.execute(delete(Quota).where(tuple_(Quota.tenant, Quota.flavor).in_(pairs)))
     await many(insert(Quota), rows("quota", "create", QUOTA_COLUMNS))
     await many(update(Quota), rows("quota", "update", QUOTA_COLUMNS))
+    gone_cohort_quotas = [((c.before or {})["cohort"], (c.before or {})["flavor"])
+                          for c in of.get(("cohort-quota", "delete"), [])]
+    for pairs in _chunks(gone_cohort_quotas):
+        await session.execute(delete(CohortQuotaRow).where(
+            tuple_(CohortQuotaRow.cohort, CohortQuotaRow.flavor).in_(pairs)))
+    await many(insert(CohortQuotaRow), rows("cohort-quota", "create", COHORT_QUOTA_COLUMNS))
+    await many(update(CohortQuotaRow), rows("cohort-quota", "update", COHORT_QUOTA_COLUMNS))
     for kind, model in (("flavor", FlavorRow), ("tenant", Tenant), ("cohort", Cohort)):
         names = [(c.before or {})["name"] for c in of.get((kind, "delete"), [])]
         for chunk in _chunks(names):

@@ -45,6 +45,40 @@ class Base(DeclarativeBase):
 class Cohort(Base):
     __tablename__ = "cohorts"
     name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    # None: a top cohort. A foreign key on PostgreSQL; on SQLite a plain column (migration 0016), the
+    # broker checks it names a cohort and makes no cycle (shared/admission/quota.py's parse).
+    parent: Mapped[str | None] = mapped_column(ForeignKey("cohorts.name"), nullable=True)
+
+
+class CohortQuotaRow(Base):
+    """A cohort's own quota of a flavor, shared by its subtree (contract, Quotas: nested cohorts)."""
+
+    __tablename__ = "cohort_quotas"
+    cohort: Mapped[str] = mapped_column(ForeignKey("cohorts.name", ondelete="CASCADE"), primary_key=True)
+    flavor: Mapped[str] = mapped_column(String(253), primary_key=True)
+    nominal: Mapped[int] = mapped_column(Integer, default=0)
+    borrowing_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    lending_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class QuotaSettings(Base):
+    """One row (id 1) of settings of the whole quota configuration: fairSharing.halfLife in seconds (0:
+    shares count only what runs now). Configuration: its writes move config_revision."""
+
+    __tablename__ = "quota_settings"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    half_life_s: Mapped[float] = mapped_column(Float, server_default="0")
+
+
+class PastUse(Base):
+    """A tenant's past use of a flavor in GPU units (shared/admission/past_use.py) as of `as_of` (unix
+    seconds): written by the allocator in its decision transaction, so a restart goes on from it."""
+
+    __tablename__ = "past_use"
+    tenant: Mapped[str] = mapped_column(String(253), primary_key=True)
+    flavor: Mapped[str] = mapped_column(String(253), primary_key=True)
+    units: Mapped[float] = mapped_column(Float)
+    as_of: Mapped[float] = mapped_column(Float)
 
 
 class Tenant(Base):
@@ -298,8 +332,9 @@ class ClaimEvent(Base):
 
 
 class ConfigRevision(Base):
-    """One row whose revision the database moves whenever tenants, quotas, cohorts or flavors change
-    (triggers, migration 0015): the allocator reads the quota configuration again only when it moved."""
+    """One row whose revision the database moves whenever tenants, quotas, cohorts, flavors, cohort_quotas or
+    quota_settings change (triggers, migrations 0015 and 0016): the allocator reads the quota configuration
+    again only when it moved."""
 
     __tablename__ = "config_revision"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
