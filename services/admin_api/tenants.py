@@ -12,11 +12,20 @@ from pydantic import Field
 from services.admin_api.access import Caller, Session, admin, audit, visible
 from services.admin_api.fields import INT32_MAX, DnsLabel, Input, LabelName, Model, Name, dump
 from services.admin_api.problems import PROBLEMS, Problem, problem_doc
-from shared.admission.quota import BUILTIN_FLAVORS
+from shared.admission.quota import BUILTIN_FLAVORS, QuotaLimit
 from shared.dra.cel import SelectorError, compile_selector
 from shared.ledger import flavors, quotas, tenants
 from shared.ledger.handles import AsyncSession
-from shared.ledger.quota_store import cohort_json, flavor_json, load_quota_config, quota_json, tenant_json
+from shared.ledger.quota_store import (
+    FAIR_SHARING_ENTITY,
+    fair_sharing_json,
+    flavor_json,
+    half_life,
+    load_quota_config,
+    quota_json,
+    set_half_life,
+    tenant_json,
+)
 from shared.ledger.schema import Tenant
 from shared.ledger.tenants import TenantSettings
 
@@ -70,13 +79,45 @@ class QuotaOut(Model):
     lending_limit: int | None
 
 
+class CohortQuotaIn(Input):
+    nominal: int = Field(default=0, ge=0, le=INT32_MAX)
+    borrowing_limit: int | None = Field(default=None, ge=0, le=INT32_MAX, description=(
+        "what the cohort's subtree may borrow from its parent (or the free capacity); none: no limit"))
+    lending_limit: int | None = Field(default=None, ge=0, le=INT32_MAX, description=(
+        "what the subtree lends its parent of its unused nominal quota; none: all of it"))
+
+
+class CohortQuotaOut(Model):
+    nominal: int
+    borrowing_limit: int | None
+    lending_limit: int | None
+
+
 class CohortIn(Input):
-    """A cohort has nothing but its name today; the body is optional and empty."""
+    """Optional fields; the body itself is optional. A field left out keeps what the cohort has (nothing, for a
+    new cohort); a field given replaces it (`parent: null` makes it a top cohort, `quotas: {}` drops its own)."""
+
+    parent: DnsLabel | None = Field(default=None, description=(
+        "the cohort it nests in; none: a top cohort. It must exist, and a cohort may not be its own ancestor"))
+    quotas: dict[str, CohortQuotaIn] | None = Field(default=None, description=(
+        "the cohort's own quota per flavor, shared by its subtree"))
 
 
 class CohortOut(Model):
     name: str
+    parent: str | None = Field(default=None, description="the cohort it nests in; null: a top cohort")
+    quotas: dict[str, CohortQuotaOut] = Field(default_factory=dict, description="its own quota per flavor")
     tenants: list[str] = Field(description="tenants in this cohort")
+
+
+class FairSharingIn(Input):
+    half_life: float = Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False, description=(
+        "seconds: shares count past use halving every halfLife (the Quotas file's fairSharing.halfLife); "
+        "0: only what runs now"))
+
+
+class FairSharingOut(Model):
+    half_life: float = Field(description="seconds; 0: past use is off, shares count only what runs now")
 
 
 class FlavorIn(Input):
@@ -152,43 +193,120 @@ async def delete_tenant(name: Name, s: Session, token: Caller) -> None:
 # --- cohorts ------------------------------------------------------------------------------------------
 
 
+def _cohort_out(name: str, parent: str | None, own: dict[str, QuotaLimit], members: list[str]) -> CohortOut:
+    return CohortOut(name=name, parent=parent, tenants=members, quotas={
+        flavor: CohortQuotaOut(nominal=limit.nominal, borrowing_limit=limit.borrowing_limit,
+                               lending_limit=limit.lending_limit) for flavor, limit in sorted(own.items())})
+
+
 @router.get("/v1/cohorts", response_model=list[CohortOut], tags=["cohorts"])
 async def list_cohorts(s: Session, token: Caller) -> list[CohortOut]:
-    """A scoped viewer sees its own tenant's cohort only, with only its own tenant in it."""
+    """Every cohort with its parent and own quotas. A scoped viewer sees its own tenant's cohort only, with
+    only its own tenant in it."""
     members: dict[str, list[str]] = {}
     for tenant, cohort in await tenants.tenant_cohorts(s):
         if cohort is not None and (token.tenant is None or tenant == token.tenant):
             members.setdefault(cohort, []).append(tenant)
-    names = await tenants.cohort_names(s)
+    parents = await tenants.cohort_parents(s)
+    own = await tenants.cohort_quotas(s)
+    names = list(parents)
     if token.tenant is not None:
         names = [n for n in names if n in members]
-    return [CohortOut(name=n, tenants=members.get(n, [])) for n in names]
+    return [_cohort_out(n, parents[n], own.get(n, {}), members.get(n, [])) for n in names]
 
 
-@router.put("/v1/cohorts/{name}", response_model=CohortOut, tags=["cohorts"])
+@router.get("/v1/cohorts/{name}", response_model=CohortOut, tags=["cohorts"])
+async def get_cohort(name: Name, s: Session, token: Caller) -> CohortOut:
+    parents = await tenants.cohort_parents(s)
+    members = await tenants.members(s, name)
+    if token.tenant is not None:
+        members = [m for m in members if m == token.tenant]
+    if name not in parents or (token.tenant is not None and not members):
+        raise HTTPException(404, f"cohort {name!r} not found")
+    return _cohort_out(name, parents[name], (await tenants.cohort_quotas(s, name)).get(name, {}), members)
+
+
+@router.put("/v1/cohorts/{name}", response_model=CohortOut, tags=["cohorts"], responses={
+    422: problem_doc("the parent is no cohort, or would make a cohort its own ancestor (the detail names the "
+                     "cohorts); a quota names an unknown flavor or lends more than its nominal")})
 async def put_cohort(name: LabelName, s: Session, token: Caller,
                      body: Annotated[CohortIn | None, Body()] = None) -> CohortOut:
+    """Create or replace a cohort's parent and own quotas; fields left out keep what it has. Nothing is
+    written when the parent is unknown or makes a cycle."""
     admin(token)
+    given = body.model_fields_set if body is not None else set()
+    own = None
+    if body is not None and "quotas" in given:
+        own = {flavor: QuotaLimit(q.nominal, q.borrowing_limit, q.lending_limit)
+               for flavor, q in (body.quotas or {}).items()}
+        for flavor, limit in own.items():
+            if limit.lending_limit is not None and limit.lending_limit > limit.nominal:
+                raise Problem(422, "invalid quota", f"quotas.{flavor}.lendingLimit: {limit.lending_limit} is more "
+                                                    f"than the nominal quota {limit.nominal}")
     async with s.begin():
-        if await tenants.add_cohort(s, name):
-            audit(s, token, "put", f"cohort/{name}", None, cohort_json(name))
+        parents = await tenants.cohort_parents(s)
+        existed = name in parents
+        parent = body.parent if body is not None and "parent" in given else parents.get(name)
+        if (problem := tenants.ancestry_problem(parents, name, parent)) is not None:
+            raise Problem(422, "invalid cohort tree", problem)
+        if own:
+            config = await load_quota_config(s)
+            unknown = sorted(flavor for flavor in own if config.flavor(flavor) is None)
+            if unknown:
+                known = ", ".join(f.name for f in config.flavors)
+                raise Problem(422, "unknown flavor", f"quotas.{unknown[0]}: flavor {unknown[0]!r} is not defined; "
+                                                     f"known flavors: {known}")
+        held = (await tenants.cohort_quotas(s, name)).get(name, {}) if existed else {}
+        before = tenants.cohort_state_json(name, parents.get(name), held) if existed else None
+        await tenants.put_cohort(s, name, parent, own)
+        after_own = own if own is not None else held
+        after = tenants.cohort_state_json(name, parent, after_own)
+        if after != before:
+            audit(s, token, "put", f"cohort/{name}", before, after)
         members = await tenants.members(s, name)
-    return CohortOut(name=name, tenants=members)
+    return _cohort_out(name, parent, after_own, members)
 
 
 @router.delete("/v1/cohorts/{name}", status_code=204, tags=["cohorts"],
-               responses={409: problem_doc("tenants are still in the cohort")})
+               responses={409: problem_doc("tenants or cohorts are still in the cohort")})
 async def delete_cohort(name: Name, s: Session, token: Caller) -> None:
+    """A cohort goes with its own quotas; one that tenants or other cohorts are in stays."""
     admin(token)
     async with s.begin():
-        if not await tenants.cohort_exists(s, name):
+        parents = await tenants.cohort_parents(s)
+        if name not in parents:
             raise HTTPException(404, f"cohort {name!r} not found")
         users = await tenants.members(s, name)
         if users:
             raise Problem(409, "cohort in use", f"cohort {name!r} still has tenants: {', '.join(users)}; "
                                                 "move them to another cohort first")
-        audit(s, token, "delete", f"cohort/{name}", cohort_json(name), None)
+        nested = await tenants.children(s, name)
+        if nested:
+            raise Problem(409, "cohort in use", f"cohort {name!r} is the parent of cohorts: {', '.join(nested)}; "
+                                                "give them another parent first")
+        held = (await tenants.cohort_quotas(s, name)).get(name, {})
+        audit(s, token, "delete", f"cohort/{name}", tenants.cohort_state_json(name, parents[name], held), None)
         await tenants.delete_cohort(s, name)
+
+
+# --- fair sharing -------------------------------------------------------------------------------------
+
+
+@router.get("/v1/fair-sharing", response_model=FairSharingOut, tags=["quotas"])
+async def get_fair_sharing(s: Session, token: Caller) -> FairSharingOut:
+    """The Quotas file's fairSharing: the half-life of past use in shares."""
+    return FairSharingOut(half_life=await half_life(s))
+
+
+@router.put("/v1/fair-sharing", response_model=FairSharingOut, tags=["quotas"])
+async def put_fair_sharing(body: FairSharingIn, s: Session, token: Caller) -> FairSharingOut:
+    """Set the half-life of past use; the allocator's next decision uses it. 0 turns past use off."""
+    admin(token)
+    async with s.begin():
+        before = await set_half_life(s, body.half_life)
+        if before != body.half_life:
+            audit(s, token, "put", FAIR_SHARING_ENTITY, fair_sharing_json(before), fair_sharing_json(body.half_life))
+    return FairSharingOut(half_life=body.half_life)
 
 
 # --- flavors ------------------------------------------------------------------------------------------
@@ -234,6 +352,7 @@ async def delete_flavor(name: Name, s: Session, token: Caller) -> None:
             raise HTTPException(404, f"flavor {name!r} not found")
         if name not in BUILTIN:
             users = await quotas.tenants_using(s, name)
+            users += [f"cohort {cohort}" for cohort in await quotas.cohorts_using(s, name)]
             if users:
                 raise Problem(409, "flavor in use", f"flavor {name!r} is used by the quotas of "
                                                     f"{', '.join(users)}; delete those first")

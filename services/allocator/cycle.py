@@ -28,6 +28,7 @@ from shared.dra import model as dra
 from shared.dra.budget import TENANT_BUDGET
 from shared.dra.results import State
 from shared.ledger import decisions, queue
+from shared.ledger.past_use import PastUseKeeper, held_units
 from shared.ledger.quota_store import QuotaConfigCache
 from shared.ledger.unit_of_work import UnitOfWork, Writes
 
@@ -58,6 +59,8 @@ class DecisionCycle:
         self.gang_clocks = GangClocks(self.kept)  # waiting gangs' clocks, kept in the ledger as they change
         self.queue_cache = queue.QueueCache()
         self.quotas = QuotaConfigCache()  # read again when the ledger's config_revision moved
+        self.past_use = PastUseKeeper()  # with fairSharing.halfLife: stepped every transaction, kept in the ledger
+        self._running_seen: set[tuple[str, str]] | None = None  # running claims whose units past use last counted
         self.collector = CollectorPacing()  # what a cycle keeps is frozen: young GC passes skip it
         self.reasons = ReasonRefresh(reason_refresh, clock)
         self.set_aside: dict[tuple[str, str], float] = {}  # claims that hit an internal error: until when
@@ -76,6 +79,12 @@ class DecisionCycle:
         never changed once built), and `changed` says whether it wrote anything."""
         self.committed_snapshot = self._snapshot
         self.changes += changed
+        self.past_use.committed()
+
+    def rolled_back(self) -> None:
+        """The transaction of the last cycle rolled back: what it stepped of past use is forgotten."""
+        self.past_use.rolled_back()
+        self._running_seen = None
 
     async def run(self, work: UnitOfWork, config: QuotaConfig | None = None, parts: Parts | None = None) -> Cycled:
         """Send lost nodes' claims back to the queue, decide, write. `config`: the quotas, when this
@@ -93,15 +102,19 @@ class DecisionCycle:
                 stranded_row.reason = None  # not answered yet: the cycle below decides it like a new claim
         held = await queue.load_queue(work, self.queue_cache)
         self.metrics.waiting = held.waiting
+        config = config if config is not None else await self.quotas.load(work.session)
+        cycle_at = self.clock()
+        # past use up to now with what was held since the last transaction, before this one's changes count
+        past = await self.past_use.step(work.session, cycle_at, config.half_life)
         if not held.waiting:
             self._snapshot = None
             self.waiting = self.work_left = False
             self.reasons.clear()
             await self.gang_clocks.after_cycle(work.session, None)
+            await self._count_held_without_cycle(work, held)
             parts.lap("queue")
             return cycled
         self.reasons.ask_again(held)
-        config = config if config is not None else await self.quotas.load(work.session)
         waiting, changes = held.waiting.snapshot()
         if self.set_aside:  # compared in full, not by the changes recorded
             waiting = self._without_set_aside(waiting, held)
@@ -109,12 +122,11 @@ class DecisionCycle:
                                                                                self.gang_reserve_after):
             config = replace(config, default_min_runtime=self.min_runtime,
                              default_gang_reserve_after=self.gang_reserve_after)
-        cycle_at = self.clock()
         limited = any(t.max_preemptions_per_minute is not None for t in config.tenants.values())
         recent = await queue.recent_preemptions(work, cycle_at - 60.0) if limited else {}
         snapshot = Snapshot(self.inventory.fleet, self.classes, config, tuple(held.running.values()), waiting,
                             self.inventory.unusable_nodes(), None if self.set_aside else changes, now=cycle_at,
-                            recent_preemptions=recent, tenant_budget=self.tenant_budget)
+                            recent_preemptions=recent, tenant_budget=self.tenant_budget, past_use=past)
         self._snapshot = snapshot
         await self.gang_clocks.before_cycle(work.session)
         parts.lap("queue")
@@ -158,10 +170,26 @@ class DecisionCycle:
             if changed:
                 writes.status(row, unsatisfiable=decision.unsatisfiable)
         await self.gang_clocks.after_cycle(work.session, self.kept.admission)
+        if self.past_use.stepped:
+            self.past_use.holds(result.units_in_use)
+            self._running_seen = None  # the cycle counted them; the next idle transaction counts again
+            await self.past_use.write(work.session)
         cycled.preempted.update(preemption.rule for preemption in result.preemptions)
         self.waiting = len(held.waiting) > settled or bool(result.preemptions)
         parts.lap("write")
         return cycled
+
+    async def _count_held_without_cycle(self, work: UnitOfWork, held: queue.Queue) -> None:
+        """With past use and no cycle to count what is held: the ledger's units, read again only when the
+        running claims changed (releases, lost nodes) since they were last counted."""
+        if not self.past_use.stepped:
+            self._running_seen = None
+            return
+        running = set(held.running)
+        if running != self._running_seen:
+            self.past_use.holds(await held_units(work.session))
+            self._running_seen = running
+        await self.past_use.write(work.session)
 
     def _without_set_aside(self, waiting: tuple[Waiting, ...], held: queue.Queue) -> tuple[Waiting, ...]:
         """Claims whose deciding failed through a fault of ours sit out `reason_refresh` (each try costs the

@@ -92,6 +92,7 @@ class DecisionTransaction:
         except BaseException:
             self.cycle.queue_cache.invalidate()  # it read rows this transaction wrote, which are gone with it
             self.cycle.gang_clocks.rolled_back()
+            self.cycle.rolled_back()  # past use stepped in it
             if self.relay is not None:
                 self.relay.return_marks(marks)
             raise

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.ledger.quota_store import quota_json
-from shared.ledger.schema import Quota
+from shared.ledger.schema import CohortQuotaRow, Quota
 
 
 async def quotas(session: AsyncSession, tenant: str | None = None) -> list[Quota]:
@@ -44,3 +44,9 @@ async def delete_quota(session: AsyncSession, row: Quota) -> None:
 async def tenants_using(session: AsyncSession, flavor: str) -> list[str]:
     """The tenants with a quota of `flavor`, by name."""
     return list(await session.scalars(select(Quota.tenant).where(Quota.flavor == flavor).order_by(Quota.tenant)))
+
+
+async def cohorts_using(session: AsyncSession, flavor: str) -> list[str]:
+    """The cohorts with a quota of their own of `flavor`, by name."""
+    return list(await session.scalars(select(CohortQuotaRow.cohort).where(CohortQuotaRow.flavor == flavor)
+                                      .order_by(CohortQuotaRow.cohort)))

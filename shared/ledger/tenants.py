@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from shared.ledger.quota_store import quota_json, tenant_json
-from shared.ledger.schema import Cohort, Quota, Tenant
+from shared.admission.quota import QuotaLimit
+from shared.ledger.quota_store import cohort_json, cohort_quota_json, quota_json, tenant_json
+from shared.ledger.schema import Cohort, CohortQuotaRow, Quota, Tenant
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,91 @@ async def add_cohort(session: AsyncSession, name: str) -> bool:
     return True
 
 
-async def delete_cohort(session: AsyncSession, name: str) -> None:
+async def delete_cohort(session: AsyncSession, name: str) -> list[dict[str, Any]]:
+    """The cohort and its own quotas, deleted; the quotas' JSON by flavor, for the audit log."""
+    own = list(await session.scalars(select(CohortQuotaRow).where(CohortQuotaRow.cohort == name)
+                                     .order_by(CohortQuotaRow.flavor)))
+    gone = [cohort_quota_json(quota) for quota in own]
+    for quota in own:
+        await session.delete(quota)
     row = await session.get(Cohort, name)
     if row is not None:
+        await session.flush()  # its quotas first: their rows refer to it
         await session.delete(row)
+    return gone
+
+
+async def cohort_parents(session: AsyncSession) -> dict[str, str | None]:
+    """Every cohort's parent (None: a top cohort), by name."""
+    return {name: parent for name, parent in await session.execute(
+        select(Cohort.name, Cohort.parent).order_by(Cohort.name))}
+
+
+async def cohort_quotas(session: AsyncSession, cohort: str | None = None) -> dict[str, dict[str, QuotaLimit]]:
+    """Per cohort, its own quotas by flavor; with `cohort`, that cohort's only."""
+    query = select(CohortQuotaRow.cohort, CohortQuotaRow.flavor, CohortQuotaRow.nominal,
+                   CohortQuotaRow.borrowing_limit, CohortQuotaRow.lending_limit) \
+        .order_by(CohortQuotaRow.cohort, CohortQuotaRow.flavor)
+    if cohort is not None:
+        query = query.where(CohortQuotaRow.cohort == cohort)
+    out: dict[str, dict[str, QuotaLimit]] = {}
+    for name, flavor, nominal, borrowing, lending in await session.execute(query):
+        out.setdefault(name, {})[flavor] = QuotaLimit(nominal, borrowing, lending)
+    return out
+
+
+def cohort_state_json(name: str, parent: str | None, own: dict[str, QuotaLimit]) -> dict[str, Any]:
+    """A cohort as the audit log records it: its name, parent and own quotas (as the API has them)."""
+    out = cohort_json(name, parent)
+    out["quotas"] = {flavor: {"nominal": limit.nominal, "borrowingLimit": limit.borrowing_limit,
+                              "lendingLimit": limit.lending_limit} for flavor, limit in sorted(own.items())}
+    return out
+
+
+def ancestry_problem(parents: dict[str, str | None], name: str, parent: str | None) -> str | None:
+    """Why `name` may not have `parent` in this tree, naming the cohorts: an unknown parent, or a cycle."""
+    if parent is None:
+        return None
+    if parent != name and parent not in parents:
+        return f"cohort {name!r} names parent {parent!r}, which is no cohort; create it first"
+    path: list[str] = [name]
+    at: str | None = parent
+    while at is not None:
+        if at in path:
+            return f"a cohort may not be its own ancestor: {' -> '.join(path + [at])}"
+        path.append(at)
+        at = parents.get(at)
+    return None
+
+
+async def put_cohort(session: AsyncSession, name: str, parent: str | None,
+                     own: dict[str, QuotaLimit] | None) -> None:
+    """Create or replace: its parent, and its own quotas when `own` is given (None: kept as they are).
+    The caller checked the parent (`ancestry_problem`) and the flavors."""
+    row = await session.get(Cohort, name)
+    if row is None:
+        row = Cohort(name=name)
+        session.add(row)
+        await session.flush()
+    row.parent = parent
+    if own is None:
+        return
+    held = {q.flavor: q for q in await session.scalars(select(CohortQuotaRow).where(CohortQuotaRow.cohort == name))}
+    for flavor, quota in held.items():
+        if flavor not in own:
+            await session.delete(quota)
+    for flavor, limit in own.items():
+        found = held.get(flavor)
+        quota = found if found is not None else CohortQuotaRow(cohort=name, flavor=flavor)
+        if found is None:
+            session.add(quota)
+        quota.nominal, quota.borrowing_limit = limit.nominal, limit.borrowing_limit
+        quota.lending_limit = limit.lending_limit
+
+
+async def children(session: AsyncSession, cohort: str) -> list[str]:
+    """The cohorts whose parent is `cohort`, by name."""
+    return list(await session.scalars(select(Cohort.name).where(Cohort.parent == cohort).order_by(Cohort.name)))
 
 
 async def members(session: AsyncSession, cohort: str) -> list[str]:

@@ -135,20 +135,23 @@ async def test_audit_log_is_for_admins(api: Api) -> None:
 
 async def test_cohort_lifecycle(api: Api) -> None:
     created = await api.put("/v1/cohorts/research")
-    assert created.status_code == 200 and created.json() == {"name": "research", "tenants": []}
+    assert created.status_code == 200 and created.json() == {"name": "research", "parent": None, "quotas": {}, "tenants": []}
     await api.put("/v1/tenants/vision", {"cohort": "research"})
     await api.put("/v1/tenants/speech", {"cohort": "shared"})
     listed = await api.client.get("/v1/cohorts", headers=api.viewer)
-    assert listed.json() == [{"name": "research", "tenants": ["vision"]}, {"name": "shared", "tenants": ["speech"]}]
+    assert listed.json() == [
+        {"name": "research", "parent": None, "quotas": {}, "tenants": ["vision"]},
+        {"name": "shared", "parent": None, "quotas": {}, "tenants": ["speech"]}]
     assert (await api.client.get("/v1/cohorts", headers=api.scoped)).json() == [
-        {"name": "research", "tenants": ["vision"]}]
+        {"name": "research", "parent": None, "quotas": {}, "tenants": ["vision"]}]
 
     in_use = assert_problem(await api.client.delete("/v1/cohorts/research", headers=api.admin), 409)
     assert "vision" in in_use["detail"]
     await api.put("/v1/tenants/vision", {})
     assert (await api.client.delete("/v1/cohorts/research", headers=api.admin)).status_code == 204
     assert_problem(await api.client.delete("/v1/cohorts/research", headers=api.admin), 404)
-    assert (await api.put("/v1/cohorts/shared")).json() == {"name": "shared", "tenants": ["speech"]}
+    assert (await api.put("/v1/cohorts/shared")).json() == {
+        "name": "shared", "parent": None, "quotas": {}, "tenants": ["speech"]}
     entries = [(e.action, e.entity) for e in await api.audit() if e.entity.startswith("cohort/")]
     assert entries == [("put", "cohort/research"), ("delete", "cohort/research")], "an existing cohort is no write"
     assert_problem(await api.client.put("/v1/cohorts/x", json={"unknown": 1}, headers=api.admin), 422)
