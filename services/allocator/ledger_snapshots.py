@@ -20,6 +20,7 @@ from shared.dra.inventory import Fleet
 from shared.fleet.freshness import judge
 from shared.ledger import queue
 from shared.ledger.handles import AsyncSession
+from shared.ledger.past_use import past_use_now
 from shared.ledger.quota_store import QuotaConfigCache, config_revision
 from shared.ledger.unit_of_work import unit_of_work
 
@@ -52,6 +53,8 @@ class LedgerSnapshots:
             now = self.clock()
             limited = any(t.max_preemptions_per_minute is not None for t in config.tenants.values())
             recent = await queue.recent_preemptions(work, now - 60.0) if limited else {}
+            # the allocator's past use as it last wrote it, brought up to now (its cycles hold it in memory)
+            past = await past_use_now(work.session, now, config.half_life) if config.half_life > 0 else {}
         if (config.default_min_runtime, config.default_gang_reserve_after) != (self.min_runtime,
                                                                                self.gang_reserve_after):
             config = replace(config, default_min_runtime=self.min_runtime,
@@ -61,6 +64,6 @@ class LedgerSnapshots:
         waiting, _ = held.waiting.snapshot()
         self.committed_snapshot = Snapshot(
             fleet, self.classes, config, tuple(held.running.values()), waiting, unusable, None, now=now,
-            recent_preemptions=recent, tenant_budget=self.tenant_budget) if waiting else None
+            recent_preemptions=recent, tenant_budget=self.tenant_budget, past_use=past) if waiting else None
         self._version = version
         self.changes += 1
