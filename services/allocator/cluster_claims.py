@@ -90,6 +90,7 @@ class ClusterClaims:
         self.concurrency = concurrency  # claims reconciled at once: requests in flight to the API server
         self.reflector = reflector or Reflector(api)
         self.claims: dict[Key, ClusterClaim] = {}
+        self.holders: dict[tuple[str, str, str], Key] = {}  # (driver, pool, device) -> the claim holding it there
         self.gone: dict[Key, int] = {}  # the resourceVersion a claim was deleted at: a late write answer is no news
         self.waiting: set[Key] = set()  # claims whose devices another cluster claim still holds
         self.pods: dict[Key, dict[str, Any]] = {}
@@ -112,7 +113,10 @@ class ClusterClaims:
     # --- what the cluster and the bus say ---------------------------------------------------------
 
     async def _replace_claims(self, items: list[dict[str, Any]]) -> None:
-        self.claims = {claim.key: claim for claim in map(read_claim, items) if _ours(claim)}
+        self.claims, self.holders = {}, {}
+        for claim in map(read_claim, items):
+            if _ours(claim):
+                self._store(claim)
         self.synced.add(CLAIMS)
         self._mark(self.claims)  # a relist: everything is due, drift included
 
@@ -122,10 +126,10 @@ class ClusterClaims:
         if kind == "DELETED":
             self.gone[claim.key] = _version(claim)
         if kind == "DELETED" or not _ours(claim):
-            self.claims.pop(claim.key, None)
+            self._forget(claim.key)
         else:
             self.gone.pop(claim.key, None)
-            self.claims[claim.key] = claim
+            self._store(claim)
             self._mark([claim.key])
         if held is not None and held.allocation is not None and (kind == "DELETED" or claim.allocation is None):
             self._mark(self.waiting)  # devices freed in the cluster: the claims waiting for them may go on
@@ -178,13 +182,15 @@ class ClusterClaims:
     # --- keeping the cluster where the ledger is --------------------------------------------------
 
     async def _work(self) -> None:
-        next_resync = 0.0
+        next_resync = next_lease = 0.0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=min(self.lease_s / 3, self.resync_s))
             self.wake.clear()
             try:
-                await self._hold_lease()
+                if time.monotonic() >= next_lease:  # a write transaction: not at every wake (SQLite has one writer)
+                    await self._hold_lease()
+                    next_lease = time.monotonic() + self.lease_s / 3
                 if not self.leader or self.synced != {CLAIMS, PODS}:
                     continue
                 if time.monotonic() >= next_resync:
@@ -259,12 +265,26 @@ class ClusterClaims:
                     CONFLICT_RETRIES)
         self.due.add(key)
 
+    def _store(self, claim: ClusterClaim) -> None:
+        """The cache of the cluster's claims, and who holds each device there (`holders`)."""
+        self._forget(claim.key)
+        self.claims[claim.key] = claim
+        for device in allocated_devices(claim.allocation):
+            self.holders[device] = claim.key
+
+    def _forget(self, key: Key) -> None:
+        held = self.claims.pop(key, None)
+        if held is not None:
+            for device in allocated_devices(held.allocation):
+                if self.holders.get(device) == key:
+                    del self.holders[device]
+
     def _held_elsewhere(self, claim: ClusterClaim, allocation: Mapping[str, Any]) -> str | None:
-        wanted = allocated_devices(allocation)
-        for other in self.claims.values():
-            if other.key != claim.key and other.allocation and wanted & allocated_devices(other.allocation):
+        for device in allocated_devices(allocation):
+            holder = self.holders.get(device)
+            if holder is not None and holder != claim.key:
                 self.waiting.add(claim.key)
-                return f"{other.namespace}/{other.name}"
+                return f"{holder[0]}/{holder[1]}"
         self.waiting.discard(claim.key)
         return None
 
@@ -339,7 +359,7 @@ class ClusterClaims:
             current = await self.resource.read_namespaced_resource_claim(key[1], key[0])
         except ApiException as error:
             if error.status == 404:
-                self.claims.pop(key, None)
+                self._forget(key)
                 return
             raise
         self._keep(current)
@@ -350,9 +370,9 @@ class ClusterClaims:
         freed = self.claims.get(claim.key)
         if claim.deleting and not claim.finalizers:  # that write deleted it
             self.gone[claim.key] = _version(claim)
-            self.claims.pop(claim.key, None)
+            self._forget(claim.key)
         elif self._newer(claim):
-            self.claims[claim.key] = claim
+            self._store(claim)
         if freed is not None and freed.allocation is not None and (self.claims.get(claim.key) is None
                                                                    or claim.allocation is None):
             self._mark(self.waiting - {claim.key})

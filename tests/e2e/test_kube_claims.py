@@ -130,13 +130,14 @@ def cluster_api() -> Iterator[tuple[FakeApiServer, str]]:
 
 @asynccontextmanager
 async def broker(api: FakeApiServer, api_url: str, nats_server: EmbeddedNats, db: str, tmp_path: Path, *,
-                 tenants: tuple[str, ...] = ()) -> AsyncIterator[Cluster]:
+                 tenants: tuple[str, ...] = (), services: tuple[str, ...] = ("watcher", "allocator")
+                 ) -> AsyncIterator[Cluster]:
     """The watcher and the allocator, both `--kube`, on the fake cluster."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api_url)
     settings = BrokerSettings(nats_url=nats_server.url, db=db, data_dir=tmp_path / "data", kube=True,
                               kubeconfig=kubeconfig, api_port=free_port(), estimate_interval=0)
-    async with running_stack(settings, services=("watcher", "allocator")) as stack:
+    async with running_stack(settings, services=services) as stack:
         if tenants:
             engine = create_engine(db)
             async with sessions(engine)() as session, session.begin():
@@ -144,7 +145,8 @@ async def broker(api: FakeApiServer, api_url: str, nats_server: EmbeddedNats, db
                     await put_tenant(session, tenant, TenantSettings(None, 1.0, None, False, None, None, None))
             await engine.dispose()
         assert stack.allocator is not None
-        assert await stack.allocator.wait_for_inventory(20)
+        if "watcher" in services:
+            assert await stack.allocator.wait_for_inventory(20)
         nc = await connect(stack.nats_url, name="test")
         seen = await Collector().start(nc, subjects.STATUS_ALL)
         try:
@@ -274,6 +276,25 @@ async def test_write_conflicts_are_read_again_and_retried(
         await cluster.until(lambda: cluster.allocation("training-gpu") is not None, "allocated despite conflicts")
         assert api.conflicts >= 3
         assert cluster.said("training-gpu") == ("Allocated", None)
+
+
+async def test_of_two_allocators_one_writes_to_the_cluster(
+        cluster_api: tuple[FakeApiServer, str], nats_server: EmbeddedNats, postgres_url: str, tmp_path: Path) -> None:
+    """Two allocators on one ledger and one cluster (PostgreSQL, as replicas would share it): the one holding
+    the writer's lease writes, so each claim gets one finalizer, one allocation, one state and one Event."""
+    api, url = cluster_api
+    async with broker(api, url, nats_server, postgres_url, tmp_path / "a") as cluster, \
+            broker(api, url, nats_server, postgres_url, tmp_path / "b", services=("allocator",)):
+        names = [f"two-{i}" for i in range(6)]
+        for name in names:
+            api.create(CLAIMS, h100s(name, count=1))
+        for name in names:
+            await cluster.until(lambda n=name: cluster.allocation(n) is not None  # type: ignore[misc]
+                                and cluster.said(n) == ("Allocated", None), f"{name} allocated and said so")
+        for name in names:
+            assert api.count("update", CLAIMS, name=name, subresource="status") == 1
+            assert api.count("patch", CLAIMS, name=name, subresource="") == 2  # the finalizer, then what it said
+            assert [e["reason"] for e in api.events("lab", involved=name)] == ["Allocated"]
 
 
 async def test_a_bad_object_gets_a_condition_and_nothing_else(
