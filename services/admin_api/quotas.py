@@ -7,7 +7,8 @@ tenants and quotas an import is refused with the numbers.
 """
 
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -20,11 +21,13 @@ from services.admin_api.access import Caller, Session, admin
 from services.admin_api.fields import INT32_MAX, Model
 from services.admin_api.offload import Answer, Limits, Reach, ledger, workers
 from services.admin_api.problems import PROBLEMS, Problem, problem_doc
+from shared.admission.past_use import halves_in, per_tenant
 from shared.admission.quota import QuotaConfig, QuotaFileError, parse_quotas
 from shared.dra import model as dra
 from shared.dra.cel import SelectorError, compile_selector
 from shared.ledger.handles import AsyncSession
 from shared.ledger.holdings import devices_by_claim_and_flavor, use_by_tenant_and_flavor
+from shared.ledger.past_use import past_use_now
 from shared.ledger.pending import pending_documents
 from shared.ledger.quota_store import apply_quota_config, load_quota_config, quota_changes, read_quota_rows
 
@@ -90,10 +93,44 @@ class PendingDemand(Model):
                                                   "claim's requests accept (0 until the allocator explained it)")
 
 
+class ShareOut(Model):
+    """A tenant's place in fair share: what it holds and, with fairSharing.halfLife, what it held before."""
+
+    tenant: str
+    weight: float
+    in_use: float = Field(description="GPU units it holds now")
+    past_use: float = Field(description="GPU units it held, averaged over time with the half-life (0 without one)")
+    share: float = Field(description="(inUse + pastUse) / weight: fair share orders tenants by it, lowest first")
+    halves_in: float | None = Field(description="seconds until its past use is half of what it is now, if it "
+                                                "keeps holding what it holds; null: it never does, or it has none")
+
+
+class CohortFlavorOut(Model):
+    flavor: str
+    used: int = Field(description="devices the cohort's subtree (its tenants and nested cohorts') holds")
+    nominal: int = Field(description="the subtree's nominal quota: the cohort's own, its tenants' and nested "
+                                     "cohorts' nominal quotas")
+    own_nominal: int = Field(description="the cohort's own nominal quota")
+    borrowing_limit: int | None = Field(description="what the subtree may borrow from its parent; null: no limit")
+    lending_limit: int | None = Field(description="what the subtree lends its parent; null: its unused nominal")
+
+
+class CohortUsageOut(Model):
+    name: str
+    parent: str | None
+    depth: int = Field(description="0 for a top cohort, 1 for one nested in it, ...")
+    flavors: list[CohortFlavorOut]
+
+
 class UsageOut(Model):
     enforced: bool = Field(description="false while no quota exists: the fleet is open")
     items: list[UsageRow]
     pending: list[PendingDemand]
+    half_life: float = Field(default=0.0, description="fairSharing.halfLife in seconds; 0: shares count only "
+                                                      "what runs now")
+    shares: list[ShareOut] = Field(default_factory=list, description="per tenant, by share, lowest first")
+    cohorts: list[CohortUsageOut] = Field(default_factory=list, description=(
+        "the cohort tree, parents before their children: used / nominal per level and flavor"))
 
 
 def _count(request: Any) -> int:
@@ -173,8 +210,75 @@ async def usage(s: Session, token: Caller) -> UsageOut:
         row.lent = min(lendable, others)
     demand = [PendingDemand(tenant=t, claims=int(c), devices=int(d), units=round(u, 4))
               for t, (c, d, u) in sorted(pending.items())]
+    past = await past_use_now(s, time.time(), config.half_life) if config.half_life > 0 else {}
+    shares = tenant_shares(config, used, past)
+    tree = cohort_usage(config, used)
+    if token.tenant is not None:
+        mine = config.ancestors(home) if (home := config.tenant(token.tenant).cohort) is not None else []
+        tree = [c for c in tree if c.name in mine]
     return UsageOut(enforced=config.enforced, items=_visible(rows, token.tenant),
-                    pending=_visible(demand, token.tenant))
+                    pending=_visible(demand, token.tenant), half_life=config.half_life,
+                    shares=_visible(shares, token.tenant), cohorts=tree)
+
+
+def tenant_shares(config: QuotaConfig, used: Mapping[tuple[str, str | None], tuple[int, float]],
+                  past: Mapping[tuple[str, str], float]) -> list[ShareOut]:
+    """Every tenant known or holding, by share (lowest first: the next in fair share), then name."""
+    in_use: dict[str, float] = {}
+    for (tenant, flavor), (_, units) in used.items():
+        if flavor is not None:
+            in_use[tenant] = in_use.get(tenant, 0.0) + units
+    past_by_tenant = per_tenant(past)
+    out = []
+    for name in sorted(set(config.tenants) | set(in_use) | set(past_by_tenant)):
+        weight = config.tenant(name).weight
+        held, before = in_use.get(name, 0.0), past_by_tenant.get(name, 0.0)
+        halving = halves_in(before, held, config.half_life)
+        out.append(ShareOut(tenant=name, weight=weight, in_use=round(held, 4), past_use=round(before, 4),
+                            share=round((held + before) / weight, 4),
+                            halves_in=round(halving, 1) if halving is not None else None))
+    return sorted(out, key=lambda share: (share.share, share.tenant))
+
+
+def cohort_usage(config: QuotaConfig, used: Mapping[tuple[str, str | None], tuple[int, float]]) -> list[CohortUsageOut]:
+    """Per cohort and flavor: devices its subtree holds against the subtree's nominal quota, parents first."""
+    subtree_used: dict[str, dict[str, int]] = {}
+    subtree_nominal: dict[str, dict[str, int]] = {}
+
+    def add(to: dict[str, dict[str, int]], cohort: str, flavor: str, amount: int) -> None:
+        for at in config.ancestors(cohort):
+            per_flavor = to.setdefault(at, {})
+            per_flavor[flavor] = per_flavor.get(flavor, 0) + amount
+
+    for (tenant, flavor), (devices, _) in used.items():
+        if flavor is not None and (home := config.tenant(tenant).cohort) is not None:
+            add(subtree_used, home, flavor, devices)
+    for member in config.tenants.values():
+        if member.cohort is not None:
+            for flavor, limit in member.quotas.items():
+                add(subtree_nominal, member.cohort, flavor, limit.nominal)
+    for name in config.cohorts:
+        for flavor, limit in config.cohort(name).quotas.items():
+            add(subtree_nominal, name, flavor, limit.nominal)
+    children: dict[str | None, list[str]] = {}
+    for name in config.cohorts:
+        children.setdefault(config.cohort(name).parent, []).append(name)
+    out: list[CohortUsageOut] = []
+    to_visit = [(top, 0) for top in sorted(children.get(None, []), reverse=True)]
+    while to_visit:  # depth first, parents before children, without recursion (a tree may be deep)
+        name, depth = to_visit.pop()
+        node = config.cohort(name)
+        held, nominal = subtree_used.get(name, {}), subtree_nominal.get(name, {})
+        rows = []
+        for flavor in sorted(set(held) | set(nominal)):
+            own = node.limit(flavor)
+            rows.append(CohortFlavorOut(flavor=flavor, used=held.get(flavor, 0), nominal=nominal.get(flavor, 0),
+                                        own_nominal=own.nominal if own else 0,
+                                        borrowing_limit=own.borrowing_limit if own else None,
+                                        lending_limit=own.lending_limit if own else None))
+        out.append(CohortUsageOut(name=name, parent=node.parent, depth=depth, flavors=rows))
+        to_visit.extend((child, depth + 1) for child in sorted(children.get(name, []), reverse=True))
+    return out
 
 
 @router.get("/v1/quotas/export", responses={200: {"content": {YAML: {}, "application/json": {}},

@@ -330,7 +330,7 @@ async def test_scoped_viewer_exports_only_its_tenant(api: Api) -> None:
 
 async def test_usage_per_tenant_and_flavor(api: Api) -> None:
     open_fleet = (await api.client.get("/v1/usage", headers=api.viewer)).json()
-    assert open_fleet == {"enforced": False, "items": [], "pending": []}
+    assert open_fleet == {"enforced": False, "items": [], "pending": [], "halfLife": 0.0, "shares": [], "cohorts": []}
     await import_(api, QUOTAS)
     await add_claim(api, "speech", "asr", flavor="H100", devices=5)  # nominal 2: borrows 3
     await add_claim(api, "vision", "train", flavor="H100", devices=4)  # nominal 8: 4 unused, lends at most 2

@@ -6,6 +6,8 @@ cohorts, and writing nothing then; cohorts' own quotas and the half-life edited,
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import httpx
@@ -16,8 +18,9 @@ from sqlalchemy import func, select, text
 from shared.admission.quota import CohortQuota, QuotaLimit, parse_quotas
 from shared.ledger.engine import create_engine, downgrade, migrate
 from shared.ledger.quota_store import load_quota_config
-from shared.ledger.schema import AuditEntry, Cohort, CohortQuotaRow, QuotaSettings
+from shared.ledger.schema import AuditEntry, Cohort, CohortQuotaRow, PastUse, QuotaSettings
 from tests.integration.admin import Api, assert_problem
+from tests.integration.test_admin_quota_api import add_claim
 from tests.integration.test_migrations import columns
 
 THREE_LEVELS = """\
@@ -250,3 +253,36 @@ async def test_openapi_documents_the_tree_and_fair_sharing(api: Api) -> None:
     assert "422" in document["paths"]["/v1/cohorts/{name}"]["put"]["responses"]
     cohort_in = document["components"]["schemas"]["CohortIn"]["properties"]
     assert {"parent", "quotas"} <= set(cohort_in)
+
+
+# --- usage: shares with past use, the tree per level ------------------------------------------------------
+
+
+async def test_usage_shows_shares_with_past_use_and_the_tree_per_level(api: Api) -> None:
+    """vision (weight 1) holds 3 H100s (6 units) and held 4 before: share 10, and its past use never halves
+    while it holds more than half of it. speech holds 2 (4 units) after 10: share 14, halving in
+    log2((10 - 4) / (5 - 4)) half-lives. The tree: vision-team holds 3 of its 4, research 5 of 14 (its own 8
+    and its tenants' and team's), org 5 of 30."""
+    await _import(api, THREE_LEVELS)
+    await add_claim(api, "vision", "train", flavor="H100", devices=3)
+    await add_claim(api, "speech", "asr", flavor="H100", devices=2)
+    async with api.factory() as s, s.begin():
+        now = time.time()
+        s.add_all([PastUse(tenant="vision", flavor="H100", units=4.0, as_of=now),
+                   PastUse(tenant="speech", flavor="H100", units=10.0, as_of=now)])
+    usage = (await api.client.get("/v1/usage", headers=api.viewer)).json()
+    assert usage["halfLife"] == 86400.0
+    shares = {share["tenant"]: share for share in usage["shares"]}
+    assert [share["tenant"] for share in usage["shares"]] == ["vision", "speech"], "lowest share first"
+    assert shares["vision"] == {"tenant": "vision", "weight": 1.0, "inUse": 6.0,
+                                "pastUse": pytest.approx(4.0, abs=1e-3), "share": pytest.approx(10.0, abs=1e-3),
+                                "halvesIn": None}
+    assert shares["speech"]["halvesIn"] == pytest.approx(86400 * math.log2(6), abs=60)
+    tree = [(c["name"], c["depth"], [(f["flavor"], f["used"], f["nominal"], f["ownNominal"]) for f in c["flavors"]])
+            for c in usage["cohorts"]]
+    assert tree == [("org", 0, [("H100", 5, 30, 16)]), ("research", 1, [("H100", 5, 14, 8)]),
+                    ("vision-team", 2, [("H100", 3, 4, 0)])]
+
+    scoped = (await api.client.get("/v1/usage", headers=api.scoped)).json()
+    assert [share["tenant"] for share in scoped["shares"]] == ["vision"]
+    assert [c["name"] for c in scoped["cohorts"]] == ["org", "research", "vision-team"], "its cohort's ancestry"
