@@ -172,7 +172,8 @@ def quota_export(output: Annotated[str, typer.Option("--output", "-o", help="yam
 
 @quota_app.command("usage")
 def quota_usage(output: Output = "table") -> None:
-    """Used, borrowed and lent devices per tenant and flavor, and the pending demand."""
+    """Used, borrowed and lent devices per tenant and flavor, the pending demand, each tenant's fair share (with
+    past use and when it halves, under fairSharing.halfLife) and the cohort tree with used / nominal per level."""
     usage = api_request("GET", "/v1/usage").json()
     rows = [[r["tenant"], r["cohort"], r["flavor"] or "(none)", r["nominal"], r["used"], r["usedUnits"],
              r["borrowed"], r["lent"]] for r in usage["items"]]
@@ -182,6 +183,40 @@ def quota_usage(output: Output = "table") -> None:
                              [[p["tenant"], p["claims"], p["devices"]] for p in usage["pending"]]))
     if output == "table" and not usage["enforced"]:
         console.print("no quota is set: the fleet is open to every tenant")
+    if output == "table" and usage.get("shares"):
+        console.print(make_table(*share_table(usage)))
+    if output == "table" and usage.get("cohorts"):
+        console.print(make_table(*cohort_tree_table(usage["cohorts"])))
+
+
+def share_table(usage: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """Fair share per tenant, lowest (next in line) first; with a half-life, its past use and when it halves."""
+    from shared.admission.estimate_text import rough_duration
+
+    if not usage.get("halfLife"):
+        return (["TENANT", "WEIGHT", "IN USE", "SHARE"],
+                [[s["tenant"], s["weight"], s["inUse"], s["share"]] for s in usage["shares"]])
+    return (["TENANT", "WEIGHT", "IN USE", "PAST USE", "SHARE", "HALVES IN"],
+            [[s["tenant"], s["weight"], s["inUse"], s["pastUse"], s["share"],
+              rough_duration(s["halvesIn"]) if s["halvesIn"] is not None else "-"] for s in usage["shares"]])
+
+
+def cohort_tree_table(cohorts: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The cohort tree, a child indented under its parent: per flavor, devices its subtree holds of the
+    subtree's nominal quota, and the cohort's own quota and limits."""
+    rows = []
+    for cohort in cohorts:
+        name = "  " * int(cohort["depth"]) + cohort["name"]
+        for i, flavor in enumerate(cohort["flavors"] or [{}]):
+            limits = (f"{flavor['ownNominal']}/{_limit(flavor['borrowingLimit'])}/{_limit(flavor['lendingLimit'])}"
+                      if flavor else "")
+            rows.append([name if i == 0 else "", flavor.get("flavor", ""),
+                         f"{flavor['used']} / {flavor['nominal']}" if flavor else "", limits])
+    return ["COHORT", "FLAVOR", "USED / NOMINAL", "OWN NOMINAL/BORROW/LEND"], rows
+
+
+def _limit(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 @app.command()
