@@ -24,10 +24,11 @@ def test_the_cohort_tree_indents_children_and_shows_used_of_nominal_per_level() 
         return {"flavor": name, "used": used, "nominal": nominal, "ownNominal": own, "borrowingLimit": borrowing,
                 "lendingLimit": None}
 
-    cohorts = [{"name": "org", "parent": None, "depth": 0, "flavors": [flavor("A100", 0, 4, 4, None),
-                                                                     flavor("H100", 5, 30, 16, 0)]},
-               {"name": "research", "parent": "org", "depth": 1, "flavors": [flavor("H100", 5, 14, 8, 8)]},
-               {"name": "idle", "parent": "org", "depth": 1, "flavors": []}]
+    cohorts: list[dict[str, Any]] = [
+        {"name": "org", "parent": None, "depth": 0, "flavors": [flavor("A100", 0, 4, 4, None),
+                                                                flavor("H100", 5, 30, 16, 0)]},
+        {"name": "research", "parent": "org", "depth": 1, "flavors": [flavor("H100", 5, 14, 8, 8)]},
+        {"name": "idle", "parent": "org", "depth": 1, "flavors": []}]
     columns, rows = cohort_tree_table(cohorts)
     assert columns == ["COHORT", "FLAVOR", "USED / NOMINAL", "OWN NOMINAL/BORROW/LEND"]
     assert rows == [["org", "A100", "0 / 4", "4/-/-"], ["", "H100", "5 / 30", "16/0/-"],
