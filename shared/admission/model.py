@@ -95,10 +95,8 @@ class Snapshot:
     tenant_budget: int = TENANT_BUDGET
     # Past use at `now`, per (tenant, flavor) in GPU units (shared/admission/past_use.py): with the quotas'
     # fairSharing.halfLife, a tenant's share is its units in use plus its past use, over its weight. The
-    # shell keeps it (past_use.bring_up_to at each cycle) and hands it over; ignored when half_life is 0.
-    # TODO(ledger, issue 41): services/allocator/cycle.py builds its Snapshot without it: read the ledger's
-    # past use, bring it up to `now` with the units held (past_use.units_in_use) and write it back in the
-    # cycle's transaction, so it survives restarts.
+    # shell keeps it in the ledger (shared/ledger/past_use.py), brought up to `now` with what was held since
+    # (past_use.bring_up_to, CycleResult.units_in_use), and hands it over; ignored when half_life is 0.
     past_use: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 

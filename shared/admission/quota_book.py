@@ -211,10 +211,6 @@ class QuotaBook:
             self.over[flavor] += change
             self.free_version += 1
 
-    def subtree_used(self, cohort: str, flavor: str) -> int:
-        """Devices of the flavor the cohort's subtree holds (members and descendants), counted afresh."""
-        return sum(self.used[(t, flavor)] for t in self.config.tenants if cohort in self.path_of(t))
-
     def units_in_use(self) -> dict[tuple[str, str], float]:
         """GPU units each tenant holds per flavor (past_use.units_in_use's figures, from the counts kept)."""
         values = {f.name: f.value for f in self.config.flavors}
