@@ -6,7 +6,8 @@ sessionStorage), then shows a summary strip (GPUs in use of all per generation, 
 wait, open critical alerts) over panels in a grid: the queue grouped by tenant and reason (/v1/waiting; a
 group's claims when it is opened), open alerts folded by kind with their counts (/v1/alerts/counts; a
 kind's alerts when it is opened), the fleet over time (/v1/usage/history, SVG stacked areas per flavor, a
-tenant's on click), usage against quota (/v1/usage) and the node map (/v1/nodes, a cell per GPU and MIG
+tenant's on click), usage against quota (/v1/usage, with each tenant's fair share, past use and when it
+halves, and the cohort tree with used / nominal per level) and the node map (/v1/nodes, a cell per GPU and MIG
 slice, by generation). The strip's numbers are the panels' own data, never fetched apart. The queue and
 alert tables sort by any column (keyboard too) and filter by tenant, flavor and kind; the filters, the
 sorting, the opened alert kinds and the history's window live in the URL, so a wall screen is set up once.

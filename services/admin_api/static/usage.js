@@ -611,6 +611,39 @@ function renderUsage() {
   const select = document.getElementById("history-tenant");
   fillSelect(select, "whole fleet", [...new Set(usage.items.map((r) => r.tenant))].sort());
   select.value = view.history;
+  renderShares(usage);
+  renderCohortTree(usage.cohorts || []);
+}
+
+/** Fair share per tenant, next in line first: with fairSharing.halfLife, its past use and when it halves. */
+function renderShares(usage) {
+  const halfLife = Number(usage.halfLife) || 0;
+  document.getElementById("shares-hint").textContent = halfLife > 0
+    ? `share = (GPU units in use + past use) / weight; past use halves every ${duration(halfLife)}`
+    : "share = GPU units in use / weight (no fairSharing.halfLife: past use is not counted)";
+  const body = document.getElementById("shares");
+  body.replaceChildren(...(usage.shares || []).map((s) => el("tr", { "data-tenant": s.tenant },
+    el("td", {}, s.tenant), el("td", { class: "num" }, num(s.weight, 2)), el("td", { class: "num" }, num(s.inUse, 2)),
+    el("td", { class: "num" }, halfLife > 0 ? num(s.pastUse, 2) : "–"), el("td", { class: "num" }, num(s.share, 2)),
+    el("td", { class: "num" }, s.halvesIn == null ? "–" : duration(s.halvesIn)))));
+}
+
+/** The cohort tree, children indented under their parents: per flavor, what the subtree holds of its nominal. */
+function renderCohortTree(cohorts) {
+  document.getElementById("tree-title").hidden = cohorts.length === 0;
+  const limit = (n) => (n == null ? "–" : num(n));
+  const rows = [];
+  for (const c of cohorts) {
+    const flavors = c.flavors.length ? c.flavors : [null];
+    flavors.forEach((f, i) => {
+      const name = el("td", { style: `padding-left:${0.3 + 1.2 * c.depth}em` }, i === 0 ? c.name : "");
+      rows.push(el("tr", { "data-cohort": c.name, "data-flavor": f ? f.flavor : "" }, name,
+        el("td", {}, f ? f.flavor : ""), el("td", { class: "num" }, f ? `${num(f.used)} / ${num(f.nominal)}` : ""),
+        el("td", { class: "num" }, f ? num(f.ownNominal) : ""), el("td", { class: "num" }, f ? limit(f.borrowingLimit) : ""),
+        el("td", { class: "num" }, f ? limit(f.lendingLimit) : "")));
+    });
+  }
+  document.getElementById("cohort-tree").replaceChildren(...rows);
 }
 
 // --- node map ----------------------------------------------------------------------------------
