@@ -31,8 +31,9 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
     preemptible claims on `hosts` that ran before this cycle, never one that displaced the preemptor
     (no back and forth); in its own tenant those of lower priority ("priority"); in other tenants
     only claims holding a flavor their tenant borrows (any claim in an open fleet): "reclaim" within
-    the cohort, for a preemptor with nominal headroom, else "fair-share", from tenants whose share is
-    at least the preemptor's (the victim's share after the move must stay at or above). Under reclaim and
+    the cohort (in a tree: within the tree, see QuotaBook.guaranteed_room), for a preemptor with nominal
+    headroom, else "fair-share" outside its cohort, from tenants whose share is at least the preemptor's
+    (the victim's share after the move must stay at or above). Under reclaim and
     fair share, not a claim within its tenant's minRuntime of its allocation (when that ends is noted for
     the explanation), nor any of a tenant whose maxPreemptionsPerMinute is spent."""
     book, quotas = state.book, state.snapshot.quotas
@@ -67,10 +68,13 @@ def _candidates(state: AdmissionState, preemptor: Waiting, hosts: Collection[str
             if fits is None:
                 room = sum(book.guaranteed_room(own, f, levels) for f in flavors)
                 fits = headroom[levels] = not flavors or room >= max(1, least)
-            if not fits or (book.nested and flavors and not any(
+            if fits and not (book.nested and flavors and not any(
                     book.side_borrows(tenant, f, book.distance(tenant, own)) for f in flavors)):
-                continue
-            rule = "reclaim"
+                rule = "reclaim"
+            elif levels > 0 and share >= mine:  # another cohort of its tree: fair share, as between trees
+                rule = "fair-share"
+            else:
+                continue  # a cohort-mate: only reclaim takes from it
         elif share >= mine:
             rule = "fair-share"
         else:

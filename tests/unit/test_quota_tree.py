@@ -251,3 +251,22 @@ def test_the_recount_checks_every_level_of_the_tree() -> None:
                                                                                      "borrowingLimit": 3}}}])
     assert violations(SIXTEEN, tenant_capped, [_run("b1", "x", keys[:4])]) == [
         "tenant b1 holds 4 H100, over its nominal 0 plus its borrowingLimit 3"]
+
+
+def test_fair_share_works_between_the_cohorts_of_one_tree() -> None:
+    """Two teams under one root that holds the quota: y1 took all 8 H100; x1, with no nominal of its own or
+    its team's to reclaim, takes a share of them by fair share, as between cohorts that do not nest (its
+    share afterwards, 4, stays below y1's, 12). Cohort-mates still only reclaim from each other."""
+    config = quotas([{"name": "root", "quotas": {"H100": {"nominal": 8}}},
+                     {"name": "team-x", "parent": "root"}, {"name": "team-y", "parent": "root"}],
+                    [{"name": "x1", "cohort": "team-x"}, {"name": "y1", "cohort": "team-y"},
+                     {"name": "y2", "cohort": "team-y"}])
+    shell = Shell(fleet(*node("n0", "H100", 8)), config)
+    shell.cycle(*(wait(f"y{i}", "y1", 2, arrival=i) for i in range(4)))
+    assert shell.held() == {"y1": 8}
+    shell.cycle(wait("mate", "y2", 2, arrival=9))
+    assert shell.preempted == [] and shell.last["mate"].state is State.PENDING
+    shell.cycle(wait("x", "x1", 2, arrival=10))
+    assert shell.last["x"].state is State.ALLOCATED
+    assert [(t, rule) for t, _, rule in shell.preempted] == [("y1", "fair-share")]
+    assert shell.held() == {"x1": 2, "y1": 6}
