@@ -8,6 +8,7 @@ proposal past the limits (nodes, devices added) is refused before the nodes are 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -22,7 +23,7 @@ from services.admin_api.fields import Input
 from services.admin_api.nodes import last_heard_of
 from services.admin_api.offload import Answer, Limits, Reach, json_answer, ledger, validation_detail, workers
 from services.admin_api.problems import PROBLEMS, Problem, problem_doc
-from shared.admission.quota import QuotaFileError, parse_quotas
+from shared.admission.quota import QuotaConfig, QuotaFileError, parse_quotas
 from shared.admission.whatif import Change, what_if
 from shared.contract.events import node_inventories
 from shared.dra import model as dra
@@ -32,6 +33,7 @@ from shared.dra.inventory import Fleet
 from shared.fleet.freshness import stale_nodes
 from shared.fleet.sources import InventoryFileError, documents_from
 from shared.ledger.claims_read import claim_rows, claims_of
+from shared.ledger.past_use import past_use_now
 from shared.ledger.quota_store import load_quota_config
 
 router = APIRouter(responses=PROBLEMS)
@@ -43,6 +45,11 @@ class WhatIfIn(Input):
         "Topology documents or ResourceSlices (with DeviceClasses) of nodes to add"))
     drain: list[str] = Field(default_factory=list, max_length=10_000, description="nodes to take away")
     remove_tenants: list[str] = Field(default_factory=list, max_length=10_000)
+    cohorts: list[dict[str, Any]] = Field(default_factory=list, max_length=10_000, description=(
+        "cohorts to add or replace, as the Quotas file lists them ({name, parent, quotas}), on today's "
+        "configuration or the proposed `quotas`: tree edits; a cycle or an unknown parent is a 422"))
+    half_life: float | None = Field(default=None, ge=0, allow_inf_nan=False, description=(
+        "seconds: a changed fairSharing.halfLife (0: past use off); none: as today or as the proposed quotas"))
 
 
 _BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": WhatIfIn.model_json_schema(
@@ -151,10 +158,38 @@ async def what_if_job(reach: Reach, limits: Limits, body: bytes, fleet: Fleet | 
     async with ledger(reach) as factory, factory() as s:  # the rows only: parsed after the transaction
         rows = await claim_rows(s)
         config = await load_quota_config(s)
+        # past use as the allocator keeps it, under today's half-life (or the proposed one, if today has none)
+        counted = config.half_life or (proposal.half_life or 0.0) or (proposed.half_life if proposed else 0.0)
+        past = await past_use_now(s, time.time(), counted) if counted > 0 else {}
+    if proposal.cohorts or proposal.half_life is not None:
+        try:
+            proposed = tree_edited(proposed if proposed is not None else config, proposal.cohorts, proposal.half_life)
+        except QuotaFileError as error:
+            raise Problem(422, "invalid proposal", str(error)) from None
     running, waiting, documents = claims_of(rows)
     change = Change(quotas=proposed, add_nodes=nodes, drain=frozenset(proposal.drain),
                     remove_tenants=frozenset(proposal.remove_tenants))
     classes = merge_classes(added.classes if added is not None else [])
     last = heard if heard is not None else {name: node.observed_at for name, node in fleet.nodes.items()}
     unusable = stale_nodes(last, time.time(), ttl)
-    return json_answer(what_if(fleet, classes, config, running, waiting, documents, change, unusable).to_json())
+    return json_answer(what_if(fleet, classes, config, running, waiting, documents, change, unusable,
+                               past).to_json())
+
+
+def tree_edited(config: QuotaConfig, cohorts: list[dict[str, Any]], half_life: float | None) -> QuotaConfig:
+    """`config` with these cohorts added or replaced (by name) and the half-life changed, read back through
+    the Quotas file's parser: a cycle or an unknown parent is refused as an import refuses it."""
+    document = config.to_document()
+    listed = {c["name"]: c for c in document.get("cohorts", [])}
+    for edit in cohorts:
+        if not isinstance(edit.get("name"), str):
+            raise QuotaFileError("cohorts: each edit needs a name")
+        listed[edit["name"]] = edit
+    document["cohorts"] = list(listed.values())
+    if half_life is not None and not math.isfinite(half_life):
+        raise QuotaFileError("halfLife: must be a finite number of seconds")
+    chosen = half_life if half_life is not None else config.half_life
+    document["fairSharing"] = {"halfLife": chosen}  # seconds as a number: the parser reads it exactly
+    edited = parse_quotas(document, where="whatif")
+    return replace(edited, default_min_runtime=config.default_min_runtime,
+                   default_gang_reserve_after=config.default_gang_reserve_after)

@@ -41,6 +41,14 @@ async def _read_ledger(factory: Any) -> tuple[Any, Any, Any, Any]:
         return running, waiting, documents, await load_quota_config(session)
 
 
+async def _read_past_use(factory: Any, half_life: float) -> Any:
+    """The tenants' past use now, as the allocator keeps it in the ledger (counted under `half_life`)."""
+    from shared.ledger.past_use import past_use_now
+
+    async with factory() as session:
+        return await past_use_now(session, time.time(), half_life)
+
+
 def _added_nodes(paths: list[Path]) -> tuple[Any, ...]:
     from shared.contract.events import node_inventories
     from shared.fleet.sources import load_inventory
@@ -59,15 +67,21 @@ def whatif(
                                                              exists=True, dir_okay=False, readable=True)] = None,
     drain: Annotated[list[str] | None, typer.Option("--drain", help="a node to take away (repeatable)")] = None,
     remove_tenant: Annotated[list[str] | None, typer.Option("--remove-tenant", help="repeatable")] = None,
+    half_life: Annotated[str | None, typer.Option(
+        "--half-life", help="a changed fairSharing.halfLife (e.g. 24h; 0s: past use off)")] = None,
     mig_plan: Annotated[bool, typer.Option("--mig-plan", help="with the MIG re-layout `advise mig` plans")]
     = False,
     output: Output = "table",
     db: Annotated[str | None, typer.Option(help="ledger URL (default: the data folder's)")] = None,
 ) -> None:
-    """What the live fleet and queue would become with proposed changes; nothing is written."""
+    """What the live fleet and queue would become with proposed changes; nothing is written. Tree edits
+    (cohorts' parents and quotas) come in --quotas; --half-life changes only fairSharing.halfLife."""
+    from dataclasses import replace
+
     from shared.admission.whatif import Change, what_if
     from shared.dra.classes import merge_classes
     from shared.fleet.sources import InventoryFileError, load_inventory
+    from shared.settings import parse_duration
 
     settings = cli_settings(db=db)
     try:  # the files first, before the bus and the ledger are read: their errors name the file and the field
@@ -77,8 +91,16 @@ def whatif(
     except (InventoryFileError, ValueError) as error:
         say_error(str(error))
         raise typer.Exit(1) from None
+    try:
+        changed_half_life = parse_duration(half_life) if half_life is not None else None
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--half-life") from None
     fleet = asyncio.run(_read_fleet(nats_url_of(settings)))
     running, waiting, documents, config = asyncio.run(with_ledger(db, _read_ledger))
+    if changed_half_life is not None:
+        proposed = replace(proposed if proposed is not None else config, half_life=changed_half_life)
+    counted = config.half_life or (proposed.half_life if proposed is not None else 0.0)
+    past = asyncio.run(with_ledger(db, lambda factory: _read_past_use(factory, counted))) if counted > 0 else {}
     unknown = sorted(set(drain or ()) - set(fleet.nodes))
     if unknown:
         say_error(f"claimbroker: no node {', '.join(unknown)} in the fleet: nothing to drain")
@@ -92,7 +114,7 @@ def whatif(
                     remove_tenants=frozenset(remove_tenant or ()))
     stale = stale_nodes({name: node.observed_at for name, node in fleet.nodes.items()}, time.time(),
                         settings.inventory_ttl)  # each node's last message on the bus, heartbeats included
-    answer = what_if(fleet, classes, config, running, waiting, documents, change, stale).to_json()
+    answer = what_if(fleet, classes, config, running, waiting, documents, change, stale, past).to_json()
     if emit_document(answer, output):
         return
     console.print(f"admitted: {len(answer['admitted'])}, preempted: {len(answer['preempted'])}, "
