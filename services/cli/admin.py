@@ -149,7 +149,8 @@ def quota_import(
     verb = "would change" if dry_run else "changed"
 
     def brief(row: dict[str, Any] | None) -> str:
-        keys = ("nominal", "borrowingLimit", "lendingLimit", "cohort", "weight", "selector", "value")
+        keys = ("nominal", "borrowingLimit", "lendingLimit", "cohort", "parent", "weight", "selector", "value",
+                "halfLife")
         return ", ".join(f"{k}={row[k]}" for k in keys if row is not None and row.get(k) is not None) or "-"
 
     console.print(make_table(["ACTION", "ENTITY", "BEFORE", "AFTER"],

@@ -258,7 +258,15 @@ def quota_changes(config: QuotaConfig, rows: QuotaRows) -> list[Change]:
             note(_diff("quota", f"quota/{tenant}/{flavor_name}", quotas[(tenant, flavor_name)], None))
     for name in sorted(set(tenants) - set(config.tenants)):
         note(_diff("tenant", f"tenant/{name}", tenants[name], None))
-    for name in sorted(existing_cohorts - set(config.cohorts)):
+    def depth(name: str) -> int:
+        seen = {name}
+        while (parent := parents.get(name)) is not None and parent not in seen:
+            seen.add(parent)
+            name = parent
+        return len(seen)
+
+    # nested cohorts before their parents: no statement deletes a parent whose child is still there
+    for name in sorted(existing_cohorts - set(config.cohorts), key=lambda n: (-depth(n), n)):
         note(_diff("cohort", f"cohort/{name}", cohort_json(name, parents.get(name)), None))
     return changes
 

@@ -157,6 +157,15 @@ async def test_a_three_level_tree_with_a_half_life_round_trips(api: Api) -> None
     assert (loaded.half_life, dict(loaded.cohort_tree), loaded.nested) == (0.0, {}, False)
 
 
+async def test_an_import_without_the_tree_deletes_it_children_first(api: Api) -> None:
+    await _import(api, THREE_LEVELS)
+    emptied = await _import(api, "kind: Quotas\n")
+    assert emptied.status_code == 200, emptied.text
+    gone = [c["entity"] for c in emptied.json()["changes"] if c["kind"] == "cohort"]
+    assert gone == ["cohort/vision-team", "cohort/research", "cohort/org"]
+    assert await _written(api) == ([], [], 0.0, len(await api.audit()) + 3)  # the fixture's three token rows
+
+
 @pytest.mark.parametrize(("cohorts", "detail"), [
     ("[{name: a, parent: b}, {name: b, parent: a}]", "a -> b -> a"),
     ("[{name: a, parent: a}]", "a -> a"),
