@@ -105,8 +105,10 @@ class ClusterClaims:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.reflector.reflect(CLAIMS, self.resource.list_resource_claim_for_all_namespaces,
                                                      self._replace_claims, self._claim_event))
+            # a gated pod is Pending: the API server filters the others out (on a busy cluster, nearly all)
             group.create_task(self.reflector.reflect(PODS, self.core.list_pod_for_all_namespaces,
-                                                     self._replace_pods, self._pod_event))
+                                                     self._replace_pods, self._pod_event,
+                                                     field_selector="status.phase=Pending"))
             group.create_task(self._follow_statuses())
             group.create_task(self._work())
 

@@ -78,14 +78,16 @@ class Reflector:
     lists: Counter[str] = field(default_factory=Counter)
     watched_from: dict[str, list[str]] = field(default_factory=dict)
 
-    async def reflect(self, kind: str, list_fn: Callable[..., Awaitable[Any]], replace: Replace, apply: Apply) -> None:
+    async def reflect(self, kind: str, list_fn: Callable[..., Awaitable[Any]], replace: Replace, apply: Apply,
+                      **params: Any) -> None:
+        """`params` go to the list and to each watch (a field or label selector)."""
         backoff = Backoff(self.backoff_initial, self.backoff_cap)
         version: str | None = None
         while True:
             gone = False
             try:
                 if version is None:
-                    listing = await list_fn()
+                    listing = await list_fn(**params)
                     self.lists[kind] += 1
                     await replace([self.as_dict(item) for item in listing.items])
                     version = str(listing.metadata.resource_version)  # only once applied: else list again
@@ -94,7 +96,8 @@ class Reflector:
                 # "V1ResourceClaim" from ResourceV1ResourceClaimList), and we want dicts anyway
                 async with watch.Watch(return_type=object) as stream:
                     # the client's own timeout outlasts the server's, so a quiet watch ends cleanly, not in error
-                    async for event in stream.stream(list_fn, resource_version=version, allow_watch_bookmarks=True,
+                    async for event in stream.stream(list_fn, **params, resource_version=version,
+                                                     allow_watch_bookmarks=True,
                                                      timeout_seconds=self.watch_timeout_s,
                                                      _request_timeout=float(self.watch_timeout_s + 30)):
                         if event["type"] != "BOOKMARK":

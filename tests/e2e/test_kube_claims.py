@@ -188,6 +188,7 @@ async def test_the_labs_claims_are_allocated_in_the_cluster_as_on_nats_and_their
         claim = cluster.claim("training-gpu")
         assert claim is not None
         assert [r["name"] for r in claim["status"]["reservedFor"]] == ["trainer"]
+        await cluster.until(lambda: api.events("lab", involved="training-gpu"), "an Event for training-gpu")
         assert [e["reason"] for e in api.events("lab", involved="training-gpu")] == ["Allocated"]
         assert api.count("update", CLAIMS, name="training-gpu", subresource="status") == 1  # written once
 
@@ -202,6 +203,7 @@ async def test_deleting_a_claim_frees_its_devices_for_the_next(
         await cluster.until(lambda: cluster.said("second")[0] == "Pending", "second said Pending")
         state, reason = cluster.said("second")
         assert state == "Pending" and reason == cluster.status("second")["reason"]
+        await cluster.until(lambda: api.events("lab", involved="second"), "an Event for second")
         assert [e["reason"] for e in api.events("lab", involved="second")] == ["Pending"]
 
         api.delete(CLAIMS, "lab", "first")
@@ -290,7 +292,8 @@ async def test_of_two_allocators_one_writes_to_the_cluster(
             api.create(CLAIMS, h100s(name, count=1))
         for name in names:
             await cluster.until(lambda n=name: cluster.allocation(n) is not None  # type: ignore[misc]
-                                and cluster.said(n) == ("Allocated", None), f"{name} allocated and said so")
+                                and cluster.said(n) == ("Allocated", None)
+                                and api.events("lab", involved=n), f"{name} allocated and said so")
         for name in names:
             assert api.count("update", CLAIMS, name=name, subresource="status") == 1
             assert api.count("patch", CLAIMS, name=name, subresource="") == 2  # the finalizer, then what it said
@@ -314,6 +317,8 @@ async def test_a_bad_object_gets_a_condition_and_nothing_else(
             assert claim is not None
             assert FINALIZER not in (claim["metadata"].get("finalizers") or [])
             assert not (claim.get("status") or {}).get("allocation")
+            await cluster.until(lambda n=name, ns=namespace: api.events(ns, involved=n),  # type: ignore[misc]
+                                f"an Event for {name}")
             assert [e["type"] for e in api.events(namespace, involved=name)] == ["Warning"]
         assert "no spec" in str(cluster.said("no-spec")[1])
         assert "namespace kube-system maps to no tenant" in str(cluster.said("elsewhere", "kube-system")[1])
