@@ -135,7 +135,8 @@ async def test_audit_log_is_for_admins(api: Api) -> None:
 
 async def test_cohort_lifecycle(api: Api) -> None:
     created = await api.put("/v1/cohorts/research")
-    assert created.status_code == 200 and created.json() == {"name": "research", "parent": None, "quotas": {}, "tenants": []}
+    assert created.status_code == 200
+    assert created.json() == {"name": "research", "parent": None, "quotas": {}, "tenants": []}
     await api.put("/v1/tenants/vision", {"cohort": "research"})
     await api.put("/v1/tenants/speech", {"cohort": "shared"})
     listed = await api.client.get("/v1/cohorts", headers=api.viewer)
