@@ -20,7 +20,7 @@ from shared.admission.quota import parse_quotas
 from shared.contract import subjects
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.ledger.engine import create_engine, migrate, sessions
-from shared.ledger.past_use import past_use_now, read_rows
+from shared.ledger.past_use import PastUseKeeper, past_use_now, read_rows
 from shared.ledger.quota_store import apply_quota_config
 from shared.ledger.schema import Claim, CohortQuotaRow
 from tests.builders import a_claim, fleet, node
@@ -239,5 +239,31 @@ async def test_a_cohorts_own_quota_changed_in_the_ledger_reaches_the_next_decisi
         clock.now += 1
         await allocator.transaction.decide([])
         assert set((await _states(engine)).values()) == {"Allocated"}
+    finally:
+        await engine.dispose()
+
+
+async def test_a_rolled_back_transaction_leaves_past_use_as_it_was(db_url: str) -> None:
+    """What a transaction stepped and wrote is the keeper's only once it commits: after a rollback the next
+    step goes on from the last committed state (x still holding 8 units), and the ledger holds no row."""
+    await migrate(db_url)
+    engine = create_engine(db_url)
+    keeper = PastUseKeeper(write_every=0.0)
+    start = 1_800_000_000.0
+    try:
+        async with sessions(engine)() as session, session.begin():
+            assert await keeper.step(session, start, HOUR) == {}
+            keeper.holds({("x", "H100"): 8.0})
+        keeper.committed()
+        async with sessions(engine)() as session:
+            await session.begin()
+            assert await keeper.step(session, start + HOUR, HOUR) == {("x", "H100"): pytest.approx(4.0)}
+            keeper.holds({})  # as if x's claim ended in this transaction
+            await keeper.write(session)
+            await session.rollback()
+        keeper.rolled_back()
+        async with sessions(engine)() as session, session.begin():
+            assert await keeper.step(session, start + 2 * HOUR, HOUR) == {("x", "H100"): pytest.approx(6.0)}
+        assert (await _past(engine))[0] == {}
     finally:
         await engine.dispose()
