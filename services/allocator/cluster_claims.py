@@ -41,9 +41,9 @@ from shared.kube_claims.cluster_claim import (
     ClusterClaim,
     Tenancy,
     gated,
-    pod_claim_names,
     read_claim,
 )
+from shared.kube_claims.pods import CONDITION, Waits, pod_step, said_on
 from shared.kube_claims.writeback import (
     Action,
     AddFinalizer,
@@ -444,27 +444,35 @@ class ClusterClaims:
             self._count("event")
 
     async def _ungate(self, key: Key) -> None:
+        """Remove the gate once the pod's broker claims are Allocated in the cluster, else say why it waits."""
         pod = self.pods.get(key)
         if pod is None:
             return
-        names = pod_claim_names(pod)
-        if names is None:
-            return  # a template's claim is not made yet
-        for name in names:
-            claim = self.claims.get((key[0], name))
-            if claim is not None and claim.brokered and claim.allocation is None:
+        claims = {name: claim for (namespace, name), claim in self.claims.items() if namespace == key[0]}
+        step = pod_step(pod, claims)
+        version = (pod.get("metadata") or {}).get("resourceVersion")
+        if isinstance(step, Waits):
+            if said_on(pod, step):
                 return
-        gates = [g for g in (pod.get("spec") or {}).get("schedulingGates") or [] if g.get("name") != GATE]
-        body = {"metadata": {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion")},
-                "spec": {"schedulingGates": gates or None}}
+            conditions = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") != CONDITION]
+            body: dict[str, Any] = {"metadata": {"resourceVersion": version},
+                                    "status": {"conditions": [*conditions, step.condition(_now_rfc3339(self.clock()))]}}
+            patch, kind = self.core.patch_namespaced_pod_status, "pod-condition"
+        else:
+            gates = [g for g in (pod.get("spec") or {}).get("schedulingGates") or [] if g.get("name") != GATE]
+            body = {"metadata": {"resourceVersion": version}, "spec": {"schedulingGates": gates or None}}
+            patch, kind = self.core.patch_namespaced_pod, "ungate"
         try:
-            await self.core.patch_namespaced_pod(key[1], key[0], body, _content_type="application/merge-patch+json")
+            updated = await patch(key[1], key[0], body, _content_type="application/merge-patch+json")
         except ApiException as error:
             if error.status in (404, 409):
                 return  # gone, or moved: its watch event brings it back if it still needs us
             raise
-        self.pods.pop(key, None)
-        self._count("ungate")
+        if kind == "ungate":
+            self.pods.pop(key, None)
+        elif key in self.pods:
+            self.pods[key] = self.reflector.as_dict(updated)
+        self._count(kind)
 
 
 def _ours(claim: ClusterClaim) -> bool:

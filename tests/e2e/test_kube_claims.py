@@ -121,6 +121,14 @@ class Cluster:
                              f"{json.dumps(self.api.items(CLAIMS), default=str)[:3000]}")
 
 
+def waits_for(api: FakeApiServer, name: str) -> tuple[str, str] | None:
+    """The reason and message of the pod's condition claimbroker.io/ClaimsAllocated, if it has one."""
+    for condition in ((api.get(PODS, "lab", name) or {}).get("status") or {}).get("conditions") or []:
+        if condition["type"] == "claimbroker.io/ClaimsAllocated":
+            return condition["reason"], condition["message"]
+    return None
+
+
 @pytest.fixture
 def cluster_api() -> Iterator[tuple[FakeApiServer, str]]:
     with serving() as (api, url):
@@ -205,12 +213,17 @@ async def test_deleting_a_claim_frees_its_devices_for_the_next(
         assert state == "Pending" and reason == cluster.status("second")["reason"]
         await cluster.until(lambda: api.events("lab", involved="second"), "an Event for second")
         assert [e["reason"] for e in api.events("lab", involved="second")] == ["Pending"]
+        api.create(PODS, pod("second-pod", "lab", claims=("second",)))
+        await cluster.until(lambda: waits_for(api, "second-pod"), "the pod says why it waits")
+        assert waits_for(api, "second-pod") == ("Pending", f"claim second is Pending: {reason}")
 
         api.delete(CLAIMS, "lab", "first")
         await cluster.until(lambda: cluster.claim("first") is None, "first deleted once released")
         assert cluster.status("first").get("state") == "Released"
         await cluster.until(lambda: cluster.allocation("second") is not None
                             and cluster.said("second") == ("Allocated", None), "second allocated and said so")
+        await cluster.until(lambda: (api.get(PODS, "lab", "second-pod") or {}).get("spec", {}).get("nodeName"),
+                            "second's pod ungated and bound")
 
 
 async def test_a_preemption_evicts_the_pod_first_and_clears_the_allocation_after(

@@ -60,15 +60,15 @@ def grants_of(path: Path) -> tuple[list[tuple[str, str, str]], dict[str, Any], d
 
 def test_allocator_rbac_grants_exactly_what_the_cluster_write_back_calls() -> None:
     """services/allocator/cluster_claims.py: follow claims and gated pods, patch a claim's finalizer and
-    annotations, update its status, patch a pod's gate away, evict pods, write events; nothing else (no
-    delete, no create of claims or pods, no secrets, no wildcards)."""
+    annotations, update its status, patch a pod's gate away and its condition, evict pods, write events;
+    nothing else (no delete, no create of claims or pods, no secrets, no wildcards)."""
     grants, role, binding, account = grants_of(ROOT / "deploy" / "k8s" / "rbac-allocator.yaml")
     assert grants == sorted([
         ("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceclaims", "list"),
         ("resource.k8s.io", "resourceclaims", "watch"), ("resource.k8s.io", "resourceclaims", "patch"),
         ("resource.k8s.io", "resourceclaims/status", "update"),
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
-        ("", "pods/eviction", "create"), ("", "events", "create")])
+        ("", "pods/status", "patch"), ("", "pods/eviction", "create"), ("", "events", "create")])
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
                                     "namespace": "claim-broker"}]
@@ -78,7 +78,8 @@ def test_allocator_rbac_grants_exactly_what_the_cluster_write_back_calls() -> No
     source = (ROOT / "services" / "allocator" / "cluster_claims.py").read_text()
     for call in ("list_resource_claim_for_all_namespaces", "patch_namespaced_resource_claim",
                  "replace_namespaced_resource_claim_status", "read_namespaced_resource_claim",
-                 "list_pod_for_all_namespaces", "patch_namespaced_pod", "create_namespaced_pod_eviction",
+                 "list_pod_for_all_namespaces", "patch_namespaced_pod", "patch_namespaced_pod_status",
+                 "create_namespaced_pod_eviction",
                  "create_namespaced_event"):
         assert call in source, call  # each call above is what a grant is for
 

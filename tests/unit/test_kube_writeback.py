@@ -20,6 +20,7 @@ from shared.kube_claims.cluster_claim import (
     read_claim,
     submission,
 )
+from shared.kube_claims.pods import Ungate, Waits, pod_step, said_on
 from shared.kube_claims.writeback import (
     AddFinalizer,
     ClearAllocation,
@@ -218,3 +219,19 @@ def test_actions_compare_by_value() -> None:
     assert Release("vision", "a") == Release("vision", "a")
     assert AddFinalizer() == AddFinalizer() and RemoveFinalizer() == RemoveFinalizer()
     assert ClearAllocation() == ClearAllocation()
+
+
+def test_a_gated_pod_waits_with_its_first_unallocated_claims_state_then_is_ungated() -> None:
+    pod = {"spec": {"schedulingGates": [{"name": GATE}], "resourceClaims": [
+        {"name": "a", "resourceClaimName": "training-gpu"}, {"name": "b", "resourceClaimName": "not-ours"}]}}
+    pending = read_claim(cluster_claim(said=("Pending", "Insufficient nvidia.com/gpu: requested 1, free 0")))
+    waits = pod_step(pod, {"training-gpu": pending})
+    assert waits == Waits("Pending", "claim training-gpu is Pending: Insufficient nvidia.com/gpu: requested 1, free 0")
+    assert not said_on(pod, waits)
+    pod["status"] = {"conditions": [waits.condition("2026-12-07T07:00:00Z")]}
+    assert said_on(pod, waits)  # written once
+    assert pod_step(pod, {"training-gpu": read_claim(cluster_claim())}) == Waits(
+        "Submitted", "claim training-gpu is not decided yet")
+    allocated = read_claim(cluster_claim(allocation=WRITTEN, said=("Allocated", None)))
+    not_ours = read_claim(cluster_claim(name="not-ours", brokered=False, finalizer=False))
+    assert pod_step(pod, {"training-gpu": allocated, "not-ours": not_ours}) == Ungate()
