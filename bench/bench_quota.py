@@ -32,11 +32,11 @@ work, the wall time of a cycle includes the time the others ran.
 
 Nested cohorts and past use (issue 41): `--tree` puts the 10 cohorts under 3 organisations under one root
 (three levels of cohorts above the tenants; each organisation has 8 devices of each generation of its own,
-borrowingLimit 64 and lendingLimit 4 of them); `--half-life 24h` turns on fairSharing.halfLife: each tenant
-starts with a past use drawn from its own stream, each cycle is a minute of simulated time, and the shell
-brings past use up to date before each cycle with the units the last cycle left held (its result's
-`units_in_use`; outside the timing, as the allocator's ledger would). The invariant recount then checks the
-tree at every level.
+lends the root 4 of its pool and may borrow a third of the generation's devices from it); `--half-life 24h`
+turns on fairSharing.halfLife: each tenant starts with a past use drawn from its own stream, each cycle is a
+minute of simulated time, and the shell brings past use up to date before each cycle with the units the
+last cycle left held (its result's `units_in_use`; outside the timing, as the allocator's ledger would).
+The invariant recount then checks the tree at every level.
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ def build_quotas(nodes: int, rng: random.Random, tree: bool = False, half_life: 
                         "quotas": quotas})
     document: dict[str, Any] = {"kind": "Quotas", "tenants": tenants}
     if tree:
-        own = {m: {"nominal": 8, "borrowingLimit": 64, "lendingLimit": 4} for m in MODELS}
+        # each organisation may draw a third of a generation's devices from the root, and lends it 4 of its own
+        own = {m: {"nominal": 8, "borrowingLimit": per_model // ORGS, "lendingLimit": 4} for m in MODELS}
         document["cohorts"] = [{"name": "root"}, *({"name": f"org{o}", "parent": "root", "quotas": own}
                                                    for o in range(ORGS)),
                                *({"name": f"c{c}", "parent": f"org{c % ORGS}"} for c in range(COHORTS))]

@@ -75,7 +75,11 @@ def _suggestions(blocks: list[Block], capacity: list[dict[str, Any]], decision: 
     for b in blocks:
         need = b.used + b.requested - b.nominal
         borrowers = ', '.join(f'{t} ({n})' for t, n in sorted(b.borrowed_by.items())) or 'others'
-        if need <= 0:  # within its nominal: cohort-mates borrow what it lends, and it takes it back by reclaim
+        if b.cohort_limit is not None:  # in a tree, a cohort's borrowingLimit binds before the tenant's quota
+            cohort, limit, enough = b.cohort_limit
+            out.append(f"raise cohort {cohort}'s {b.flavor} borrowingLimit from {limit} to {enough}, or wait for "
+                       f"{borrowers} to return borrowed {b.flavor}")
+        elif need <= 0:  # within its nominal: cohort-mates borrow what it lends, and it takes it back by reclaim
             out.append(f"wait for {borrowers} to return borrowed {b.flavor}: reclaim preempts their preemptible "
                        f"claims that borrow it, or set {tenant}'s {b.flavor} lendingLimit to keep it from lending")
         elif b.borrowing_limit is not None and need > b.borrowing_limit:

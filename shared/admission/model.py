@@ -139,13 +139,19 @@ class Block:
     used: int
     borrowing_limit: int | None
     lendable: int  # what the cohort and the free capacity still lend
-    borrowed_by: Mapping[str, int]  # who borrows this flavor in the tenant's cohort
+    borrowed_by: Mapping[str, int]  # who borrows this flavor in the tenant's cohort (in a tree: nearest first)
     why: str
+    # In a tree: the nearest cohort whose borrowingLimit binds, its limit, and the limit that would let it in
+    cohort_limit: tuple[str, int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"flavor": self.flavor, "requested": self.requested, "nominal": self.nominal, "used": self.used,
-                "borrowingLimit": self.borrowing_limit, "lendable": self.lendable,
-                "borrowedBy": dict(self.borrowed_by), "why": self.why}
+        out = {"flavor": self.flavor, "requested": self.requested, "nominal": self.nominal, "used": self.used,
+               "borrowingLimit": self.borrowing_limit, "lendable": self.lendable,
+               "borrowedBy": dict(self.borrowed_by), "why": self.why}
+        if self.cohort_limit is not None:
+            cohort, limit, enough = self.cohort_limit
+            out["cohortLimit"] = {"cohort": cohort, "borrowingLimit": limit, "enough": enough}
+        return out
 
 
 # A Pending answer without a reason (its quota or the free devices keep the claim out): the reason is worked

@@ -290,18 +290,20 @@ class QuotaBook:
         members' nominal quota, on devices of the free capacity or of another cohort's idle quota."""
         _, _, cohort, free, keep = fixed
         if self.nested:
-            return self._available_tree(tenant, flavor, free)[0] + (keep - used if keep > used else 0)
+            return self._available_tree(tenant, flavor, free) + (keep - used if keep > used else 0)
         lent, spare = self.lends[cohort] - self.spill[cohort], free - self.over[flavor]
         return (lent if lent > 0 else 0) + (spare if spare > 0 else 0) + (keep - used if keep > used else 0)
 
-    def _available_tree(self, tenant: str, flavor: str, free: int) -> tuple[int, list[str]]:
+    def _available_tree(self, tenant: str, flavor: str, free: int,
+                        binds: list[tuple[str, int, int, int, int]] | None = None) -> int:
         """What the tenant's cohort makes available to it (Kueue's `available`, top down): the free
         capacity no top cohort spilled into, then per cohort what it draws from its parent, capped by its
         borrowingLimit (what it lends up plus its limit, less what it draws already), plus the part of
-        its pool it keeps that its subtree does not use. Also, per cohort, what bound it (for reasons)."""
+        its pool it keeps that its subtree does not use. With `binds`, each cohort whose borrowingLimit
+        bound is noted, top first: (cohort, borrowingLimit, what it may still draw, what it lends up, what
+        it draws), for reasons."""
         spare = free - self.over[flavor]
         available = spare if spare > 0 else 0
-        notes = []
         path = self.path_of(tenant)
         for at in range(len(path) - 1, -1, -1):
             node = (path[at], flavor)
@@ -309,17 +311,16 @@ class QuotaBook:
             local, usage = pool - up, self.spill[node]
             cap = self.cohort_caps.get(node)
             if cap is not None:
-                most = up - (usage - local if usage > local else 0) + cap
+                draws = usage - local if usage > local else 0
+                most = up - draws + cap
                 if most < 0:
                     most = 0
                 if available > most:
-                    parent = self.parent.get(path[at])
-                    notes.append(f"cohort {path[at]} may draw only {most} more from "
-                                 f"{'cohort ' + parent if parent else 'the free capacity'} (its borrowingLimit "
-                                 f"{cap}, its subtree draws {usage - local if usage > local else 0} already)")
+                    if binds is not None:
+                        binds.append((path[at], cap, most, up, draws))
                     available = most
             available += local - usage if local > usage else 0
-        return available, notes
+        return available
 
     def check(self, tenant: str, deltas: Mapping[str, int]) -> list[Block]:
         """Blocking quotas if the tenant took `deltas` more devices per flavor; [] when it may."""
@@ -332,6 +333,7 @@ class QuotaBook:
             used = self.used[(tenant, flavor)]
             fixed = self._fixed_of(tenant, flavor)
             nominal, cap = fixed[0], fixed[1]
+            cohort_limit = None
             borrow = used + delta - nominal
             if borrow > cap:
                 why = (f"{tenant} would borrow {borrow} {flavor} beyond its nominal {nominal}, over its "
@@ -344,7 +346,7 @@ class QuotaBook:
                 headroom = nominal - used if nominal > used else 0
                 lent_out = headroom - available if headroom > available else 0
                 if self.nested:
-                    why = self._tree_reason(tenant, flavor, delta, used, nominal, available, fixed[3])
+                    why, cohort_limit = self._tree_reason(tenant, flavor, delta, used, nominal, available, fixed[3])
                 elif borrow <= 0:
                     why = (f"{tenant} is within its nominal {nominal} {flavor} (in use {used}), but its cohort "
                            f"borrows {lent_out} of the quota it lends: only {available} more are free to it "
@@ -364,24 +366,34 @@ class QuotaBook:
                     (m for m in self.borrowers[flavor] if m != tenant and self.top_of(m) == top),
                     key=lambda m: (self.distance(tenant, m), m))}
             blocks.append(Block(flavor, delta, nominal, used, limit.borrowing_limit if limit else None, room,
-                                borrowed_by, why))
+                                borrowed_by, why, cohort_limit))
         return blocks
 
     def _tree_reason(self, tenant: str, flavor: str, delta: int, used: int, nominal: int, available: int,
-                     free: int) -> str:
+                     free: int) -> tuple[str, tuple[str, int, int] | None]:
         """Why the tree keeps `delta` more of the flavor from the tenant, naming the cohorts whose limits
-        or pools bind, nearest first, with the numbers."""
-        _, notes = self._available_tree(tenant, flavor, free)
-        pools = []
-        for cohort in self.path_of(tenant):
-            node = (cohort, flavor)
-            if self.lends[node]:
-                pools.append(f"cohort {cohort} has {max(0, self.lends[node] - self.spill[node])} of its pool of "
-                             f"{self.lends[node]} free")
+        or pools bind, nearest first, with the numbers; and the nearest cohort whose borrowingLimit binds,
+        with its limit and the limit that would let the claim in."""
+        binds: list[tuple[str, int, int, int, int]] = []
+        self._available_tree(tenant, flavor, free, binds)
+        said = []
+        for cohort, cap, most, up, draws in reversed(binds):
+            parent = self.parent.get(cohort)
+            above = f"cohort {parent}" if parent else "the free capacity"
+            lends = f"it lends {above} {up} and " if up else ""
+            said.append(f"cohort {cohort} may draw only {most} more from {above} ({lends}its borrowingLimit is "
+                        f"{cap}; its subtree draws {draws})")
+        if not said:
+            for cohort in self.path_of(tenant):
+                node = (cohort, flavor)
+                if self.lends[node]:
+                    said.append(f"cohort {cohort} has {max(0, self.lends[node] - self.spill[node])} of its pool "
+                                f"of {self.lends[node]} free")
         spare = max(0, free - self.over[flavor])
-        said = list(reversed(notes)) or pools
-        return (f"{tenant} needs {delta} more {flavor} (nominal {nominal}, in use {used}), but its cohort tree "
-                f"lets it take only {available} more: " + "; ".join(said + [f"the free capacity has {spare}"]))
+        why = (f"{tenant} needs {delta} more {flavor} (nominal {nominal}, in use {used}), but its cohort tree "
+               f"lets it take only {available} more: " + "; ".join(said + [f"the free capacity has {spare}"]))
+        nearest = binds[-1] if binds else None
+        return why, (nearest[0], nearest[1], nearest[1] + delta - available) if nearest is not None else None
 
     def tree_members(self, tenant: str) -> list[str]:
         """The tenants of the tenant's tree (its cohort's members, when cohorts do not nest)."""

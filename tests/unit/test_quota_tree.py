@@ -153,7 +153,8 @@ TREE_ROWS = {
     # org-b's borrowingLimit 2: its subtree holds at most its nominal 8 plus 2
     "a-cohort-borrows-within-its-borrowing-limit": TreeRow(
         kep({"borrowingLimit": 2}), [*B_FOUR[:2], wait("b2", "b1", 2, arrival=2), wait("b3", "b1", 1, arrival=3)],
-        {"b1": 10}, "b3", "cohort org-b may draw only 0 more from cohort root (its borrowingLimit 2"),
+        {"b1": 10}, "b3", "cohort org-b may draw only 0 more from cohort root (it lends cohort root 4 and its "
+                          "borrowingLimit is 2; its subtree draws 6)"),
     # borrowingLimit 0: nothing beyond its own 8
     "borrowing-limit-zero-keeps-a-cohort-to-its-nominal": TreeRow(
         kep({"borrowingLimit": 0}), B_FOUR, {"b1": 8}, "b2", "cohort org-b may draw only 0 more"),
@@ -270,3 +271,14 @@ def test_fair_share_works_between_the_cohorts_of_one_tree() -> None:
     assert shell.last["x"].state is State.ALLOCATED
     assert [(t, rule) for t, _, rule in shell.preempted] == [("y1", "fair-share")]
     assert shell.held() == {"x1": 2, "y1": 6}
+
+
+def test_the_answer_says_which_cohort_limit_to_raise() -> None:
+    shell = Shell(SIXTEEN, kep({"borrowingLimit": 2}))
+    shell.cycle(*B_FOUR)
+    result = run_cycle(Snapshot(SIXTEEN, BUILTIN_CLASSES, shell.quotas, tuple(shell.running.values()),
+                                (B_FOUR[2],)), shell.kept)
+    [decided] = result.decisions
+    assert decided.explain is not None
+    assert decided.explain["quota"][0]["cohortLimit"] == {"cohort": "org-b", "borrowingLimit": 2, "enough": 4}
+    assert decided.explain["toAdmit"][0].startswith("raise cohort org-b's H100 borrowingLimit from 2 to 4")
