@@ -459,6 +459,10 @@ class ClusterClaims:
                                     "status": {"conditions": [*conditions, step.condition(_now_rfc3339(self.clock()))]}}
             patch, kind = self.core.patch_namespaced_pod_status, "pod-condition"
         else:
+            if any(c.get("type") == CONDITION for c in (pod.get("status") or {}).get("conditions") or []):
+                await self._mark_allocated(key, pod)  # what it said while it waited no longer holds
+                pod = self.pods.get(key, pod)
+                version = (pod.get("metadata") or {}).get("resourceVersion")
             gates = [g for g in (pod.get("spec") or {}).get("schedulingGates") or [] if g.get("name") != GATE]
             body = {"metadata": {"resourceVersion": version}, "spec": {"schedulingGates": gates or None}}
             patch, kind = self.core.patch_namespaced_pod, "ungate"
@@ -473,6 +477,19 @@ class ClusterClaims:
         elif key in self.pods:
             self.pods[key] = self.reflector.as_dict(updated)
         self._count(kind)
+
+
+    async def _mark_allocated(self, key: Key, pod: dict[str, Any]) -> None:
+        conditions = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") != CONDITION]
+        done = {"type": CONDITION, "status": "True", "reason": "Allocated",
+                "message": "every broker claim of the pod is Allocated",
+                "lastTransitionTime": _now_rfc3339(self.clock())}
+        body = {"metadata": {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion")},
+                "status": {"conditions": [*conditions, done]}}
+        updated = await self.core.patch_namespaced_pod_status(key[1], key[0], body,
+                                                              _content_type="application/merge-patch+json")
+        self.pods[key] = self.reflector.as_dict(updated)
+        self._count("pod-condition")
 
 
 def _ours(claim: ClusterClaim) -> bool:

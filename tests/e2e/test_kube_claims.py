@@ -224,6 +224,7 @@ async def test_deleting_a_claim_frees_its_devices_for_the_next(
                             and cluster.said("second") == ("Allocated", None), "second allocated and said so")
         await cluster.until(lambda: (api.get(PODS, "lab", "second-pod") or {}).get("spec", {}).get("nodeName"),
                             "second's pod ungated and bound")
+        assert waits_for(api, "second-pod") == ("Allocated", "every broker claim of the pod is Allocated")
 
 
 async def test_a_preemption_evicts_the_pod_first_and_clears_the_allocation_after(
