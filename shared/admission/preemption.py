@@ -185,7 +185,10 @@ def _stuck_on_quota(state: AdmissionState, waiting: Waiting) -> bool:
         return True  # its borrowingLimits stop it, whatever is lent
     if state.room.quota_short(tenant, facts) is None or any(book.over[f] > 0 for f in flavors):
         return False
-    members = book.tree_members(tenant)
+    if book.nested:  # the tree's borrowers of those flavors, from the sets the book keeps
+        top = book.top_of(tenant)
+        return not any(m != tenant and book.top_of(m) == top for f in flavors for m in book.borrowers[f])
+    members = book.members[book.cohort_of(tenant)]
     return not any(m != tenant and book.borrowing(m, f) > 0 for m in members for f in flavors)
 
 

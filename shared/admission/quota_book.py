@@ -48,7 +48,6 @@ class QuotaBook:
         self.lent_up: dict[tuple[str, str], int] = {}
         self.cohort_caps: dict[tuple[str, str], int] = {}
         self._tops: dict[str, str] = {}
-        self._tree_members: dict[str, list[str]] = {}
         self.pool_flavors: dict[str, set[str]] = {}  # per cohort: the flavors its pool holds any of
         self.borrowers: dict[str, set[str]] = defaultdict(set)  # in a tree: per flavor, the tenants beyond nominal
         self.paths: dict[str, tuple[str, ...]] = {}  # per tenant: its cohort and the cohort's ancestors, nearest first
@@ -394,16 +393,6 @@ class QuotaBook:
                f"lets it take only {available} more: " + "; ".join(said + [f"the free capacity has {spare}"]))
         nearest = binds[-1] if binds else None
         return why, (nearest[0], nearest[1], nearest[1] + delta - available) if nearest is not None else None
-
-    def tree_members(self, tenant: str) -> list[str]:
-        """The tenants of the tenant's tree (its cohort's members, when cohorts do not nest)."""
-        if not self.nested:
-            return self.members[self.cohort_of(tenant)]
-        top = self.top_of(tenant)
-        found = self._tree_members.get(top)
-        if found is None:
-            found = self._tree_members[top] = [t for t in self.config.tenants if self.top_of(t) == top] or [tenant]
-        return found
 
     def distance(self, tenant: str, other: str) -> int:
         """Borrowing distance (kueue PR#4806): cohort edges from the tenant's cohort up to the nearest
