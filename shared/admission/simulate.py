@@ -140,7 +140,8 @@ class _Simulation(ClockedQueue):
         if not pending:
             return
         snapshot = Snapshot(self.fleet, self.classes, self.quotas, tuple(self.running.values()),
-                            tuple(self.waiting.values()), now=self.now, recent_preemptions=self.recent_preemptions())
+                            tuple(self.waiting.values()), now=self.now, recent_preemptions=self.recent_preemptions(),
+                            past_use=self.current_past_use())
         estimates = estimate_starts(snapshot, Runtimes())
         for key in pending:
             self.final[key] = replace(self.final[key], estimate=estimates.get(key))
