@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JS     := node_modules/.installed
 
-.PHONY: help install demo up test lint bench bench-core bench-quota bench-eta bench-eta-accuracy bench-budget bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif chaos clean
+.PHONY: help install demo up test lint bench bench-core bench-quota bench-eta bench-eta-accuracy bench-budget bench-queue bench-allocator bench-publish bench-e2e bench-flood bench-whatif bench-kube chaos clean
 
 help: ## show this help
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-19s %s\n", $$1, $$2}'
@@ -76,6 +76,9 @@ bench-whatif: $(STAMP) ## whatif on 1,000 nodes with 10,000 waiting claims (a dr
 bench-flood: $(STAMP) ## a calm tenant's p50/p99 to first status alone, beside a 50,000-claim flood and 200 search bombs (BOMB=0 skips)
 	@scripts/ensure-postgres.sh
 	$(BIN)/python bench/flood.py --bomb $(or $(BOMB),200)
+
+bench-kube: $(STAMP) ## the cluster path: up --kube on a fake API server, 1,000 ResourceClaims in a burst and at 100/s, claims/s and create-to-status/-written latency
+	$(BIN)/python bench/bench_kube.py
 
 chaos: $(STAMP) ## one process per service on PostgreSQL, replicas killed, NATS restarted; invariant counts as JSON
 	@scripts/ensure-postgres.sh
