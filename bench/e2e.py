@@ -350,6 +350,25 @@ class Broker:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user and system) each of the broker's processes has used so far: `up`, its
+        nats-server, and its service processes (`spawn-<pid>`; the allocator is the busiest). Unlike the
+        latencies, their difference over a phase hardly moves with what else the machine runs."""
+        assert self.process is not None
+        ticks = os.sysconf("SC_CLK_TCK")
+        used: dict[str, float] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                pid = int(stat.parent.name)
+                if pid != self.process.pid and int(fields[1]) != self.process.pid:
+                    continue
+                command = (stat.parent / "cmdline").read_bytes()
+                name = ("up" if pid == self.process.pid else "nats-server" if b"nats-server" in command
+                        else f"spawn-{pid}")
+                used[name] = (int(fields[11]) + int(fields[12])) / ticks
+        return used
+
     async def nats_url(self, timeout: float = 120.0) -> str:
         path = self.data / "nats.url"
         deadline = time.monotonic() + timeout
@@ -611,11 +630,17 @@ async def run_one(db: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         log(f"burst: states {state_counts(statuses, published)}")
 
         log_from = broker.log_path.stat().st_size
+        cpu_from = broker.cpu_seconds()
         published = await churn_phase(js, statuses, rng, args.tenants, args.churn_rate, args.churn_seconds)
+        cpu_used = {name: seconds - cpu_from.get(name, 0.0) for name, seconds in broker.cpu_seconds().items()}
         lines.append(line(db, "churn", published, statuses.first, echo_per_s))
         print(json.dumps(lines[-1]), flush=True)
         log(f"churn: states {state_counts(statuses, published)}")
-        print(json.dumps({"db": db, "phase": "churn-parts", **parts_of(broker.log_path, log_from)}), flush=True)
+        # CPU of each broker process per churn message (a release or a claim), busiest first
+        cpu = {name: round(seconds * 1000 / max(1, 2 * len(published)), 3)
+               for name, seconds in sorted(cpu_used.items(), key=lambda item: -item[1])}
+        print(json.dumps({"db": db, "phase": "churn-parts", **parts_of(broker.log_path, log_from),
+                          "cpu_ms_per_message": cpu}), flush=True)
 
         # the echo service at the churn's message rate (a release and a claim a tick): its latency beside
         # the broker's, on the same bus in the same run
