@@ -6,7 +6,9 @@ again at `--rate` a second). Prints one JSON line per phase:
 {"phase", "claims", "claims_per_s" (claims / first create to the last allocation written in the cluster),
  "status_p50_ms", "status_p99_ms" (create to the claim's first status on NATS),
  "written_p50_ms", "written_p99_ms" (create to status.allocation in the cluster, polled every 10 ms),
- "unwritten" (claims without an allocation when the run gave up), "writes_per_claim" (API writes / claims)}.
+ "unwritten" (claims without an allocation when the run gave up), "writes_per_claim" (API writes / claims),
+ "broker_cpu_ms_per_claim" (CPU of `up` and its processes over the phase, less what they burn idle over as
+ long (measured for 3 s before the burst), / claims: the broker's own cost, whatever else the machine runs)}.
 
 The broker runs as a user runs it (a subprocess, SQLite in its data folder, or `--db URL`); the fake server
 answers from this process's threads, so its cost is in the figures too (it is no faster than a real one).
@@ -39,12 +41,14 @@ from shared.fleet.topology import topology_to_resource_slices  # noqa: E402
 from tests.kube_api import CLAIMS, NODES, SLICES, FakeApiServer, node, serving, write_kubeconfig  # noqa: E402
 
 NAMESPACE = "bench"
+IDLE_S = 3.0
 
 
 def load_fleet(api: FakeApiServer, nodes: int) -> None:
-    topology = {"kind": "Topology", "nodes": [{"name": f"node-{i:04d}", "gpuModel": "H100", "gpuCount": 8,
-                                               "numaNodes": 2} for i in range(nodes)]}
-    for spec in topology["nodes"]:
+    specs: list[dict[str, Any]] = [{"name": f"node-{i:04d}", "gpuModel": "H100", "gpuCount": 8, "numaNodes": 2}
+                                   for i in range(nodes)]
+    topology = {"kind": "Topology", "nodes": specs}
+    for spec in specs:
         api.apply(NODES, "ADDED", node(str(spec["name"]), {"nvidia.com/gpu.product": "H100"}, {}))
     for resource_slice in topology_to_resource_slices(topology):
         api.apply(SLICES, "ADDED", {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", **resource_slice})
@@ -86,6 +90,27 @@ class Watch:
     async def on_status(self, message: Any) -> None:
         name = json.loads(message.data)["name"]
         self.status.setdefault(name, time.monotonic())
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its descendants: the broker's own cost, whatever else
+    the machine runs (the fake API server, this process, other work)."""
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{current}/task").iterdir():
+                stack.extend(int(child) for child in (task / "children").read_text().split())
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def busy_ms(cpu_s: float, idle_per_s: float, started: float, claims: int) -> float:
+    """The broker's CPU milliseconds a claim over a phase, less what it burns idle over as long."""
+    return round(max(0.0, cpu_s - idle_per_s * (time.monotonic() - started)) * 1000 / claims, 2)
 
 
 def phase_line(phase: str, names: list[str], watch: Watch, writes: int) -> dict[str, Any]:
@@ -138,15 +163,21 @@ async def run(args: argparse.Namespace) -> None:
             await wait_for(lambda: probe in watch.written, 120, process, log)
             print(f"ready: {args.nodes} nodes; probe written in {(watch.written[probe] - watch.created[probe]):.2f}s",
                   file=sys.stderr)
+            idle_from = tree_cpu_s(process.pid)
+            await asyncio.sleep(IDLE_S)  # what the broker burns with nothing to do (cycles, heartbeats, the bus)
+            idle = (tree_cpu_s(process.pid) - idle_from) / IDLE_S
+            print(f"idle: {idle:.3f} CPU s a second", file=sys.stderr)
             burst = [f"burst-{i}" for i in range(args.claims)]
-            before = api.writes(CLAIMS) + api.writes("pods")
+            before, cpu, started = api.writes(CLAIMS), tree_cpu_s(process.pid), time.monotonic()
             for name in burst:
                 watch.created[name] = time.monotonic()
                 api.create(CLAIMS, claim(name))
             await wait_for(lambda: all(n in watch.written for n in burst), args.timeout, process, log)
-            print(json.dumps(phase_line("burst", burst, watch, api.writes(CLAIMS) - before - len(burst))), flush=True)
+            line = phase_line("burst", burst, watch, api.writes(CLAIMS) - before - len(burst))
+            line["broker_cpu_ms_per_claim"] = busy_ms(tree_cpu_s(process.pid) - cpu, idle, started, len(burst))
+            print(json.dumps(line), flush=True)
             paced = [f"paced-{i}" for i in range(args.claims if args.rate else 0)]
-            before = api.writes(CLAIMS)
+            before, cpu, started = api.writes(CLAIMS), tree_cpu_s(process.pid), time.monotonic()
             start = time.monotonic()
             for i, name in enumerate(paced):
                 await asyncio.sleep(max(0.0, start + i / args.rate - time.monotonic()))
@@ -155,6 +186,7 @@ async def run(args: argparse.Namespace) -> None:
             if paced:
                 await wait_for(lambda: all(n in watch.written for n in paced), args.timeout, process, log)
                 line = phase_line(f"paced-{args.rate:g}/s", paced, watch, api.writes(CLAIMS) - before - len(paced))
+                line["broker_cpu_ms_per_claim"] = busy_ms(tree_cpu_s(process.pid) - cpu, idle, started, len(paced))
                 print(json.dumps(line), flush=True)
             watch.stop.set()
             await nc.close()

@@ -32,6 +32,7 @@ from nats.js.errors import APIError
 
 from services.bus.streams import BACKLOG_FULL_CODE
 from services.kube.reflector import Reflector
+from services.kube.requests import KubeRequests
 from shared.contract import subjects
 from shared.kube_claims.cluster_claim import (
     FINALIZER,
@@ -83,7 +84,8 @@ class ClusterClaims:
                  clock: Callable[[], float] = time.time, reflector: Reflector | None = None,
                  concurrency: int = 32) -> None:
         self.api, self.nc, self.js = api, nc, nc.jetstream()
-        self.resource, self.core = client.ResourceV1Api(api), client.CoreV1Api(api)
+        self.resource, self.core = client.ResourceV1Api(api), client.CoreV1Api(api)  # lists for the reflectors
+        self.requests = KubeRequests(api)  # every write, and the reads of one object
         self.sessions = sessions(engine)
         self.holder, self.namespaces = holder, dict(namespaces or {})
         self.lease_s, self.resync_s, self.clock = lease_s, resync_s, clock
@@ -131,8 +133,10 @@ class ClusterClaims:
             self._forget(claim.key)
         else:
             self.gone.pop(claim.key, None)
+            echo = held is not None and _version(held) >= _version(claim)  # our own write's answer came first
             self._store(claim)
-            self._mark([claim.key])
+            if not echo:
+                self._mark([claim.key])
         if held is not None and held.allocation is not None and (kind == "DELETED" or claim.allocation is None):
             self._mark(self.waiting)  # devices freed in the cluster: the claims waiting for them may go on
         self._mark_pods_of(claim.namespace, claim.name)
@@ -326,8 +330,7 @@ class ClusterClaims:
     async def _patch_meta(self, claim: ClusterClaim, meta: dict[str, Any], kind: str) -> ClusterClaim:
         body = {"metadata": {"resourceVersion": claim.resource_version, **meta}}
         try:
-            updated = await self.resource.patch_namespaced_resource_claim(
-                claim.name, claim.namespace, body, _content_type="application/merge-patch+json")
+            updated = await self.requests.patch_claim(claim.namespace, claim.name, body)
         except ApiException as error:
             if error.status == 409:
                 raise Conflict() from error
@@ -345,10 +348,8 @@ class ClusterClaims:
             status.pop("allocation", None)
         else:
             status["allocation"] = {**allocation, "allocationTimestamp": _now_rfc3339(self.clock())}
-        body = client.ResourceV1ResourceClaim.from_dict(document)
-        assert body is not None
         try:
-            updated = await self.resource.replace_namespaced_resource_claim_status(claim.name, claim.namespace, body)
+            updated = await self.requests.replace_claim_status(claim.namespace, claim.name, document)
         except ApiException as error:
             if error.status == 409:
                 raise Conflict() from error
@@ -358,7 +359,7 @@ class ClusterClaims:
 
     async def _refresh(self, key: Key) -> None:
         try:
-            current = await self.resource.read_namespaced_resource_claim(key[1], key[0])
+            current = await self.requests.read_claim(key[0], key[1])
         except ApiException as error:
             if error.status == 404:
                 self._forget(key)
@@ -366,9 +367,9 @@ class ClusterClaims:
             raise
         self._keep(current)
 
-    def _keep(self, updated: Any) -> ClusterClaim:
+    def _keep(self, updated: dict[str, Any]) -> ClusterClaim:
         """The object a write answered, kept unless the cache knows newer (its watch got there first)."""
-        claim = read_claim(self.reflector.as_dict(updated))
+        claim = read_claim(updated)
         freed = self.claims.get(claim.key)
         if claim.deleting and not claim.finalizers:  # that write deleted it
             self.gone[claim.key] = _version(claim)
@@ -408,10 +409,8 @@ class ClusterClaims:
         for pod in pods:
             if pod.resource != "pods":
                 continue
-            body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
-                                     metadata=client.V1ObjectMeta(name=pod.name, namespace=claim.namespace))
             try:
-                await self.core.create_namespaced_pod_eviction(pod.name, claim.namespace, body)
+                await self.requests.evict_pod(claim.namespace, pod.name)
             except ApiException as error:
                 if error.status == 404:
                     continue  # gone already: the claim controller clears its reservation
@@ -427,17 +426,18 @@ class ClusterClaims:
 
     async def _event(self, obj: Mapping[str, Any], namespace: str, kind: str, reason: str, message: str) -> None:
         meta = obj.get("metadata") or {}
-        at = datetime.fromtimestamp(self.clock(), UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{meta.get('name')}.", namespace=namespace),
-            involved_object=client.V1ObjectReference(
-                api_version=obj.get("apiVersion", "resource.k8s.io/v1"), kind=obj.get("kind", "ResourceClaim"),
-                name=meta.get("name"), namespace=namespace, uid=meta.get("uid")),
-            reason=reason, message=message[:1024], type=kind, first_timestamp=at, last_timestamp=at, count=1,
-            source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT,
-            reporting_instance=self.holder[:128])
+        at = _now_rfc3339(self.clock())
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": namespace},
+            "involvedObject": {"apiVersion": obj.get("apiVersion", "resource.k8s.io/v1"),
+                               "kind": obj.get("kind", "ResourceClaim"), "name": meta.get("name"),
+                               "namespace": namespace, "uid": meta.get("uid")},
+            "reason": reason, "message": message[:1024], "type": kind, "firstTimestamp": at, "lastTimestamp": at,
+            "count": 1, "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            "reportingInstance": self.holder[:128]}
         try:
-            await self.core.create_namespaced_event(namespace, event)
+            await self.requests.create_event(namespace, event)
         except ApiException as error:  # an event is news, not state: its loss is logged, not retried
             log.info("event for %s/%s not written: %s %s", namespace, meta.get("name"), error.status, error.reason)
         else:
@@ -457,7 +457,7 @@ class ClusterClaims:
             conditions = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") != CONDITION]
             body: dict[str, Any] = {"metadata": {"resourceVersion": version},
                                     "status": {"conditions": [*conditions, step.condition(_now_rfc3339(self.clock()))]}}
-            patch, kind = self.core.patch_namespaced_pod_status, "pod-condition"
+            patch, kind = self.requests.patch_pod_status, "pod-condition"
         else:
             if any(c.get("type") == CONDITION for c in (pod.get("status") or {}).get("conditions") or []):
                 await self._mark_allocated(key, pod)  # what it said while it waited no longer holds
@@ -465,9 +465,9 @@ class ClusterClaims:
                 version = (pod.get("metadata") or {}).get("resourceVersion")
             gates = [g for g in (pod.get("spec") or {}).get("schedulingGates") or [] if g.get("name") != GATE]
             body = {"metadata": {"resourceVersion": version}, "spec": {"schedulingGates": gates or None}}
-            patch, kind = self.core.patch_namespaced_pod, "ungate"
+            patch, kind = self.requests.patch_pod, "ungate"
         try:
-            updated = await patch(key[1], key[0], body, _content_type="application/merge-patch+json")
+            updated = await patch(key[0], key[1], body)
         except ApiException as error:
             if error.status in (404, 409):
                 return  # gone, or moved: its watch event brings it back if it still needs us
@@ -475,9 +475,8 @@ class ClusterClaims:
         if kind == "ungate":
             self.pods.pop(key, None)
         elif key in self.pods:
-            self.pods[key] = self.reflector.as_dict(updated)
+            self.pods[key] = updated
         self._count(kind)
-
 
     async def _mark_allocated(self, key: Key, pod: dict[str, Any]) -> None:
         conditions = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") != CONDITION]
@@ -486,9 +485,7 @@ class ClusterClaims:
                 "lastTransitionTime": _now_rfc3339(self.clock())}
         body = {"metadata": {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion")},
                 "status": {"conditions": [*conditions, done]}}
-        updated = await self.core.patch_namespaced_pod_status(key[1], key[0], body,
-                                                              _content_type="application/merge-patch+json")
-        self.pods[key] = self.reflector.as_dict(updated)
+        self.pods[key] = await self.requests.patch_pod_status(key[0], key[1], body)
         self._count("pod-condition")
 
 

@@ -75,13 +75,18 @@ def test_allocator_rbac_grants_exactly_what_the_cluster_write_back_calls() -> No
     allocator = documents(ROOT / "deploy" / "k8s" / "allocator.yaml")[0]["spec"]["template"]["spec"]
     assert allocator["serviceAccountName"] == account["metadata"]["name"]
     assert "--kube" in allocator["containers"][0]["args"]
+    # the calls made (services/kube/requests.py's methods, the reflectors' lists and watches), one grant each
     source = (ROOT / "services" / "allocator" / "cluster_claims.py").read_text()
-    for call in ("list_resource_claim_for_all_namespaces", "patch_namespaced_resource_claim",
-                 "replace_namespaced_resource_claim_status", "read_namespaced_resource_claim",
-                 "list_pod_for_all_namespaces", "patch_namespaced_pod", "patch_namespaced_pod_status",
-                 "create_namespaced_pod_eviction",
-                 "create_namespaced_event"):
-        assert call in source, call  # each call above is what a grant is for
+    calls = {"list_resource_claim_for_all_namespaces": ("resource.k8s.io", "resourceclaims", "list"),
+             "read_claim": ("resource.k8s.io", "resourceclaims", "get"),
+             "patch_claim": ("resource.k8s.io", "resourceclaims", "patch"),
+             "replace_claim_status": ("resource.k8s.io", "resourceclaims/status", "update"),
+             "list_pod_for_all_namespaces": ("", "pods", "list"), "requests.patch_pod,": ("", "pods", "patch"),
+             "patch_pod_status": ("", "pods/status", "patch"), "evict_pod": ("", "pods/eviction", "create"),
+             "create_event": ("", "events", "create")}
+    for call, grant in calls.items():
+        assert call in source, call
+        assert grant in grants, grant
 
 
 def test_each_service_is_probed_where_serve_answers() -> None:
