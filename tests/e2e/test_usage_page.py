@@ -29,7 +29,17 @@ from shared.alerts.book import Alert, Message
 from shared.dra.inventory import THROTTLED, Fleet
 from shared.ledger import alerts as alert_history
 from shared.ledger.engine import create_engine, migrate, sessions
-from shared.ledger.schema import Claim, DeviceAllocation, Quota, Tenant, UsageSample
+from shared.ledger.schema import (
+    Claim,
+    Cohort,
+    CohortQuotaRow,
+    DeviceAllocation,
+    PastUse,
+    Quota,
+    QuotaSettings,
+    Tenant,
+    UsageSample,
+)
 from shared.ledger.tokens import create_token
 from tests.builders import fleet, gpu, labelled, node
 from tests.e2e.browser import Browser, browse, chromium
@@ -305,6 +315,45 @@ async def test_usage_page_shows_bars_and_pending_reasons(page: Page, tmp_path: P
     await browse(binary, tmp_path / "profile-shot", f"--screenshot={shot}", address)
     assert shot.exists() and shot.stat().st_size > 10_000
     print(f"usage page screenshot: {shot}")
+
+
+SHARE_ROWS = ("[...document.querySelectorAll('#shares tr')]"
+              ".map(r => [r.dataset.tenant, ...[...r.children].slice(1).map(c => c.textContent)].join('|'))")
+TREE_ROWS = ("[...document.querySelectorAll('#cohort-tree tr')]"
+             ".map(r => [...r.children].map(c => c.textContent.trim()).join('|'))")
+
+
+async def test_the_page_shows_shares_with_past_use_and_the_cohort_tree(page: Page, tmp_path: Path) -> None:
+    """Issue 41: with fairSharing.halfLife, each tenant's share with its past use and when it halves, next
+    in line first; the cohort tree with each level's used / nominal, children under their parents."""
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    async with sessions(engine)() as s, s.begin():
+        s.add_all([Cohort(name="org"), Cohort(name="research", parent="org")])
+        await s.flush()
+        s.add(CohortQuotaRow(cohort="org", flavor="H100", nominal=4, lending_limit=None))
+        vision = await s.get(Tenant, "vision")
+        assert vision is not None
+        vision.cohort = "research"
+        await s.merge(QuotaSettings(id=1, half_life_s=3600.0))
+        s.add(PastUse(tenant="speech", flavor="H100", units=16.0, as_of=time.time()))  # ran a lot lately
+    await engine.dispose()
+    browser = await Browser.open(chromium(), tmp_path / "profile-tree", f"{page.url}/?token={page.token}")
+    try:
+        await browser.wait_for("document.querySelectorAll('#cohort-tree tr').length > 0")
+        shares = await browser.evaluate(SHARE_ROWS)
+        tree = await browser.evaluate(TREE_ROWS)
+        hint = await browser.evaluate("document.getElementById('shares-hint').textContent")
+    finally:
+        await browser.close()
+    # vision: 12 units (6 H100s at 2) over weight 2 = 6; speech: 1 unit + 16 past use, over weight 1
+    assert [row.split("|")[0] for row in shares] == ["vision", "speech"]
+    weight, in_use, past, share = map(float, shares[0].split("|")[1:5])
+    assert (weight, in_use) == (2, 12) and past < 0.1 and 6 <= share < 6.1
+    speech = shares[1].split("|")
+    assert float(speech[2]) == 1 and 15.9 < float(speech[3]) <= 16.0 and speech[5] != "–"  # it halves: ran more
+    assert "past use halves every 60 min" in hint
+    assert tree[0].startswith("org|H100|6 / 8|4"), tree  # org's own 4 and vision's 4 beneath it
+    assert tree[1].startswith("research|H100|6 / 4|"), tree
 
 
 ESTIMATE_ROWS = ("[...document.querySelectorAll('tr.estimate-error')]"
