@@ -21,6 +21,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, InboxMessage
+from shared.ledger.unit_of_work import one_of
 
 _IDS_PER_QUERY = 500  # bound parameters per statement stay far below every driver's limit
 LEGACY = ""  # the kind of a row written before ids were scoped: it matches its id of any kind and tenant
@@ -44,7 +45,8 @@ async def seen(session: AsyncSession, consumer: str, keys: Iterable[Key]) -> set
     for start in range(0, len(ids), _IDS_PER_QUERY):
         held.update((kind, tenant, message_id) for kind, tenant, message_id in await session.execute(
             select(InboxMessage.kind, InboxMessage.tenant, InboxMessage.message_id).where(
-                InboxMessage.consumer == consumer, InboxMessage.message_id.in_(ids[start:start + _IDS_PER_QUERY]))))
+                InboxMessage.consumer == consumer,
+                one_of(session, InboxMessage.message_id, ids[start:start + _IDS_PER_QUERY]))))
     return {key for key in wanted if key in held or (LEGACY, "", key.message_id) in held}
 
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import defer
 from shared.dra.results import State
 from shared.ledger.decisions import release_devices
 from shared.ledger.schema import OUTSIDE, Claim, EarlyRelease
-from shared.ledger.unit_of_work import UnitOfWork, in_chunks
+from shared.ledger.unit_of_work import UnitOfWork, in_chunks, one_of
 
 _CLAIMS = cast(Table, Claim.__table__)
 # Columns of claim rows a message's lookup does not load: parsing their JSON cost most of it. Reading one
@@ -117,7 +117,7 @@ async def _claims_named(session: AsyncSession, wanted: set[tuple[str, str]]) -> 
     namespaces = sorted({namespace for namespace, _ in wanted})
     for chunk in in_chunks(sorted({name for _, name in wanted})):
         for row in await session.scalars(select(Claim).options(*_UNREAD_BY_MESSAGES).where(
-                Claim.namespace.in_(namespaces), Claim.name.in_(chunk))):
+                one_of(session, Claim.namespace, namespaces), one_of(session, Claim.name, chunk))):
             if (key := (row.namespace, row.name)) in wanted:
                 rows[key] = row
     return rows
@@ -142,7 +142,7 @@ async def _early_releases_named(session: AsyncSession,
     for chunk in in_chunks(sorted({name for _, name in wanted})):
         for tenant, name, released in await session.execute(
                 select(EarlyRelease.tenant, EarlyRelease.name, EarlyRelease.released_seq).where(
-                    EarlyRelease.tenant.in_(tenants), EarlyRelease.name.in_(chunk))):
+                    one_of(session, EarlyRelease.tenant, tenants), one_of(session, EarlyRelease.name, chunk))):
             if (tenant, name) in wanted:
                 found[(tenant, name)] = int(released)
     return found

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from shared.ledger.schema import OutboxEvent
-from shared.ledger.unit_of_work import UnitOfWork, in_chunks
+from shared.ledger.unit_of_work import UnitOfWork, in_chunks, one_of
 
 
 @dataclass(frozen=True)
@@ -51,4 +51,4 @@ async def mark_published_by_message_id(work: UnitOfWork, message_ids: list[str])
     now = datetime.now(UTC)
     for chunk in in_chunks(message_ids):
         await work.session.execute(
-            update(OutboxEvent).where(OutboxEvent.message_id.in_(chunk)).values(published_at=now))
+            update(OutboxEvent).where(one_of(work.session, OutboxEvent.message_id, chunk)).values(published_at=now))

@@ -20,7 +20,7 @@ from shared.dra import model as dra
 from shared.dra.claims import expected_runtime, gang_name
 from shared.dra.results import Allocation, State
 from shared.ledger.schema import OUTSIDE, Claim, ClaimEvent
-from shared.ledger.unit_of_work import UnitOfWork, in_chunks
+from shared.ledger.unit_of_work import UnitOfWork, in_chunks, one_of
 
 log = logging.getLogger("claimbroker.allocator")
 QUEUED = (State.PENDING.value, State.ALLOCATED.value)  # a claim in these states waits or runs
@@ -161,7 +161,7 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
     if full:
         queries = [preempted.join(Claim, Claim.id == ClaimEvent.claim_id).where(Claim.state == State.PENDING.value)]
     else:
-        queries = [preempted.where(ClaimEvent.claim_id.in_(chunk)) for chunk in in_chunks(pending)]
+        queries = [preempted.where(one_of(session, ClaimEvent.claim_id, chunk)) for chunk in in_chunks(pending)]
     for query in queries:
         for claim_id, by in await session.execute(query):
             if by and "/" in by:
@@ -186,12 +186,12 @@ async def _read_rows(session: AsyncSession, cache: QueueCache, listed: Sequence[
             stale.append(row_id)
     for chunk in in_chunks(unread):
         for row_id, spec, allocation in await session.execute(
-                select(Claim.id, Claim.spec, Claim.allocation).where(Claim.id.in_(chunk))):
+                select(Claim.id, Claim.spec, Claim.allocation).where(one_of(session, Claim.id, chunk))):
             documents[row_id] = read_document(spec)
             allocations[row_id] = allocation
     for chunk in in_chunks(stale):
         for row_id, allocation in await session.execute(
-                select(Claim.id, Claim.allocation).where(Claim.id.in_(chunk))):
+                select(Claim.id, Claim.allocation).where(one_of(session, Claim.id, chunk))):
             allocations[row_id] = allocation
     held = cache.held
     for row_id, namespace, name, state, sequence, priority, preemptible, arrival, answered, allocated_at in listed:

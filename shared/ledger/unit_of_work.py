@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar, cast
 
-from sqlalchemy import Table, bindparam, func, insert, update
+from sqlalchemy import ARRAY, ColumnElement, Table, any_, bindparam, func, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.contract import events, subjects
@@ -35,6 +35,15 @@ _T = TypeVar("_T")
 def in_chunks(ids: Sequence[_T]) -> Iterable[Sequence[_T]]:
     """`ids` in pieces of IDS_PER_QUERY, one statement each."""
     return (ids[i:i + IDS_PER_QUERY] for i in range(0, len(ids), IDS_PER_QUERY))
+
+
+def one_of(session: AsyncSession, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
+    """`column IN (values)`; on PostgreSQL `column = ANY(:values)`, one array parameter whatever the length:
+    SQLAlchemy expands an IN list value by value at every execution, and each length is a statement text
+    of its own for asyncpg to prepare (a decision transaction asks several such lists, issue 42)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return cast(ColumnElement[bool], column == any_(bindparam(None, list(values), type_=ARRAY(column.type))))
+    return cast(ColumnElement[bool], column.in_(values))
 
 
 class StatusRow(Protocol):
