@@ -6,17 +6,20 @@ wait in the outbox, and the relay tries again with backoff.
 Two ways in (issue 42). At start, and after any failure to publish, the relay reads the outbox back in
 order, publishes and marks what it read, until nothing is left (the ledger's way). Then each commit hands
 its events over (`committed`, called right after the commit, so they queue in commit order) and the relay
-publishes them from memory: no transaction to read them back, and none of its own to mark them, since the
-next decision transaction marks them (`take_marks`), or the relay itself once it has been idle a second.
+publishes them from memory: no transaction to read them back, and none of its own to mark them, since a
+decision transaction marks them (`marks_due`, then `take_marks`: at most once every MARK_EVERY_S, or once
+MARK_BATCH wait, so most transactions have no marking statement), or the relay itself once it has been idle
+a second.
 Marks follow publishing order, so what a crash leaves unmarked is the last events published, which a
 restart publishes again in the same order (JetStream drops them as duplicates within its window; past it,
-the last status of each claim is still its last)."""
+the last status of each claim is still its last): at most about MARK_EVERY_S of them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +36,8 @@ from shared.ledger.unit_of_work import unit_of_work
 
 log = logging.getLogger("claimbroker.allocator")
 MARK_AFTER_IDLE_S = 1.0  # published from memory and not marked by a decision transaction: the relay marks them
+MARK_EVERY_S = 1.0  # a decision transaction marks what was published from memory at most this often...
+MARK_BATCH = 500  # ...unless this many wait
 
 
 class OutboxRelay:
@@ -51,6 +56,7 @@ class OutboxRelay:
         self._memory: list[outbox.Unpublished] | None = None  # handed over, to publish; None: read the ledger
         self._committed_since_read = False  # events committed while the ledger was being read
         self._marks: list[str] = []  # message ids published from memory, not yet marked
+        self._marks_taken_at = time.monotonic()
 
     def due(self) -> None:
         """Events were committed that only the ledger has: read it back."""
@@ -69,10 +75,17 @@ class OutboxRelay:
             self._memory.extend(outbox.handed_over(rows))
         self._due.set()
 
+    def marks_due(self) -> bool:
+        """Whether a decision transaction should mark now: MARK_EVERY_S since the last marks were taken, or
+        MARK_BATCH waiting (marking is one statement; every transaction had one)."""
+        return bool(self._marks) and (len(self._marks) >= MARK_BATCH
+                                      or time.monotonic() >= self._marks_taken_at + MARK_EVERY_S)
+
     def take_marks(self) -> list[str]:
         """The events published from memory and not yet marked, for the caller's transaction to mark
         (`outbox.mark_published_by_message_id`); `return_marks` if it does not commit."""
         marks, self._marks = self._marks, []
+        self._marks_taken_at = time.monotonic()
         return marks
 
     def return_marks(self, marks: list[str]) -> None:

@@ -54,11 +54,11 @@ class DecisionTransaction:
         """One transaction: the batch's inbox rows and claim changes, one decision cycle, its events."""
         started = time.perf_counter()
         parts = Parts()
-        marks = self.relay.take_marks() if self.relay is not None else []
+        marks = self.relay.take_marks() if self.relay is not None and self.relay.marks_due() else []
         try:
             async with unit_of_work(self.sessions) as work:
                 await work.take_turn(self.shard, self.holder, self.clock() + 3 * self.cycle_interval + 30)
-                if marks:  # the events the relay published from memory since the last transaction
+                if marks:  # the events the relay published from memory since it last marked
                     await outbox.mark_published_by_message_id(work, marks)
                 parts.lap("turn")
                 keys = [message_key(message) for message in messages]
