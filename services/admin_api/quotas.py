@@ -303,17 +303,9 @@ async def export_job(reach: Reach, _: Limits, tenant: str | None, format: str) -
         config = replace(config, tenants={k: v for k, v in config.tenants.items() if k == tenant},
                          cohort_tree={k: v for k, v in config.cohort_tree.items() if k in above})
     document = config.to_document()
-    if "fairSharing" in document:  # whole seconds as digits: a 14d half-life's "1.2096e+06s" would not read back
-        document["fairSharing"] = {"halfLife": seconds_text(config.half_life)}
     if format == "json":
         return Answer(200, orjson.dumps(document))
     return Answer(200, yaml.dump(document, Dumper=_DUMPER, sort_keys=False).encode(), YAML)
-
-
-def seconds_text(seconds: float) -> str:
-    """A duration the Quotas parser reads back exactly: '1209600s', '0.25s' (never an exponent)."""
-    text = f"{seconds:.6f}".rstrip("0").rstrip(".")
-    return f"{text}s"
 
 
 _IMPORT_BODY = {"requestBody": {"required": True, "content": {

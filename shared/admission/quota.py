@@ -112,19 +112,28 @@ class TenantQuota:
             out["cohort"] = self.cohort
         out["weight"] = self.weight
         if self.pending_alert_after is not None:
-            out["pendingAlertAfter"] = f"{self.pending_alert_after:g}s"
+            out["pendingAlertAfter"] = duration_text(self.pending_alert_after)
         if self.admin_access:
             out["adminAccess"] = True
         if self.max_pending is not None:
             out["maxPending"] = self.max_pending
         if self.min_runtime is not None:
-            out["minRuntime"] = f"{self.min_runtime:g}s"
+            out["minRuntime"] = duration_text(self.min_runtime)
         if self.max_preemptions_per_minute is not None:
             out["maxPreemptionsPerMinute"] = self.max_preemptions_per_minute
         if self.gang_reserve_after is not None:
-            out["gangReserveAfter"] = f"{self.gang_reserve_after:g}s"
+            out["gangReserveAfter"] = duration_text(self.gang_reserve_after)
         out["quotas"] = {flavor: limit.to_json() for flavor, limit in sorted(self.quotas.items())}
         return out
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as the Quotas file writes it and reads it back: the largest whole unit (14d, 1h, 90s), else
+    seconds in plain digits (`:g` wrote 1.2096e+06s for 14 days, which no duration parser reads)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and float(seconds / size).is_integer():
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
 
 
 def pending_limit_problem(tenant: TenantQuota, waiting: int) -> str | None:
@@ -236,7 +245,7 @@ class QuotaConfig:
         if self.listed_flavors:
             doc["flavors"] = [f.to_json() for f in self.listed_flavors]
         if self.half_life > 0:
-            doc["fairSharing"] = {"halfLife": f"{self.half_life:g}s"}
+            doc["fairSharing"] = {"halfLife": duration_text(self.half_life)}
         doc["cohorts"] = [self.cohort(c).to_json() for c in self.cohorts]
         doc["tenants"] = [self.tenants[name].to_json() for name in sorted(self.tenants)]
         return doc

@@ -140,7 +140,7 @@ async def test_a_three_level_tree_with_a_half_life_round_trips(api: Api) -> None
 
     exported = await api.client.get("/v1/quotas/export", headers=api.viewer)
     document = yaml.safe_load(exported.text)
-    assert document["fairSharing"] == {"halfLife": "86400s"}
+    assert document["fairSharing"] == {"halfLife": "1d"}
     assert parse_quotas(document) == loaded
     again = await _import(api, exported.text)
     assert again.json()["changes"] == [], "re-importing the export changes nothing"
@@ -252,7 +252,7 @@ async def test_the_half_life_is_read_and_set_through_the_api(api: Api) -> None:
     assert [(e.entity, e.before, e.after) for e in await api.audit()] == [
         ("fair-sharing", {"halfLife": 0.0}, {"halfLife": 3600.0})]
     exported = yaml.safe_load((await api.client.get("/v1/quotas/export", headers=api.admin)).text)
-    assert exported["fairSharing"] == {"halfLife": "3600s"}
+    assert exported["fairSharing"] == {"halfLife": "1h"}
 
 
 async def test_openapi_documents_the_tree_and_fair_sharing(api: Api) -> None:

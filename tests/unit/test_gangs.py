@@ -520,7 +520,7 @@ def test_gang_reserve_after_is_read_from_the_quotas_file() -> None:
     config = quotas({"name": "x", "gangReserveAfter": "10m"}, {"name": "y"}, {"name": "z", "gangReserveAfter": "0s"})
     assert (config.gang_reserve_after("x"), config.gang_reserve_after("y"), config.gang_reserve_after("z")) == (
         600.0, 300.0, 0.0)
-    assert config.tenants["x"].to_json()["gangReserveAfter"] == "600s"
+    assert config.tenants["x"].to_json()["gangReserveAfter"] == "10m"
     with pytest.raises(QuotaFileError, match="gangReserveAfter"):
         quotas({"name": "x", "gangReserveAfter": "soon"})
 

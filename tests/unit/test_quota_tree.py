@@ -15,7 +15,14 @@ from shared.admission.flavors import Flavors
 from shared.admission.invariant import held_per_flavor, violations
 from shared.admission.kept import KeptState
 from shared.admission.model import Running, Snapshot, Waiting
-from shared.admission.quota import CohortQuota, QuotaConfig, QuotaFileError, QuotaLimit, parse_quotas
+from shared.admission.quota import (
+    CohortQuota,
+    QuotaConfig,
+    QuotaFileError,
+    QuotaLimit,
+    duration_text,
+    parse_quotas,
+)
 from shared.dra.classes import BUILTIN_CLASSES
 from shared.dra.inventory import Fleet
 from shared.dra.matching import SelectorMemo
@@ -282,3 +289,15 @@ def test_the_answer_says_which_cohort_limit_to_raise() -> None:
     assert decided.explain is not None
     assert decided.explain["quota"][0]["cohortLimit"] == {"cohort": "org-b", "borrowingLimit": 2, "enough": 4}
     assert decided.explain["toAdmit"][0].startswith("raise cohort org-b's H100 borrowingLimit from 2 to 4")
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0.0, "0s"), (0.5, "0.5s"), (90.0, "90s"), (120.0, "2m"),
+                                               (3600.0, "1h"), (14 * 86400.0, "14d"), (10_000_000.25, "10000000.25s")])
+def test_exported_durations_read_back_exactly(seconds: float, text: str) -> None:
+    """`:g` wrote a 14-day half-life as 1.2096e+06s, which the Quotas parser refuses."""
+    assert duration_text(seconds) == text
+    document = {"kind": "Quotas", "fairSharing": {"halfLife": text},
+                "tenants": [{"name": "t", "minRuntime": text, "quotas": {}}]}
+    config = parse_quotas(document)
+    assert (config.half_life, config.tenants["t"].min_runtime) == (seconds, seconds)
+    assert parse_quotas(config.to_document()) == config
