@@ -224,8 +224,12 @@ class ClusterClaims:
         the claim stays due), so no claim can stop the others."""
         keys, self.due = sorted(self.due), set()
         wanted = {k: self.tenancy.tenant_of(k[0]) for k in keys}
-        async with self.sessions() as session:
-            found = await ledger.ledger_claims(session, {(t, k[1]) for k, t in wanted.items() if t is not None})
+        try:
+            async with self.sessions() as session:
+                found = await ledger.ledger_claims(session, {(t, k[1]) for k, t in wanted.items() if t is not None})
+        except BaseException:
+            self.due.update(keys)  # the ledger away: still due when it is back
+            raise
         in_flight = asyncio.Semaphore(self.concurrency)
 
         async def one_claim(key: Key) -> None:
