@@ -62,20 +62,19 @@ class DecisionTransaction:
                     await outbox.mark_published_by_message_id(work, marks)
                 parts.lap("turn")
                 keys = [message_key(message) for message in messages]
-                done = await inbox.seen(work.session, CONSUMER, keys)
+                now = datetime.fromtimestamp(self.clock(), UTC)
+                # the ids not seen before, recorded now (one statement on PostgreSQL): the others are
+                # redeliveries, re-sent messages, or duplicates in this batch
+                unseen = await inbox.record_unseen(work.session, CONSUMER, keys, now)
                 parts.lap("inbox")
-                fresh, recorded = [], []
+                fresh = []
                 for message, key in zip(messages, keys, strict=True):
-                    if key in done:
-                        continue  # a redelivery, a re-sent message, or a duplicate in this batch
-                    done.add(key)
-                    recorded.append(key)
+                    if key not in unseen:
+                        continue
+                    unseen.discard(key)  # a duplicate later in this batch is not read again
                     fresh.append(read_message(message.subject, message.data, key.message_id,
                                               message.metadata.sequence.stream))
                 parts.lap("parse")
-                now = datetime.fromtimestamp(self.clock(), UTC)
-                await inbox.record(work.session, CONSUMER, recorded, now)
-                parts.lap("inbox")
                 # the quotas, read once: submissions are checked against maxPending, the cycle decides on them
                 config = await self.cycle.quotas.load(work.session) if any(m.claim is not None for m in fresh) \
                     else None

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import NamedTuple
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import ARRAY, DateTime, String, bindparam, delete, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.ledger.schema import DEAD_LETTER_PAYLOAD_LIMIT, DeadLetter, InboxMessage
@@ -57,6 +57,41 @@ async def record(session: AsyncSession, consumer: str, keys: Iterable[Key], at: 
              "processed_at": at} for key in dict.fromkeys(keys)]
     if rows:
         await session.execute(insert(InboxMessage), rows)
+
+
+# The inbox's check and record in one statement on PostgreSQL: the keys no row holds (by kind and tenant, nor
+# by a LEGACY row of their id) are inserted and returned; the others were seen.
+_RECORD_UNSEEN = text("""
+WITH incoming AS (
+    SELECT DISTINCT kind, tenant, message_id
+    FROM unnest(CAST(:kinds AS varchar[]), CAST(:tenants AS varchar[]), CAST(:ids AS varchar[]))
+        AS i(kind, tenant, message_id))
+INSERT INTO inbox (consumer, message_id, kind, tenant, processed_at)
+SELECT CAST(:consumer AS varchar), i.message_id, i.kind, i.tenant, CAST(:at AS timestamptz) FROM incoming i
+WHERE NOT EXISTS (SELECT 1 FROM inbox l WHERE l.consumer = CAST(:consumer AS varchar) AND l.message_id = i.message_id
+                  AND l.kind = '' AND l.tenant = '')
+ON CONFLICT DO NOTHING
+RETURNING kind, tenant, message_id""").bindparams(
+    bindparam("kinds", type_=ARRAY(String)), bindparam("tenants", type_=ARRAY(String)),
+    bindparam("ids", type_=ARRAY(String)), bindparam("at", type_=DateTime(timezone=True)))
+
+
+async def record_unseen(session: AsyncSession, consumer: str, keys: Iterable[Key], at: datetime) -> set[Key]:
+    """`seen` and `record` of the keys not seen, in one: which of these keys the inbox did not hold, now
+    recorded (at `at`); the others it held. On PostgreSQL one statement (INSERT ... ON CONFLICT DO NOTHING
+    RETURNING: the check and the record were two round trips of every decision transaction, issue 42)."""
+    wanted = list(dict.fromkeys(keys))
+    if not wanted:
+        return set()
+    if session.get_bind().dialect.name != "postgresql":
+        held = await seen(session, consumer, wanted)
+        unseen = [key for key in wanted if key not in held]
+        await record(session, consumer, unseen, at)
+        return set(unseen)
+    rows = await session.execute(_RECORD_UNSEEN, {
+        "kinds": [key.kind for key in wanted], "tenants": [key.tenant for key in wanted],
+        "ids": [key.message_id for key in wanted], "consumer": consumer, "at": at})
+    return {Key(kind, tenant, message_id) for kind, tenant, message_id in rows}
 
 
 async def prune(session: AsyncSession, consumer: str, before: datetime, limit: int) -> int:

@@ -38,6 +38,28 @@ async def test_ids_count_per_kind_and_tenant(ledger_url: str) -> None:
         await engine.dispose()
 
 
+async def test_recording_the_unseen_ids_returns_them_and_counts_legacy_rows_as_seen(ledger_url: str) -> None:
+    """`record_unseen` (one statement on PostgreSQL) answers as `seen` then `record` did."""
+    await migrate(ledger_url)
+    engine = create_engine(ledger_url)
+    try:
+        async with sessions(engine)() as session, session.begin():
+            await inbox.record(session, "allocator", [inbox.Key("submit", "a", "X")], at(0))
+            session.add(InboxMessage(consumer="allocator", message_id="old", processed_at=at(0)))  # before 0011
+        asked = [inbox.Key(kind, tenant, message_id) for kind in ("submit", "release") for tenant in ("a", "b")
+                 for message_id in ("X", "old", "new")]
+        async with sessions(engine)() as session, session.begin():
+            recorded = await inbox.record_unseen(session, "allocator", [*asked, *asked], at(0))
+        assert recorded == {k for k in asked if k.message_id == "new" or (k.message_id == "X" and k != asked[0])}
+        async with sessions(engine)() as session, session.begin():
+            assert await inbox.record_unseen(session, "allocator", asked, at(0)) == set()
+            assert await inbox.seen(session, "allocator", asked) == set(asked)
+            assert await inbox.record_unseen(session, "notifier", asked[:1], at(0)) == set(asked[:1])
+            assert await inbox.record_unseen(session, "allocator", [], at(0)) == set()
+    finally:
+        await engine.dispose()
+
+
 async def test_a_pruner_forgets_its_consumers_ids_past_the_retention_and_not_before(ledger_url: str) -> None:
     await migrate(ledger_url)
     engine = create_engine(ledger_url)
