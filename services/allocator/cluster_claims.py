@@ -100,7 +100,7 @@ class ClusterClaims:
         self.due: set[Key] = set()
         self.wake = asyncio.Event()
         self.leader = False
-        self.tenancy = Tenancy(self.namespaces, [])
+        self.tenancy = Tenancy(self.namespaces, frozenset())
         self.writes: dict[str, int] = {}  # per kind of write, for tests and metrics
 
     async def run(self) -> None:
@@ -212,7 +212,10 @@ class ClusterClaims:
     async def _hold_lease(self) -> None:
         async with self.sessions() as session, session.begin():
             leader = await ledger.hold_writer_lease(session, self.holder, self.clock(), self.lease_s)
-            self.tenancy = Tenancy(self.namespaces, await ledger.tenant_names(session))
+            tenancy = Tenancy(self.namespaces, frozenset(await ledger.tenant_names(session)))
+        if tenancy != self.tenancy:  # a namespace may have gained (or lost) its tenant: every claim is due
+            self.tenancy = tenancy
+            self.due.update(self.claims)
         if leader != self.leader:
             log.info("cluster claims: %s the cluster writer's lease", "holding" if leader else "not holding")
             self.leader = leader
