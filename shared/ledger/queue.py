@@ -121,15 +121,19 @@ async def load_queue(work: UnitOfWork, cache: QueueCache | None = None) -> Queue
     cache = cache if cache is not None else QueueCache()
     revision = work.revision
     since = cache.seen if revision is not None and cache.seen is not None and cache.seen < revision else None
+    listed: list[Any]
+    outside_read = True  # whether rows written outside a decision transaction may be waiting for a revision
     if since is None:
         listed = list((await session.execute(select(*_COLUMNS).where(Claim.state.in_(QUEUED))
                                              .order_by(Claim.id))).all())
     else:
-        # OUTSIDE rows too. Sorted here, not by the database: asked to order by id, SQLite scans the whole
-        # table in id order instead of searching the revision index (a cost that grows with the
-        # depth, for the same hundred rows)
-        listed = sorted((await session.execute(select(*_COLUMNS).where(Claim.revision > since))).all(),
-                        key=lambda row: row[0])
+        # OUTSIDE rows too (OUTSIDE is above every revision). Sorted here, not by the database: asked to order
+        # by id, SQLite scans the whole table in id order instead of searching the revision index (a cost that
+        # grows with the depth, for the same hundred rows)
+        read = sorted((await session.execute(select(*_COLUMNS, Claim.revision).where(Claim.revision > since))).all(),
+                      key=lambda row: row[0])
+        outside_read = any(row[-1] == OUTSIDE for row in read)
+        listed = [tuple(row)[:-1] for row in read]
     cache.rows_read = len(listed)
     queued = [row for row in listed if row[3] in QUEUED]
     gone = ({row[0] for row in listed} - {row[0] for row in queued} if since is not None  # released, Rejected
@@ -145,7 +149,9 @@ async def load_queue(work: UnitOfWork, cache: QueueCache | None = None) -> Queue
                         len(cache.keys), count)
             cache.invalidate()
             return await load_queue(work, cache)
-    if revision is not None:  # rows written outside a decision transaction are read once more, then as any row
+    # rows written outside a decision transaction are read once more, then as any row; when this read saw
+    # none, the statement is left out (one that commits meanwhile is still OUTSIDE: the next read takes it)
+    if revision is not None and outside_read:
         await session.execute(update(Claim).where(Claim.revision == OUTSIDE).values(revision=revision))
     cache.seen = revision - 1 if revision is not None else None  # this transaction's own writes: read next time
     return cache.held
