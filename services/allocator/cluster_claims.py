@@ -39,6 +39,7 @@ from shared.kube_claims.cluster_claim import (
     GATE,
     REASON_ANNOTATION,
     STATE_ANNOTATION,
+    TENANT_ANNOTATION,
     ClusterClaim,
     Tenancy,
     gated,
@@ -70,8 +71,14 @@ CLAIMS, PODS = "resourceclaims", "pods"
 COMPONENT = "claimbroker.io/allocator"
 CONFLICT_RETRIES = 5
 BACKLOG_WAIT_S = 30.0  # how long a publish waits for room in the tenant's backlog on the bus
-RETRY_AFTER_S = 2.0  # a claim whose reconcile failed is due again after this, not at the next resync
+RETRY_AFTER_S = 2.0  # a claim whose reconcile failed is due again after this (doubling), not at the next resync
+RETRY_MAX_S = 60.0
+EVICTED_FOR_S = 60.0  # an evicted pod is not evicted again for this long (its deletion is under way)
 Key = tuple[str, str]
+
+
+class NotWriter(Exception):
+    """The writer's lease may have lapsed: no write until it is renewed."""
 
 
 class Conflict(Exception):
@@ -91,8 +98,11 @@ class ClusterClaims:
         self.lease_s, self.resync_s, self.clock = lease_s, resync_s, clock
         self.concurrency = concurrency  # claims reconciled at once: requests in flight to the API server
         self.reflector = reflector or Reflector(api)
-        self.claims: dict[Key, ClusterClaim] = {}
-        self.holders: dict[tuple[str, str, str], Key] = {}  # (driver, pool, device) -> the claim holding it there
+        self.claims: dict[Key, ClusterClaim] = {}  # the broker's claims (annotated, or still holding its finalizer)
+        self.others: dict[Key, ClusterClaim] = {}  # every other claim: seen (a pod may use it), and what it holds
+        # (driver, pool, device) -> the claim, the broker's or not, holding it in the cluster
+        self.holders: dict[tuple[str, str, str], Key] = {}
+        self.uids: dict[str, Key] = {}  # the broker's claims by cluster uid
         self.gone: dict[Key, int] = {}  # the resourceVersion a claim was deleted at: a late write answer is no news
         self.waiting: set[Key] = set()  # claims whose devices another cluster claim still holds
         self.pods: dict[Key, dict[str, Any]] = {}
@@ -100,6 +110,9 @@ class ClusterClaims:
         self.due: set[Key] = set()
         self.wake = asyncio.Event()
         self.leader = False
+        self.lease_until = 0.0  # monotonic: no write to the cluster after it unless the lease was renewed
+        self.failures: dict[Key, int] = {}  # a claim's reconciles that failed in a row: its retry backs off
+        self.evicted: dict[str, float] = {}  # pod uid -> when its eviction was accepted (not asked again soon)
         self.tenancy = Tenancy(self.namespaces, frozenset())
         self.writes: dict[str, int] = {}  # per kind of write, for tests and metrics
 
@@ -112,28 +125,35 @@ class ClusterClaims:
                                                      self._replace_pods, self._pod_event,
                                                      field_selector="status.phase=Pending"))
             group.create_task(self._follow_statuses())
+            group.create_task(self._keep_lease())
             group.create_task(self._work())
 
     # --- what the cluster and the bus say ---------------------------------------------------------
 
     async def _replace_claims(self, items: list[dict[str, Any]]) -> None:
-        self.claims, self.holders = {}, {}
+        """A (re)list: the cache becomes the list, except where a write's answer we hold is newer than it
+        (a list taken while that write was in flight)."""
+        before = {**self.others, **self.claims}
+        self.claims, self.others, self.holders, self.uids = {}, {}, {}, {}
         for claim in map(read_claim, items):
-            if _ours(claim):
-                self._store(claim)
+            held = before.get(claim.key)
+            self._store(held if held is not None and _version(held) > _version(claim) else claim)
         self.synced.add(CLAIMS)
         self._mark(self.claims)  # a relist: everything is due, drift included
 
     async def _claim_event(self, kind: str, item: dict[str, Any]) -> None:
         claim = read_claim(item)
-        held = self.claims.get(claim.key)
+        held = self.claims.get(claim.key) or self.others.get(claim.key)
         if kind == "DELETED":
             self.gone[claim.key] = _version(claim)
-        if kind == "DELETED" or not _ours(claim):
+        if kind == "DELETED":
             self._forget(claim.key)
+        elif not _ours(claim):
+            self._store(claim)
         else:
             self.gone.pop(claim.key, None)
-            echo = held is not None and _version(held) >= _version(claim)  # our own write's answer came first
+            # our own write's answer came first: no news
+            echo = held is not None and _ours(held) and _version(held) >= _version(claim)
             self._store(claim)
             if not echo:
                 self._mark([claim.key])
@@ -187,16 +207,32 @@ class ClusterClaims:
 
     # --- keeping the cluster where the ledger is --------------------------------------------------
 
+    async def _keep_lease(self) -> None:
+        """Renew the writer's lease every third of it, on its own (a reconcile may outlast the lease); a write
+        is made only before `lease_until`, two thirds of a lease after the last renewal, so the lease of a
+        writer that stopped renewing has lapsed in the ledger before another can take it and write."""
+        while True:
+            asked = time.monotonic()
+            try:
+                await self._hold_lease()
+                self.lease_until = asked + self.lease_s * 2 / 3 if self.leader else 0.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # the ledger away: no writes once the lease may have lapsed
+                log.warning("cluster claims: the writer's lease not renewed (%r)", error)
+            await asyncio.sleep(self.lease_s / 3)
+
+    def _may_write(self) -> None:
+        if time.monotonic() >= self.lease_until:
+            raise NotWriter()
+
     async def _work(self) -> None:
-        next_resync = next_lease = 0.0
+        next_resync = 0.0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=min(self.lease_s / 3, self.resync_s))
             self.wake.clear()
             try:
-                if time.monotonic() >= next_lease:  # a write transaction: not at every wake (SQLite has one writer)
-                    await self._hold_lease()
-                    next_lease = time.monotonic() + self.lease_s / 3
                 if not self.leader or self.synced != {CLAIMS, PODS}:
                     continue
                 if time.monotonic() >= next_resync:
@@ -221,12 +257,13 @@ class ClusterClaims:
             self.leader = leader
             if leader:
                 self.due.update(self.claims)
+                self.wake.set()
 
     async def reconcile(self) -> None:
         """Every due claim, then every gated pod; each claim guarded on its own (one failure is logged and
         the claim stays due), so no claim can stop the others."""
         keys, self.due = sorted(self.due), set()
-        wanted = {k: self.tenancy.tenant_of(k[0]) for k in keys}
+        wanted = {k: self.tenancy.tenant_for(self.claims[k]) if k in self.claims else None for k in keys}
         try:
             async with self.sessions() as session:
                 found = await ledger.ledger_claims(session, {(t, k[1]) for k, t in wanted.items() if t is not None})
@@ -242,9 +279,12 @@ class ClusterClaims:
                     await self._reconcile_claim(key, found.get((tenant, key[1])) if tenant is not None else None)
                 except asyncio.CancelledError:
                     raise
+                except NotWriter:
+                    self.due.add(key)  # the next writer (maybe us again) takes it
                 except Exception as error:
-                    log.warning("cluster claim %s/%s: %r; tried again in %gs", *key, error, RETRY_AFTER_S)
-                    asyncio.get_running_loop().call_later(RETRY_AFTER_S, self._mark, [key])
+                    self._retry_later(key, error)
+                else:
+                    self.failures.pop(key, None)
 
         async def one_pod(key: Key) -> None:
             async with in_flight:
@@ -252,6 +292,8 @@ class ClusterClaims:
                     await self._ungate(key)
                 except asyncio.CancelledError:
                     raise
+                except NotWriter:
+                    pass  # the next writer takes it
                 except Exception as error:
                     log.warning("pod %s/%s: ungating failed: %r", *key, error)
 
@@ -263,13 +305,21 @@ class ClusterClaims:
             for pod_key in sorted(self.pods):
                 group.create_task(one_pod(pod_key))
 
+    def _retry_later(self, key: Key, error: Exception) -> None:
+        """Due again after 2 s, doubling with each failure in a row up to a minute (a claim the API server
+        refuses every time must not be asked every 2 s forever)."""
+        failures = self.failures[key] = self.failures.get(key, 0) + 1
+        delay = min(RETRY_MAX_S, RETRY_AFTER_S * 2 ** (failures - 1))
+        log.warning("cluster claim %s/%s: %r; tried again in %gs", *key, error, delay)
+        asyncio.get_running_loop().call_later(delay, self._mark, [key])
+
     async def _reconcile_claim(self, key: Key, own: LedgerClaim | None) -> None:
         for _ in range(CONFLICT_RETRIES):
             claim = self.claims.get(key)
             if claim is None:
                 return
             try:
-                for action in plan(claim, own, self.tenancy, self._held_elsewhere):
+                for action in plan(claim, own, self.tenancy, self._held_elsewhere, self._live_claim):
                     claim = await self._carry_out(claim, action)
                 return
             except Conflict:
@@ -279,18 +329,30 @@ class ClusterClaims:
         self.due.add(key)
 
     def _store(self, claim: ClusterClaim) -> None:
-        """The cache of the cluster's claims, and who holds each device there (`holders`)."""
+        """The cache of the cluster's claims (the broker's in `claims`, the others in `others`), who holds each
+        device there (`holders`: a claim kube-scheduler allocated holds its devices as much as ours do) and the
+        broker's claims by uid."""
         self._forget(claim.key)
-        self.claims[claim.key] = claim
+        if _ours(claim):
+            self.claims[claim.key] = claim
+            self.uids[claim.uid] = claim.key
+        else:
+            self.others[claim.key] = claim
         for device in allocated_devices(claim.allocation):
             self.holders[device] = claim.key
 
     def _forget(self, key: Key) -> None:
-        held = self.claims.pop(key, None)
+        held = self.claims.pop(key, None) or self.others.pop(key, None)
         if held is not None:
+            if self.uids.get(held.uid) == key:
+                del self.uids[held.uid]
             for device in allocated_devices(held.allocation):
                 if self.holders.get(device) == key:
                     del self.holders[device]
+
+    def _live_claim(self, uid: str) -> str | None:
+        key = self.uids.get(uid)
+        return f"{key[0]}/{key[1]}" if key is not None else None
 
     def _held_elsewhere(self, claim: ClusterClaim, allocation: Mapping[str, Any]) -> str | None:
         for device in allocated_devices(allocation):
@@ -303,16 +365,19 @@ class ClusterClaims:
 
     async def _carry_out(self, claim: ClusterClaim, action: Action) -> ClusterClaim:
         """One action; returns the claim as the cluster now has it (writes answer the new object)."""
+        if not isinstance(action, Wait):
+            self._may_write()
         match action:
-            case AddFinalizer():
-                return await self._patch_meta(claim, {"finalizers": [*claim.finalizers, FINALIZER]}, "finalizer")
+            case AddFinalizer(tenant=tenant):
+                return await self._patch_meta(claim, {"finalizers": [*claim.finalizers, FINALIZER],
+                                                      "annotations": {TENANT_ANNOTATION: tenant}}, "finalizer")
             case RemoveFinalizer():
                 return await self._patch_meta(claim, {"finalizers": [f for f in claim.finalizers if f != FINALIZER]},
                                               "finalizer-removed")
             case Submit(tenant=tenant, document=document):
                 await self._publish(subjects.submit(tenant), document, f"kube-{claim.uid}", "submit")
-            case Release(tenant=tenant, name=name):
-                await self._publish(subjects.release(tenant), {"name": name}, f"kube-release-{claim.uid}", "release")
+            case Release(tenant=tenant, name=name, uid=uid):
+                await self._publish(subjects.release(tenant), {"name": name}, f"kube-release-{uid}", "release")
             case WriteAllocation(allocation=allocation):
                 return await self._write_status(claim, dict(allocation))
             case ClearAllocation():
@@ -413,11 +478,13 @@ class ClusterClaims:
             return
 
     async def _evict(self, claim: ClusterClaim, pods: Any, message: str) -> None:
+        now = time.monotonic()
+        self.evicted = {uid: at for uid, at in self.evicted.items() if now - at < EVICTED_FOR_S}
         for pod in pods:
-            if pod.resource != "pods":
-                continue
+            if pod.resource != "pods" or pod.uid in self.evicted:
+                continue  # being evicted: its reservation goes when it is gone
             try:
-                await self.requests.evict_pod(claim.namespace, pod.name)
+                await self.requests.evict_pod(claim.namespace, pod.name, pod.uid)
             except ApiException as error:
                 if error.status == 404:
                     continue  # gone already: the claim controller clears its reservation
@@ -426,6 +493,7 @@ class ClusterClaims:
                     asyncio.get_running_loop().call_later(RETRY_AFTER_S, self._mark, [claim.key])
                     continue
                 raise
+            self.evicted[pod.uid] = now
             self._count("eviction")
             await self._event({"apiVersion": "v1", "kind": "Pod",
                                "metadata": {"name": pod.name, "namespace": claim.namespace, "uid": pod.uid}},
@@ -456,8 +524,10 @@ class ClusterClaims:
         if pod is None:
             return
         claims = {name: claim for (namespace, name), claim in self.claims.items() if namespace == key[0]}
-        step = pod_step(pod, claims)
+        seen = {name for namespace, name in (*self.claims, *self.others) if namespace == key[0]}
+        step = pod_step(pod, claims, seen)
         version = (pod.get("metadata") or {}).get("resourceVersion")
+        self._may_write()
         if isinstance(step, Waits):
             if said_on(pod, step):
                 return

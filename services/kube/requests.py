@@ -46,9 +46,11 @@ class KubeRequests:
     async def patch_pod_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return await self._send("PATCH", _path(_PODS, namespace, name) + "/status", patch, MERGE_PATCH)
 
-    async def evict_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        """The Eviction API: the API server honours the pod's disruption budgets (429 when one refuses)."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
+        """The Eviction API: the API server honours the pod's disruption budgets (429 when one refuses); only
+        the pod of this uid (a pod recreated under the name is not the one that held the claim)."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
         return await self._send("POST", _path(_PODS, namespace, name) + "/eviction", body)
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,10 @@ FINALIZER = "claimbroker.io/allocation"  # held while the broker may hold device
 GATE = "claimbroker.io/allocation"  # a pod's scheduling gate, removed once its broker claims are Allocated
 STATE_ANNOTATION = "claimbroker.io/state"  # what the broker last said of the claim ...
 REASON_ANNOTATION = "claimbroker.io/reason"  # ... and why: ResourceClaimStatus has no conditions field
-WRITTEN_ANNOTATIONS = frozenset({STATE_ANNOTATION, REASON_ANNOTATION})
+# the tenant the claim was submitted for, written with the finalizer: the ledger's claim is found by it even
+# when the namespace's mapping changes later (else the ledger would hold its devices for a claim it cannot find)
+TENANT_ANNOTATION = "claimbroker.io/tenant"
+WRITTEN_ANNOTATIONS = frozenset({STATE_ANNOTATION, REASON_ANNOTATION, TENANT_ANNOTATION})
 API_VERSION = dra.API_VERSION
 
 
@@ -52,6 +55,11 @@ class ClusterClaim:
         return self.annotations.get(BROKER_ANNOTATION) == "true"
 
     @property
+    def recorded_tenant(self) -> str | None:
+        """The tenant the broker took the claim for, once it holds its finalizer."""
+        return self.annotations.get(TENANT_ANNOTATION) if FINALIZER in self.finalizers else None
+
+    @property
     def said(self) -> tuple[str | None, str | None]:
         """The state and reason the broker last wrote on the claim."""
         return self.annotations.get(STATE_ANNOTATION), self.annotations.get(REASON_ANNOTATION)
@@ -78,7 +86,8 @@ def read_claim(obj: Mapping[str, Any]) -> ClusterClaim:
 @dataclass(frozen=True)
 class Tenancy:
     """Which tenant a namespace's claims belong to: an explicit mapping first, then a namespace named as a
-    tenant of the ledger; with no tenant in the ledger at all (the open fleet) every namespace is its own."""
+    tenant of the ledger; with no tenant in the ledger at all (the open fleet) every namespace is its own.
+    A claim already taken keeps the tenant it was taken for (`ClusterClaim.recorded_tenant`)."""
 
     mapping: Mapping[str, str]
     tenants: Collection[str]
@@ -89,6 +98,9 @@ class Tenancy:
         if not self.tenants or namespace in self.tenants:
             return namespace
         return None
+
+    def tenant_for(self, claim: ClusterClaim) -> str | None:
+        return claim.recorded_tenant or self.tenant_of(claim.namespace)
 
     def namespaces_of(self, tenant: str) -> list[str]:
         mapped = [ns for ns, t in self.mapping.items() if t == tenant]
@@ -108,7 +120,7 @@ def submission(claim: ClusterClaim, tenancy: Tenancy) -> tuple[str, dict[str, An
     spec = obj.get("spec")
     if not isinstance(spec, Mapping) or not spec:
         return "the claim has no spec: nothing to allocate (spec.devices.requests lists what it needs)"
-    tenant = tenancy.tenant_of(claim.namespace)
+    tenant = claim.recorded_tenant or tenancy.tenant_of(claim.namespace)
     if tenant is None:
         return (f"namespace {claim.namespace} maps to no tenant of the broker: add tenant {claim.namespace} "
                 f"(claimbroker quota import, or the admin API) or map the namespace to a tenant "

@@ -4,7 +4,7 @@ uses is Allocated in the cluster; until then, say on the pod why it waits (a pod
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +30,16 @@ class Waits:
                 "lastTransitionTime": now}
 
 
-def pod_step(pod: Mapping[str, Any], claims: Mapping[str, ClusterClaim]) -> Ungate | Waits:
-    """`claims`: the pod's namespace's claims the broker follows, by name."""
+def pod_step(pod: Mapping[str, Any], claims: Mapping[str, ClusterClaim], seen: Collection[str]) -> Ungate | Waits:
+    """`claims`: the pod's namespace's claims the broker follows, by name; `seen`: the names of all claims of
+    that namespace the cluster has shown (a claim not seen yet may be the broker's: its watch event can come
+    after the pod's, and a pod let through before would have kube-scheduler allocate it)."""
     names = pod_claim_names(pod)
     if names is None:
         return Waits("ClaimNotMade", "a claim of the pod's ResourceClaimTemplate is not made yet")
     for name in names:
+        if name not in seen:
+            return Waits("ClaimNotSeen", f"claim {name} is not seen yet")
         claim = claims.get(name)
         if claim is None or not claim.brokered or claim.allocation is not None:
             continue  # not the broker's (kube-scheduler allocates it), or allocated

@@ -43,7 +43,9 @@ class LedgerClaim:
 
 @dataclass(frozen=True)
 class AddFinalizer:
-    pass
+    """The finalizer, and the tenant the claim is taken for (an annotation)."""
+
+    tenant: str
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,12 @@ class Submit:
 
 @dataclass(frozen=True)
 class Release:
+    """Release the ledger's claim `name` of `tenant`, the one whose document carries `uid` (the message id is
+    per uid: an earlier claim's release and this one's are different messages)."""
+
     tenant: str
     name: str
+    uid: str
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class Wait:
 
 Action = AddFinalizer | RemoveFinalizer | Submit | Release | WriteAllocation | ClearAllocation | Evict | Say | Wait
 HeldElsewhere = Callable[[ClusterClaim, Mapping[str, Any]], str | None]
+LiveClaim = Callable[[str], str | None]  # the cluster claim (namespace/name) that carries this uid, if one lives
 
 
 def status_allocation(allocation: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,8 +138,10 @@ def same_allocation(written: Mapping[str, Any] | None, wanted: Mapping[str, Any]
 
 
 def plan(claim: ClusterClaim, ledger: LedgerClaim | None, tenancy: Tenancy,
-         held_elsewhere: HeldElsewhere = lambda claim, allocation: None) -> list[Action]:
-    """The actions, in order, that bring the cluster's claim to what the ledger says."""
+         held_elsewhere: HeldElsewhere = lambda claim, allocation: None,
+         live_claim: LiveClaim = lambda uid: None) -> list[Action]:
+    """The actions, in order, that bring the cluster's claim to what the ledger says. `ledger`: the ledger's
+    claim of the claim's tenant (`Tenancy.tenant_for`) and name."""
     own = ledger if ledger is not None and ledger.uid == claim.uid else None
     if claim.deleting or not claim.brokered:
         return _leaving(claim, ledger, own)
@@ -140,9 +149,15 @@ def plan(claim: ClusterClaim, ledger: LedgerClaim | None, tenancy: Tenancy,
     if isinstance(taken, str):
         return [] if claim.said == ("Rejected", taken) else [Say("Rejected", taken)]
     tenant, document = taken
+    if own is None and ledger is not None and ledger.state in ACTIVE and ledger.uid is not None:
+        holder = live_claim(ledger.uid)
+        if holder is not None and holder != f"{claim.namespace}/{claim.name}":  # two namespaces, one tenant
+            reason = (f"tenant {tenant} already has a claim {claim.name}, from {holder}: a tenant's claim names are "
+                      f"one set across its namespaces; rename this claim")
+            return [] if claim.said == ("Rejected", reason) else [Say("Rejected", reason)]
     actions: list[Action] = []
     if FINALIZER not in claim.finalizers:
-        actions.append(AddFinalizer())
+        actions.append(AddFinalizer(tenant))
     if own is None:
         if claim.allocation is not None:  # an allocation the ledger does not know: removed (after its pods)
             if claim.reserved_for:
@@ -155,7 +170,7 @@ def plan(claim: ClusterClaim, ledger: LedgerClaim | None, tenancy: Tenancy,
             reason = (f"a claim {ledger.tenant}/{claim.name} submitted through the queue holds this name "
                       f"({ledger.state}); release it or rename this claim")
             return [*actions, *([] if claim.said == ("Rejected", reason) else [Say("Rejected", reason)])]
-        return [*actions, Release(ledger.tenant, claim.name),
+        return [*actions, Release(ledger.tenant, claim.name, ledger.uid),
                 Wait(f"an earlier claim of this name (uid {ledger.uid}) is released first")]
     actions.extend(_allocation(claim, own, held_elsewhere))
     if claim.said != (own.state, own.reason):
@@ -186,7 +201,7 @@ def _leaving(claim: ClusterClaim, ledger: LedgerClaim | None, own: LedgerClaim |
     if claim.reserved_for:
         return [Wait(f"{len(claim.reserved_for)} pod(s) still reserve the claim")]
     if own is not None and own.state in ACTIVE:
-        return [Release(own.tenant, claim.name), Wait("the ledger releases it")]
+        return [Release(own.tenant, claim.name, claim.uid), Wait("the ledger releases it")]
     actions: list[Action] = []
     if claim.allocation is not None and not claim.deleting:
         actions.append(ClearAllocation())

@@ -14,6 +14,7 @@ from shared.kube_claims.cluster_claim import (
     GATE,
     REASON_ANNOTATION,
     STATE_ANNOTATION,
+    TENANT_ANNOTATION,
     Tenancy,
     gated,
     pod_claim_names,
@@ -216,8 +217,8 @@ def test_pods_name_their_claims_directly_or_through_templates() -> None:
 
 
 def test_actions_compare_by_value() -> None:
-    assert Release("vision", "a") == Release("vision", "a")
-    assert AddFinalizer() == AddFinalizer() and RemoveFinalizer() == RemoveFinalizer()
+    assert Release("vision", "a", "u-1") == Release("vision", "a", "u-1")
+    assert AddFinalizer("vision") == AddFinalizer("vision") and RemoveFinalizer() == RemoveFinalizer()
     assert ClearAllocation() == ClearAllocation()
 
 
@@ -225,13 +226,44 @@ def test_a_gated_pod_waits_with_its_first_unallocated_claims_state_then_is_ungat
     pod = {"spec": {"schedulingGates": [{"name": GATE}], "resourceClaims": [
         {"name": "a", "resourceClaimName": "training-gpu"}, {"name": "b", "resourceClaimName": "not-ours"}]}}
     pending = read_claim(cluster_claim(said=("Pending", "Insufficient nvidia.com/gpu: requested 1, free 0")))
-    waits = pod_step(pod, {"training-gpu": pending})
+    waits = pod_step(pod, {"training-gpu": pending}, {"training-gpu", "not-ours"})
     assert waits == Waits("Pending", "claim training-gpu is Pending: Insufficient nvidia.com/gpu: requested 1, free 0")
     assert not said_on(pod, waits)
     pod["status"] = {"conditions": [waits.condition("2026-12-07T07:00:00Z")]}
     assert said_on(pod, waits)  # written once
-    assert pod_step(pod, {"training-gpu": read_claim(cluster_claim())}) == Waits(
+    assert pod_step(pod, {"training-gpu": read_claim(cluster_claim())}, {"training-gpu", "not-ours"}) == Waits(
         "Submitted", "claim training-gpu is not decided yet")
+    # a claim the cluster has not shown yet may be the broker's: the pod is not let through before it is seen
+    assert pod_step(pod, {}, {"not-ours"}) == Waits("ClaimNotSeen", "claim training-gpu is not seen yet")
     allocated = read_claim(cluster_claim(allocation=WRITTEN, said=("Allocated", None)))
     not_ours = read_claim(cluster_claim(name="not-ours", brokered=False, finalizer=False))
-    assert pod_step(pod, {"training-gpu": allocated, "not-ours": not_ours}) == Ungate()
+    assert pod_step(pod, {"training-gpu": allocated, "not-ours": not_ours}, {"training-gpu", "not-ours"}) == Ungate()
+
+
+def test_the_finalizer_records_the_tenant_and_a_mapping_changed_later_still_finds_the_ledgers_claim() -> None:
+    first = plan(read_claim(cluster_claim(namespace="ml-prod", finalizer=False)), None, Tenancy({"ml-prod": "vision"},
+                                                                                                 ["vision"]))
+    assert first[0] == AddFinalizer("vision")
+    taken = cluster_claim(namespace="ml-prod")
+    taken["metadata"]["annotations"][TENANT_ANNOTATION] = "vision"
+    claim = read_claim(taken)
+    unmapped = Tenancy({}, ["vision"])  # the mapping was removed: ml-prod maps to no tenant now
+    assert unmapped.tenant_for(claim) == "vision"
+    # deleted: released for the tenant it was taken for, not left Allocated in the ledger
+    taken["metadata"]["deletionTimestamp"] = "2026-12-07T07:00:00Z"
+    leaving = plan(read_claim(taken), ledger("Allocated", allocation=LEDGER_ALLOCATION), unmapped)
+    assert leaving[0] == Release("vision", "training-gpu", "u-1")
+
+
+def test_two_namespaces_of_one_tenant_do_not_release_each_others_claims() -> None:
+    """ml-prod/training-gpu holds the ledger's vision/training-gpu; ml-dev/training-gpu must not release it."""
+    tenancy = Tenancy({"ml-prod": "vision", "ml-dev": "vision"}, ["vision"])
+    dev = read_claim(cluster_claim(namespace="ml-dev", uid="u-dev"))
+    prod_row = ledger("Allocated", uid="u-prod", allocation=LEDGER_ALLOCATION)
+    actions = plan(dev, prod_row, tenancy, live_claim=lambda uid: "ml-prod/training-gpu" if uid == "u-prod" else None)
+    assert len(actions) == 1 and isinstance(actions[0], Say) and actions[0].state == "Rejected"
+    assert actions[0].reason == ("tenant vision already has a claim training-gpu, from ml-prod/training-gpu: a "
+                                 "tenant's claim names are one set across its namespaces; rename this claim")
+    # once ml-prod's claim is gone from the cluster, the earlier row is released for the new one (its own uid)
+    again = plan(dev, prod_row, tenancy, live_claim=lambda uid: None)
+    assert Release("vision", "training-gpu", "u-prod") in again
