@@ -301,6 +301,7 @@ async def export_job(reach: Reach, _: Limits, tenant: str | None, format: str) -
         home = config.tenant(tenant).cohort
         above = set(config.ancestors(home)) if home is not None and tenant in config.tenants else set()
         config = replace(config, tenants={k: v for k, v in config.tenants.items() if k == tenant},
+                         cohorts=tuple(c for c in config.cohorts if c in above),
                          cohort_tree={k: v for k, v in config.cohort_tree.items() if k in above})
     document = config.to_document()
     if format == "json":

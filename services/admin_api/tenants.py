@@ -22,6 +22,7 @@ from shared.ledger.quota_store import (
     flavor_json,
     half_life,
     load_quota_config,
+    lock_configuration,
     quota_json,
     set_half_life,
     tenant_json,
@@ -244,6 +245,7 @@ async def put_cohort(name: LabelName, s: Session, token: Caller,
                 raise Problem(422, "invalid quota", f"quotas.{flavor}.lendingLimit: {limit.lending_limit} is more "
                                                     f"than the nominal quota {limit.nominal}")
     async with s.begin():
+        await lock_configuration(s)  # another edit's parents are read after it committed, not before
         parents = await tenants.cohort_parents(s)
         existed = name in parents
         parent = body.parent if body is not None and "parent" in given else parents.get(name)

@@ -112,7 +112,8 @@ class PastUseKeeper:
         if kept is None:
             kept = await read_kept(session, half_life)
         past = bring_up_to(kept.past, kept.as_of, kept.held, now, half_life)
-        self._pending = Kept(past, now, kept.held)
+        # a clock that went back does not move as_of back: the overlap would be counted again at the next step
+        self._pending = Kept(past, now if kept.as_of is None else max(now, kept.as_of), kept.held)
         return past
 
     def holds(self, units: Mapping[tuple[str, str], float]) -> None:

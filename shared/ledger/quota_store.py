@@ -338,10 +338,18 @@ async def write_quota_changes(session: AsyncSession, changes: list[Change], acto
          "before": c.before, "after": c.after} for c in changes])
 
 
+async def lock_configuration(session: AsyncSession) -> None:
+    """Writers of the quota configuration take turns (the config_revision row locked until the transaction
+    ends): two cohort edits checked for cycles at once under READ COMMITTED could each pass and together
+    make one. SQLite's writers take turns already."""
+    await session.execute(select(ConfigRevision.id).where(ConfigRevision.id == 1).with_for_update())
+
+
 async def apply_quota_config(session: AsyncSession, config: QuotaConfig, actor: str) -> list[Change]:
     """Make the ledger hold exactly `config`: rows it does not name (flavors, cohorts, tenants, quotas)
     are deleted. Runs inside the caller's transaction; returns the changes in the order they were made
     (cohorts and flavors created first, deletions of what tenants referred to last)."""
+    await lock_configuration(session)
     changes = await plan_quota_config(session, config)
     await write_quota_changes(session, changes, actor)
     return changes

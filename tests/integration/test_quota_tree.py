@@ -295,3 +295,8 @@ async def test_usage_shows_shares_with_past_use_and_the_tree_per_level(api: Api)
     scoped = (await api.client.get("/v1/usage", headers=api.scoped)).json()
     assert [share["tenant"] for share in scoped["shares"]] == ["vision"]
     assert [c["name"] for c in scoped["cohorts"]] == ["org", "research", "vision-team"], "its cohort's ancestry"
+    # nor does its export name other cohorts (a sibling organisation)
+    assert (await api.client.put("/v1/cohorts/other-org", json={}, headers=api.admin)).status_code in (200, 201)
+    exported = yaml.safe_load((await api.client.get("/v1/quotas/export", headers=api.scoped)).text)
+    assert [c["name"] for c in exported["cohorts"]] == ["org", "research", "vision-team"]
+    assert [t["name"] for t in exported["tenants"]] == ["vision"]
