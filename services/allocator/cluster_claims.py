@@ -73,6 +73,7 @@ CONFLICT_RETRIES = 5
 BACKLOG_WAIT_S = 30.0  # how long a publish waits for room in the tenant's backlog on the bus
 RETRY_AFTER_S = 2.0  # a claim whose reconcile failed is due again after this (doubling), not at the next resync
 RETRY_MAX_S = 60.0
+GONE_KEPT = 10_000
 EVICTED_FOR_S = 60.0  # an evicted pod is not evicted again for this long (its deletion is under way)
 Key = tuple[str, str]
 
@@ -145,7 +146,7 @@ class ClusterClaims:
         claim = read_claim(item)
         held = self.claims.get(claim.key) or self.others.get(claim.key)
         if kind == "DELETED":
-            self.gone[claim.key] = _version(claim)
+            self._gone(claim)
         if kind == "DELETED":
             self._forget(claim.key)
         elif not _ours(claim):
@@ -350,6 +351,14 @@ class ClusterClaims:
                 if self.holders.get(device) == key:
                     del self.holders[device]
 
+    def _gone(self, claim: ClusterClaim) -> None:
+        """Remember a deleted claim's last version, the newest GONE_KEPT of them (a write's answer comes back
+        within seconds of its deletion; older entries only grow the map)."""
+        self.gone.pop(claim.key, None)
+        self.gone[claim.key] = _version(claim)
+        while len(self.gone) > GONE_KEPT:
+            del self.gone[next(iter(self.gone))]
+
     def _live_claim(self, uid: str) -> str | None:
         key = self.uids.get(uid)
         return f"{key[0]}/{key[1]}" if key is not None else None
@@ -444,7 +453,7 @@ class ClusterClaims:
         claim = read_claim(updated)
         freed = self.claims.get(claim.key)
         if claim.deleting and not claim.finalizers:  # that write deleted it
-            self.gone[claim.key] = _version(claim)
+            self._gone(claim)
             self._forget(claim.key)
         elif self._newer(claim):
             self._store(claim)
