@@ -30,6 +30,7 @@ BODIES = {
     "/v1/tokens": {"role": "viewer"},
     "/v1/credentials": {"tenant": "vision"},
     "/v1/whatif": {"removeTenants": ["vision"]},
+    "/v1/fair-sharing": {"halfLife": 0},
 }
 OTHER = "vision"  # the tenant the limited viewer (of "speech") must not see
 # Endless event streams: this app has no bus, so a caller let in gets 503 (tests/e2e/test_live_feed.py reads one)
@@ -97,8 +98,8 @@ def expected(caller: str, method: str, template: str) -> set[int] | None:
         return None
     if method != "get" or template in ADMIN_READS:
         return {403}
-    if caller == "limited" and "{" in template and template not in ("/v1/cohorts/{name}", "/v1/flavors/{name}"):
-        return {404}  # the other tenant's: as if it did not exist
+    if caller == "limited" and "{" in template and template != "/v1/flavors/{name}":
+        return {404}  # the other tenant's (research is vision's cohort): as if it did not exist
     return {200}
 
 
