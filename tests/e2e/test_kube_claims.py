@@ -175,8 +175,10 @@ async def test_the_labs_claims_are_allocated_in_the_cluster_as_on_nats_and_their
             api.create(CLAIMS, lab_claim(name))
         api.create(PODS, pod("trainer", "lab", claims=("training-gpu",)))
         for name in ("training-gpu", "distributed-training"):
+            # the state is said after the allocation is written: both awaited
             await cluster.until(lambda n=name: cluster.allocation(n) is not None  # type: ignore[misc]
-                                and cluster.status(n).get("state") == "Allocated", f"{name} allocated")
+                                and cluster.status(n).get("state") == "Allocated"
+                                and cluster.said(n) == ("Allocated", None), f"{name} allocated and said so")
             published = cluster.status(name)["allocation"]
             written = cluster.allocation(name)
             assert written is not None
@@ -289,9 +291,9 @@ async def test_write_conflicts_are_read_again_and_retried(
     async with broker(api, url, nats_server, sqlite(tmp_path), tmp_path) as cluster:
         api.create(CLAIMS, lab_claim("training-gpu"))
         api.arm_conflict(CLAIMS, "lab", "training-gpu", times=3)
-        await cluster.until(lambda: cluster.allocation("training-gpu") is not None, "allocated despite conflicts")
+        await cluster.until(lambda: cluster.allocation("training-gpu") is not None
+                            and cluster.said("training-gpu") == ("Allocated", None), "allocated despite conflicts")
         assert api.conflicts >= 3
-        assert cluster.said("training-gpu") == ("Allocated", None)
 
 
 async def test_of_two_allocators_one_writes_to_the_cluster(
