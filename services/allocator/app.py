@@ -42,6 +42,7 @@ def with_cluster_claims(allocator: Allocator, settings: AllocatorSettings, engin
             following.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await following
+            await cluster.release_lease()
             await api.close()
     return main
 

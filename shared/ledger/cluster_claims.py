@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from datetime import UTC, datetime
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from shared.kube_claims.writeback import LedgerClaim
@@ -70,3 +70,11 @@ async def hold_writer_lease(session: AsyncSession, holder: str, now: float, ttl:
     row.holder = holder
     row.expires_at = datetime.fromtimestamp(now + ttl, UTC)
     return True
+
+
+async def release_writer_lease(session: AsyncSession, holder: str, now: float) -> None:
+    """Let the lease go at a clean stop, so the next allocator (or this one restarted) writes at once instead of
+    waiting for it to expire."""
+    await session.execute(update(AllocatorLease).where(AllocatorLease.shard == WRITER_LEASE,
+                                                       AllocatorLease.holder == holder)
+                          .values(expires_at=datetime.fromtimestamp(now, UTC)))

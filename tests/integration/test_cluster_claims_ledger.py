@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from shared.ledger.cluster_claims import hold_writer_lease, ledger_claims, tenant_names
+from shared.ledger.cluster_claims import hold_writer_lease, ledger_claims, release_writer_lease, tenant_names
 from shared.ledger.engine import create_engine, sessions
 from shared.ledger.schema import Claim, ClaimEvent, Tenant
 from tests.builders import a_claim
@@ -69,5 +69,11 @@ async def test_one_allocator_holds_the_writers_lease_until_it_expires(ledger_url
         assert not await ask("b", 1024.0)
         assert await ask("b", 1026.0)  # a stopped renewing: b takes it
         assert not await ask("a", 1027.0)
+        async with sessions(engine)() as session, session.begin():
+            await release_writer_lease(session, "a", 1028.0)  # not a's: nothing changes
+        assert not await ask("a", 1029.0)
+        async with sessions(engine)() as session, session.begin():
+            await release_writer_lease(session, "b", 1030.0)  # b stops cleanly: a takes it at once
+        assert await ask("a", 1030.5)
     finally:
         await engine.dispose()
